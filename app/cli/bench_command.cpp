@@ -1,0 +1,171 @@
+// trainstudio-cli bench: our training throughput next to the PyTorch reference
+// (../shared/bench/torch_train.py) run in the same invocation, alternating A B A B so that both
+// see the same machine noise, reporting medians and the median of the per-pair ratios.
+
+#include <algorithm>
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "train/run_config.h"
+
+namespace tscli {
+
+ts::Result<ts::ModelSpec> loadModel(const std::string& nameOrPath);
+
+namespace {
+
+double median(std::vector<double> v)
+{
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+class EpochRates final : public ts::TrainListener {
+public:
+    std::vector<double> rates;
+    double lastValAccuracy = 0;
+    void onEpoch(const ts::EpochEvent& e) override { rates.push_back(e.samplesPerSec); }
+};
+
+struct Sample {
+    double samplesPerSec = 0;
+    double accuracy = 0;
+};
+
+ts::Result<Sample> runOurs(const std::string& model, const BenchOptions& o)
+{
+    ts::RunConfig cfg;
+    TS_ASSIGN(cfg.model, loadModel(model));
+    cfg.epochs = o.epochs;
+    cfg.validate = false;
+    cfg.limit = o.limit;
+    cfg.strategy.kind = o.strategy;
+    cfg.strategy.threads = o.threads;
+    if (o.strategy == "mirrored")
+        for (int i = 0; i < o.threads; ++i) cfg.strategy.devices.push_back(ts::Device{ts::DeviceKind::Cpu, i});
+    TS_ASSIGN(ts::PreparedRun run, ts::prepareRun(cfg));
+    EpochRates listener;
+    TS_TRY(run.trainer->fit(*run.train, nullptr, &listener));
+    std::vector<double> steady(listener.rates.begin() + (listener.rates.size() > 1 ? 1 : 0), listener.rates.end());
+    Sample s;
+    s.samplesPerSec = median(steady);
+    // Test accuracy after the run, for a sanity check next to PyTorch's.
+    ts::InMemoryBatchOptions vo;
+    vo.batchSize = 1000;
+    vo.shuffle = false;
+    vo.featureShape = run.train->options().featureShape;
+    TS_ASSIGN(auto test, ts::InMemoryBatchSource::create(run.data->test, vo));
+    TS_ASSIGN(ts::EvalResult ev, run.trainer->evaluate(*test));
+    s.accuracy = ev.accuracy;
+    return s;
+}
+
+ts::Result<Sample> runTorch(const std::string& model, const BenchOptions& o, const std::string& dir)
+{
+    // PyTorch at its best on this machine (see shared/bench/README.md): OpenMP OpenBLAS with the
+    // SkylakeX kernel instead of Debian's default pthread build stuck on an SSE3 kernel.
+    std::ostringstream cmd;
+    cmd << "cd '" << dir << "' && LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OPENBLAS_CORETYPE=SkylakeX "
+        << "OMP_NUM_THREADS=" << o.threads << " " << o.python << " torch_train.py --model " << model << " --epochs "
+        << o.epochs << " --threads " << o.threads << " 2>&1";
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.str().c_str(), "r"), pclose);
+    if (!pipe) return ts::makeError(ts::ErrorCode::IoError, "cannot start " + o.python);
+    std::string last, all;
+    std::array<char, 4096> buf{};
+    while (fgets(buf.data(), static_cast<int>(buf.size()), pipe.get())) {
+        all += buf.data();
+        std::string line = buf.data();
+        if (!line.empty() && line.front() == '{') last = line;
+    }
+    auto j = nlohmann::json::parse(last, nullptr, false);
+    if (j.is_discarded() || !j.contains("samples_per_sec"))
+        return ts::makeError(ts::ErrorCode::IoError, "torch_train.py gave no result:\n" + all.substr(0, 2000),
+                             "check that python3-torch and python3-numpy are installed (packaging/install-deps.sh)");
+    return Sample{j["samples_per_sec"].get<double>(), j.value("test_accuracy", 0.0)};
+}
+
+} // namespace
+
+void addBenchCommand(CLI::App& app, BenchOptions& o)
+{
+    auto* c = app.add_subcommand("bench", "Training throughput next to PyTorch (same machine, same invocation)");
+    c->add_option("--models", o.models, "comma-separated: mlp, cnn");
+    c->add_option("--threads", o.threads, "threads for both engines");
+    c->add_option("--pairs", o.pairs, "alternating (ours, PyTorch) pairs; medians are reported");
+    c->add_option("--epochs", o.epochs, "epochs per run (the first is warm-up and excluded)");
+    c->add_option("--strategy", o.strategy, "our strategy: one-device or mirrored (one replica per thread)");
+    c->add_option("--limit", o.limit, "train on the first N examples only (ours)");
+    c->add_option("--torch-dir", o.torchDir, "folder with torch_train.py (default: ../shared/bench)");
+    c->add_option("--python", o.python, "Python with torch");
+    c->add_flag("--no-torch", o.noTorch, "measure only TrainStudio");
+    c->add_flag("--json", o.json, "print one JSON object per model");
+}
+
+int runBench(const BenchOptions& o)
+{
+    std::string dir = o.torchDir.empty() ? std::string(TS_BENCH_DIR) : o.torchDir;
+    bool torch = !o.noTorch;
+    if (torch && !std::filesystem::exists(std::filesystem::path(dir) / "torch_train.py")) {
+        std::cerr << "note: " << dir << "/torch_train.py not found; measuring TrainStudio only (pass --torch-dir)\n";
+        torch = false;
+    }
+    std::stringstream ss(o.models);
+    std::string model;
+    int rc = 0;
+    while (std::getline(ss, model, ',')) {
+        std::vector<double> ours, theirs, ratios;
+        double ourAcc = 0, theirAcc = 0;
+        for (int p = 0; p < o.pairs; ++p) {
+            auto a = runOurs(model, o);
+            if (!a.ok()) {
+                std::cerr << "error: " << model << ": " << a.error().toString() << "\n";
+                return 1;
+            }
+            ours.push_back(a->samplesPerSec);
+            ourAcc = a->accuracy;
+            std::string line = "  pair " + std::to_string(p + 1) + ": trainstudio " + std::to_string(static_cast<long>(a->samplesPerSec));
+            if (torch) {
+                auto b = runTorch(model, o, dir);
+                if (!b.ok()) {
+                    std::cerr << "error: " << b.error().toString() << "\n";
+                    return 1;
+                }
+                theirs.push_back(b->samplesPerSec);
+                theirAcc = b->accuracy;
+                ratios.push_back(a->samplesPerSec / b->samplesPerSec);
+                line += "  pytorch " + std::to_string(static_cast<long>(b->samplesPerSec)) + "  ratio " +
+                        std::to_string(ratios.back()).substr(0, 5);
+            }
+            if (!o.json) std::cout << line << "\n" << std::flush;
+        }
+        if (o.json) {
+            nlohmann::json j = {{"model", model}, {"threads", o.threads}, {"strategy", o.strategy}, {"pairs", o.pairs},
+                                {"epochs", o.epochs}, {"trainstudio_samples_per_sec", median(ours)},
+                                {"trainstudio_test_accuracy", ourAcc}};
+            if (torch) {
+                j["pytorch_samples_per_sec"] = median(theirs);
+                j["pytorch_test_accuracy"] = theirAcc;
+                j["ratio_median"] = median(ratios);
+            }
+            std::cout << j.dump() << "\n";
+        } else {
+            std::printf("%s (%d threads, %s, %d pairs, median of epochs 2..%d): trainstudio %.0f samples/s", model.c_str(),
+                        o.threads, o.strategy.c_str(), o.pairs, o.epochs, median(ours));
+            if (torch) std::printf(" | pytorch %.0f samples/s | ratio %.2fx", median(theirs), median(ratios));
+            std::printf("\n");
+        }
+    }
+    return rc;
+}
+
+} // namespace tscli

@@ -1,0 +1,60 @@
+// trainstudio-cli: the studio's runs, headless. Wiring only: the work is in core.
+//   trainstudio-cli train [flags]      train a model (default: the seed's MLP on Fashion-MNIST)
+//   trainstudio-cli validate FILE      print the layer table or the model's problems
+//   trainstudio-cli bench [flags]      throughput next to PyTorch, as a ratio
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "commands.h"
+
+namespace {
+
+// libgomp reads its wait policy when it is loaded, before main(). Its default spins a thread
+// for ~300k iterations after each parallel region, which wrecks throughput when another process
+// holds a core. Bound the spin (still long enough to bridge the gaps between our kernels) by
+// re-executing once with GOMP_SPINCOUNT set, unless the user chose a policy.
+void ensureThreadingEnvironment(char** argv)
+{
+    if (std::getenv("OMP_WAIT_POLICY") || std::getenv("GOMP_SPINCOUNT") || std::getenv("TS_NO_REEXEC")) return;
+    setenv("GOMP_SPINCOUNT", "10000", 1);
+    setenv("TS_NO_REEXEC", "1", 1);
+    execv("/proc/self/exe", argv);
+    // exec failed: carry on with the defaults.
+}
+
+} // namespace
+
+int main(int argc, char** argv)
+{
+    ensureThreadingEnvironment(argv);
+    CLI::App app{"TrainStudio command line: train models, inspect them, benchmark the engine"};
+    app.require_subcommand(1);
+    app.set_version_flag("--version", std::string("trainstudio-cli 0.1.0"));
+    tscli::TrainOptions train;
+    tscli::addTrainCommand(app, train);
+    std::string validateFile;
+    bool validateJson = false;
+    auto* validate = app.add_subcommand("validate", "Check a model file: the layer table, or every problem");
+    validate->add_option("file", validateFile, "model file (ours or a Keras model.to_json())")->required();
+    validate->add_flag("--json", validateJson, "print the analysis as JSON");
+    tscli::BenchOptions bench;
+    tscli::addBenchCommand(app, bench);
+
+    try {
+        app.parse(argc, argv);
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e);
+    }
+    if (app.got_subcommand("train")) return tscli::runTrain(train);
+    if (app.got_subcommand("validate")) return tscli::runValidate(validateFile, validateJson);
+    if (app.got_subcommand("bench")) return tscli::runBench(bench);
+    return 2;
+}

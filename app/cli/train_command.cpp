@@ -1,0 +1,315 @@
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "embedded_models.h"
+#include "train/run_config.h"
+
+namespace tscli {
+namespace {
+
+void printError(const ts::Error& e)
+{
+    std::cerr << "error: " << e.message << "\n";
+    if (!e.hint.empty()) std::cerr << "hint: " << e.hint << "\n";
+}
+
+std::string fmtRate(double r)
+{
+    char buf[32];
+    if (r >= 1e4) std::snprintf(buf, sizeof buf, "%.1fk", r / 1e3);
+    else std::snprintf(buf, sizeof buf, "%.0f", r);
+    return buf;
+}
+
+std::string fmtDuration(double s)
+{
+    char buf[32];
+    if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", static_cast<int>(s / 3600), static_cast<int>(std::fmod(s, 3600) / 60));
+    else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", static_cast<int>(s / 60), static_cast<int>(std::fmod(s, 60)));
+    else std::snprintf(buf, sizeof buf, "%.1fs", s);
+    return buf;
+}
+
+nlohmann::json num(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+
+class ConsoleListener final : public ts::TrainListener {
+public:
+    ConsoleListener(bool json, bool quiet, int64_t epochs) : m_json(json), m_quiet(quiet), m_epochs(epochs)
+    {
+        m_tty = isatty(STDERR_FILENO) && !json && !quiet;
+    }
+    void onStart(const ts::Strategy& s) override
+    {
+        if (m_json || m_quiet) return;
+        std::cout << "Strategy " << s.name() << " over " << s.numReplicas() << " replica(s), "
+                  << s.threadsPerReplica() << " thread(s) each:";
+        for (const auto& d : s.devices()) std::cout << " " << d.name;
+        std::cout << "\n" << std::flush;
+    }
+    void onStep(const ts::StepEvent& e) override
+    {
+        if (!m_tty) return;
+        // Redraw at most ~10 times a second: the bar must not cost training time.
+        const auto now = std::chrono::steady_clock::now();
+        if (e.stepInEpoch != e.stepsInEpoch && now - m_lastDraw < std::chrono::milliseconds(100)) return;
+        m_lastDraw = now;
+        const int width = 24;
+        const double frac = e.stepsInEpoch > 0 ? static_cast<double>(e.stepInEpoch) / static_cast<double>(e.stepsInEpoch) : 0;
+        std::string bar(static_cast<std::size_t>(width), ' ');
+        for (int i = 0; i < static_cast<int>(frac * width); ++i) bar[static_cast<std::size_t>(i)] = '=';
+        if (frac < 1 && static_cast<int>(frac * width) < width) bar[static_cast<std::size_t>(frac * width)] = '>';
+        const double eta = e.samplesPerSec > 0 && e.stepsInEpoch > 0
+                               ? static_cast<double>(e.stepsInEpoch - e.stepInEpoch) * static_cast<double>(e.batchSize) / e.samplesPerSec
+                               : 0;
+        char line[256];
+        std::snprintf(line, sizeof line, "\rEpoch %lld/%lld %5lld/%lld [%s] loss %.4f acc %.4f | %s samples/s | ETA %s   ",
+                      static_cast<long long>(e.epoch), static_cast<long long>(m_epochs), static_cast<long long>(e.stepInEpoch),
+                      static_cast<long long>(e.stepsInEpoch), bar.c_str(), e.loss, e.accuracy, fmtRate(e.samplesPerSec).c_str(),
+                      fmtDuration(eta).c_str());
+        std::cerr << line << std::flush;
+    }
+    void onEpoch(const ts::EpochEvent& e) override
+    {
+        if (m_quiet) return;
+        if (m_json) {
+            nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", num(e.loss)}, {"accuracy", num(e.accuracy)},
+                                {"val_loss", num(e.valLoss)}, {"val_accuracy", num(e.valAccuracy)},
+                                {"samples_per_sec", num(e.samplesPerSec)}, {"seconds", num(e.seconds)}};
+            std::cout << j.dump() << "\n" << std::flush;
+            return;
+        }
+        if (m_tty) std::cerr << "\r" << std::string(110, ' ') << "\r";
+        char line[256];
+        int n = std::snprintf(line, sizeof line, "Epoch %lld/%lld: loss %.4f accuracy %.4f", static_cast<long long>(e.epoch),
+                              static_cast<long long>(m_epochs), e.loss, e.accuracy);
+        if (std::isfinite(e.valLoss))
+            n += std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " | val_loss %.4f val_accuracy %.4f", e.valLoss, e.valAccuracy);
+        std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " | %s samples/s | %s", fmtRate(e.samplesPerSec).c_str(),
+                      fmtDuration(e.seconds).c_str());
+        std::cout << line << "\n" << std::flush;
+    }
+
+private:
+    bool m_json, m_quiet, m_tty = false;
+    int64_t m_epochs;
+    std::chrono::steady_clock::time_point m_lastDraw{};
+};
+
+} // namespace
+
+std::string resolveModelPath(const std::string& nameOrPath) { return nameOrPath; }
+
+// Loads a model from a file, or one of the built-in models by name ("seed_mlp", "mlp", "cnn").
+ts::Result<ts::ModelSpec> loadModel(const std::string& nameOrPath)
+{
+    std::string name = nameOrPath.empty() ? "seed_mlp" : nameOrPath;
+    if (name == "mlp") name = "seed_mlp";
+    if (name == "cnn") name = "small_cnn";
+    if (name == "resnet") name = "small_resnet";
+    if (!std::filesystem::exists(name)) {
+        for (const auto& m : embeddedModels())
+            if (name == m.name) return ts::parseModelText(m.json, std::string("built-in model ") + m.name);
+        if (nameOrPath.find('/') == std::string::npos && nameOrPath.find(".json") == std::string::npos) {
+            std::string known;
+            for (const auto& m : embeddedModels()) known += (known.empty() ? "" : ", ") + std::string(m.name);
+            return ts::makeError(ts::ErrorCode::NotFound, "no model file or built-in model named '" + nameOrPath + "'",
+                                 "built-in models: " + known + " (also mlp, cnn, resnet)");
+        }
+    }
+    return ts::loadModelFile(name);
+}
+
+void addTrainCommand(CLI::App& app, TrainOptions& o)
+{
+    auto* c = app.add_subcommand("train", "Train a model (default: the seed's MLP on Fashion-MNIST)");
+    c->add_option("--model", o.model, "model file (ours or Keras model.to_json()) or built-in name: mlp, cnn, resnet");
+    c->add_option("--config", o.config, "run configuration JSON (flags override its fields)");
+    c->add_option("--data", o.data, "folder of IDX files (default: the Fashion-MNIST folder)");
+    c->add_option("--epochs", o.epochs, "epochs (default: the model's compile setting)");
+    c->add_option("--max-steps", o.maxSteps, "stop after this many steps in total");
+    c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)");
+    c->add_option("--optimizer", o.optimizer, "adam, adamw, sgd or rmsprop (overrides the model's)");
+    c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)");
+    c->add_option("--strategy", o.strategy, "one-device or mirrored")->check(CLI::IsMember({"one-device", "mirrored"}));
+    c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
+    c->add_option("--threads", o.threads, "total CPU threads (default: all cores)");
+    c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout)");
+    c->add_flag("--no-shuffle", o.noShuffle, "serve batches in file order");
+    c->add_flag("--no-validation", o.noValidation, "skip the per-epoch validation on the test set");
+    c->add_option("--limit", o.limit, "use only the first N training examples");
+    c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples");
+    c->add_option("--load-weights", o.loadWeights, "initial weights (.safetensors, Keras layouts)");
+    c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors)");
+    c->add_option("--backend", o.backend, "force a backend by name (reference, cpu)");
+    c->add_flag("--json", o.json, "one JSON object per epoch, then one with \"final\": true");
+    c->add_flag("--quiet", o.quiet, "print nothing but errors");
+}
+
+int runTrain(const TrainOptions& o)
+{
+    ts::RunConfig cfg;
+    if (!o.config.empty()) {
+        std::ifstream in(o.config);
+        if (!in) {
+            printError(ts::makeError(ts::ErrorCode::NotFound, "cannot open run configuration " + o.config));
+            return 2;
+        }
+        nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
+        if (j.is_discarded()) {
+            printError(ts::makeError(ts::ErrorCode::ParseError, o.config + ": not valid JSON"));
+            return 2;
+        }
+        auto r = ts::RunConfig::fromJson(j, o.config);
+        if (!r.ok()) {
+            printError(r.error());
+            return 2;
+        }
+        cfg = std::move(r).value();
+    }
+    if (!o.model.empty() || (o.config.empty())) {
+        auto model = loadModel(o.model);
+        if (!model.ok()) {
+            printError(model.error());
+            return 2;
+        }
+        cfg.model = std::move(model).value();
+        cfg.modelFile.clear();
+    }
+    if (!o.data.empty()) cfg.dataDir = o.data;
+    if (o.epochs >= 0) cfg.epochs = o.epochs;
+    if (o.epochs == 0) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--epochs must be >= 1"));
+        return 2;
+    }
+    if (o.maxSteps > 0) cfg.maxSteps = o.maxSteps;
+    if (o.batchSize >= 0) {
+        if (o.batchSize == 0) {
+            printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--batch-size must be >= 1, got 0",
+                                     "the global batch is split across replicas; 256 suits the seed's MLP"));
+            return 2;
+        }
+        cfg.batchSize = o.batchSize;
+    }
+    if (!o.optimizer.empty() || o.learningRate > 0) {
+        nlohmann::json opt = cfg.optimizer.is_null() ? cfg.model.compile.optimizer : cfg.optimizer;
+        if (!o.optimizer.empty()) opt = {{"type", o.optimizer}};
+        if (o.learningRate > 0) opt["learning_rate"] = o.learningRate;
+        cfg.optimizer = opt;
+    }
+    cfg.strategy.kind = o.strategy;
+    if (!o.devices.empty()) {
+        cfg.strategy.devices.clear();
+        std::stringstream ss(o.devices);
+        std::string item;
+        while (std::getline(ss, item, ',')) {
+            auto d = ts::Device::parse(item);
+            if (!d.ok()) {
+                printError(d.error());
+                return 2;
+            }
+            cfg.strategy.devices.push_back(*d);
+        }
+    }
+    if (o.threads > 0) cfg.strategy.threads = o.threads;
+    if (!o.backend.empty()) cfg.strategy.backend = o.backend;
+    cfg.seed = o.seed;
+    if (o.noShuffle) cfg.shuffle = false;
+    if (o.noValidation) cfg.validate = false;
+    if (o.limit > 0) cfg.limit = o.limit;
+    if (o.validationLimit > 0) cfg.validationLimit = o.validationLimit;
+    if (!o.loadWeights.empty()) cfg.loadWeights = o.loadWeights;
+    if (!o.saveWeights.empty()) cfg.saveWeights = o.saveWeights;
+
+    auto prepared = ts::prepareRun(cfg);
+    if (!prepared.ok()) {
+        printError(prepared.error());
+        return 1;
+    }
+    ts::PreparedRun run = std::move(prepared).value();
+    ConsoleListener listener(o.json, o.quiet, run.config.epochs);
+    auto result = run.trainer->fit(*run.train, run.validation.get(), &listener);
+    if (!result.ok()) {
+        printError(result.error());
+        return 1;
+    }
+    if (!run.config.saveWeights.empty()) {
+        ts::Status st = run.trainer->saveWeights(run.config.saveWeights);
+        if (!st.ok()) {
+            printError(st.error());
+            return 1;
+        }
+    }
+    const ts::FitResult& r = *result;
+    if (o.json) {
+        nlohmann::json j = {{"final", true}, {"epochs", r.epochs}, {"steps", r.steps}, {"loss", num(r.last.loss)},
+                            {"accuracy", num(r.last.accuracy)}, {"val_loss", num(r.last.valLoss)},
+                            {"val_accuracy", num(r.last.valAccuracy)}, {"samples_per_sec", num(r.samplesPerSec)},
+                            {"seconds", num(r.seconds)}, {"strategy", run.trainer->strategy().name()},
+                            {"replicas", run.trainer->strategy().numReplicas()}};
+        std::cout << j.dump() << "\n";
+    } else if (!o.quiet) {
+        std::printf("Trained %lld step(s) in %s: %s samples/s", static_cast<long long>(r.steps), fmtDuration(r.seconds).c_str(),
+                    fmtRate(r.samplesPerSec).c_str());
+        if (std::isfinite(r.last.valAccuracy)) std::printf(", test accuracy %.4f", r.last.valAccuracy);
+        std::printf("\n");
+        if (!run.config.saveWeights.empty()) std::printf("Weights written to %s\n", run.config.saveWeights.c_str());
+    }
+    return 0;
+}
+
+int runValidate(const std::string& file, bool json)
+{
+    auto model = loadModel(file);
+    if (!model.ok()) {
+        printError(model.error());
+        return 1;
+    }
+    const ts::GraphAnalysis a = ts::analyzeModel(*model);
+    if (json) {
+        nlohmann::json nodes = nlohmann::json::array();
+        for (const auto& n : a.nodes)
+            nodes.push_back({{"id", n.id}, {"type", n.type}, {"output_shape", n.outputShape.dims()},
+                             {"params", n.paramCount}, {"flops", n.flops}, {"ok", n.ok}});
+        nlohmann::json problems = nlohmann::json::array();
+        for (const auto& p : a.problems) problems.push_back({{"node", p.nodeId}, {"message", p.message}, {"hint", p.hint}});
+        std::cout << nlohmann::json{{"ok", a.ok()}, {"nodes", nodes}, {"problems", problems},
+                                    {"total_params", a.totalParams}, {"trainable_params", a.trainableParams},
+                                    {"total_flops", a.totalFlops}}.dump(2)
+                  << "\n";
+        return a.ok() ? 0 : 1;
+    }
+    if (!a.ok()) {
+        std::cerr << file << ": " << a.problems.size() << " problem(s)\n";
+        for (const auto& p : a.problems) {
+            std::cerr << "  " << (p.nodeId.empty() ? "model" : "node '" + p.nodeId + "'") << ": " << p.message << "\n";
+            if (!p.hint.empty()) std::cerr << "    hint: " << p.hint << "\n";
+        }
+        return 1;
+    }
+    std::printf("Model: %s\n", model->name.c_str());
+    std::printf("%-24s %-24s %-18s %12s %14s\n", "Layer (id)", "Type", "Output shape", "Params", "FLOPs/sample");
+    std::printf("%s\n", std::string(96, '-').c_str());
+    for (const auto& n : a.nodes) {
+        std::string shape = "(None";
+        for (int64_t d : n.outputShape.dims()) shape += ", " + std::to_string(d);
+        shape += ")";
+        std::printf("%-24s %-24s %-18s %12lld %14lld\n", n.id.c_str(), n.type.c_str(), shape.c_str(),
+                    static_cast<long long>(n.paramCount), static_cast<long long>(n.flops));
+    }
+    std::printf("%s\n", std::string(96, '-').c_str());
+    std::printf("Total params: %lld (trainable %lld)\nForward FLOPs per sample: %lld\n", static_cast<long long>(a.totalParams),
+                static_cast<long long>(a.trainableParams), static_cast<long long>(a.totalFlops));
+    return 0;
+}
+
+} // namespace tscli

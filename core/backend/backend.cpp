@@ -1,0 +1,93 @@
+#include "backend/backend.h"
+
+namespace ts {
+
+const char* opKindName(OpKind k)
+{
+    switch (k) {
+    case OpKind::Gemm: return "gemm";
+    case OpKind::DenseForward: return "dense_forward";
+    case OpKind::DenseBackward: return "dense_backward";
+    case OpKind::Conv2dForward: return "conv2d_forward";
+    case OpKind::Conv2dBackwardData: return "conv2d_backward_data";
+    case OpKind::Conv2dBackwardWeights: return "conv2d_backward_weights";
+    case OpKind::Pool2dForward: return "pool2d_forward";
+    case OpKind::Pool2dBackward: return "pool2d_backward";
+    case OpKind::GlobalAvgPoolForward: return "global_avg_pool_forward";
+    case OpKind::GlobalAvgPoolBackward: return "global_avg_pool_backward";
+    case OpKind::BatchNormForward: return "batch_norm_forward";
+    case OpKind::BatchNormBackward: return "batch_norm_backward";
+    case OpKind::ActivationForward: return "activation_forward";
+    case OpKind::ActivationBackward: return "activation_backward";
+    case OpKind::SoftmaxForward: return "softmax_forward";
+    case OpKind::SoftmaxBackward: return "softmax_backward";
+    case OpKind::DropoutForward: return "dropout_forward";
+    case OpKind::DropoutBackward: return "dropout_backward";
+    case OpKind::Add: return "add";
+    case OpKind::Axpy: return "axpy";
+    case OpKind::Scale: return "scale";
+    case OpKind::ConcatForward: return "concat_forward";
+    case OpKind::ConcatBackward: return "concat_backward";
+    case OpKind::Loss: return "loss";
+    case OpKind::ArgmaxMatches: return "argmax_matches";
+    case OpKind::SgdUpdate: return "sgd_update";
+    case OpKind::AdamUpdate: return "adam_update";
+    case OpKind::RmspropUpdate: return "rmsprop_update";
+    case OpKind::SumSquares: return "sum_squares";
+    case OpKind::CopyFromHost: return "copy_from_host";
+    case OpKind::CopyToHost: return "copy_to_host";
+    case OpKind::Count_: break;
+    }
+    return "?";
+}
+
+const char* activationName(Activation a)
+{
+    switch (a) {
+    case Activation::Linear: return "linear";
+    case Activation::Relu: return "relu";
+    case Activation::LeakyRelu: return "leaky_relu";
+    case Activation::Gelu: return "gelu";
+    case Activation::Sigmoid: return "sigmoid";
+    case Activation::Tanh: return "tanh";
+    case Activation::Softmax: return "softmax";
+    }
+    return "?";
+}
+
+Result<Activation> parseActivation(const std::string& name)
+{
+    // Keras writes a missing activation as "linear" in to_json() and as None in Python code.
+    if (name == "linear" || name.empty() || name == "None" || name == "none" || name == "null")
+        return Activation::Linear;
+    if (name == "relu") return Activation::Relu;
+    if (name == "leaky_relu") return Activation::LeakyRelu;
+    if (name == "gelu") return Activation::Gelu;
+    if (name == "sigmoid") return Activation::Sigmoid;
+    if (name == "tanh") return Activation::Tanh;
+    if (name == "softmax") return Activation::Softmax;
+    return makeError(ErrorCode::InvalidArgument, "unknown activation '" + name + "'",
+                     "valid activations: linear (or None), relu, leaky_relu, gelu, sigmoid, tanh, "
+                     "softmax");
+}
+
+namespace {
+inline uint64_t splitmix64(uint64_t z)
+{
+    z += 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+} // namespace
+
+bool dropoutKeep(uint64_t seed, uint64_t index, float rate)
+{
+    const uint64_t h = splitmix64(seed ^ (index * 0x9E3779B97F4A7C15ull));
+    // Top 24 bits: exactly representable in a float, so u and the comparison are the same on
+    // every device.
+    const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
+    return u >= rate;
+}
+
+} // namespace ts

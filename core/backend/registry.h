@@ -1,0 +1,56 @@
+#pragma once
+// Backend registry: an explicit list of built-in backends (reference, cpu) plus modules loaded
+// by path from plugins/ (e.g. libtrainstudio-cuda.so exporting ts_register_backends).
+// Thread-safe; factories are registered at start-up and live for the process.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace ts {
+
+struct BackendFactory {
+    std::string name;                    // "reference", "cpu", "cuda"
+    DeviceKind kind = DeviceKind::Cpu;
+    int priority = 0;                    // higher is preferred for a device kind
+    // Devices this backend can drive right now (e.g. no GPUs -> empty).
+    std::function<std::vector<DeviceInfo>()> enumerate;
+    // Creates an instance bound to one device index.
+    std::function<Result<std::unique_ptr<Backend>>(int deviceIndex, const BackendOptions&)> create;
+};
+
+class BackendRegistry {
+public:
+    static BackendRegistry& instance();  // with the built-in backends registered
+
+    void add(BackendFactory factory);
+    std::vector<std::string> names() const;
+    const BackendFactory* find(const std::string& name) const;
+    // The preferred backend for a device kind ("cpu" for Cpu when built with oneDNN).
+    const BackendFactory* preferred(DeviceKind kind) const;
+
+    Result<std::unique_ptr<Backend>> create(const std::string& name, int deviceIndex,
+                                            const BackendOptions& options) const;
+    // Best backend for a device ("cpu:1" -> cpu backend, logical device 1).
+    Result<std::unique_ptr<Backend>> create(const Device& device, const BackendOptions& options) const;
+
+    // dlopen a plugin and call its `extern "C" void ts_register_backends(ts::BackendRegistry*)`.
+    Status loadPlugin(const std::string& path);
+    // Loads every libtrainstudio-*.so found next to the executable or in $TRAINSTUDIO_PLUGIN_PATH;
+    // failures are returned as messages, not fatal (the app keeps working on the CPU).
+    std::vector<std::string> loadDefaultPlugins();
+
+private:
+    BackendRegistry();
+    struct Impl;
+    std::shared_ptr<Impl> m_d;
+};
+
+// Built-in factories (explicit list, no static-init magic).
+BackendFactory referenceBackendFactory();
+BackendFactory cpuBackendFactory();
+
+} // namespace ts

@@ -1,0 +1,36 @@
+#pragma once
+// BatchSource: what the Trainer pulls batches from. The in-memory source (data/dataset.h) and the
+// tf.data-style pipeline (data/pipeline.h) both implement it.
+// Contract: used from one thread (the trainer's); startEpoch() then next() until it yields no
+// batch. Batches are host tensors: x (B, ...features) F32, y (B) I32 class ids or (B, C) F32.
+// next() returns an Error for bad data (naming file and record) and Cancelled after cancel().
+// cancel() may be called from any thread and must make a blocked next() return promptly.
+
+#include <atomic>
+#include <cstdint>
+#include <optional>
+
+#include "common/result.h"
+#include "tensor/tensor.h"
+
+namespace ts {
+
+struct Batch {
+    Tensor x;
+    Tensor y;
+    int64_t size() const { return x.defined() ? x.shape()[0] : 0; }
+};
+
+class BatchSource {
+public:
+    virtual ~BatchSource() = default;
+    virtual Status startEpoch(int64_t epoch) = 0;
+    // std::nullopt at the end of the epoch.
+    virtual Result<std::optional<Batch>> next() = 0;
+    // Batches per epoch, or -1 if unknown.
+    virtual int64_t batchesPerEpoch() const = 0;
+    virtual int64_t examplesPerEpoch() const = 0;
+    virtual void cancel() {}
+};
+
+} // namespace ts

@@ -1,0 +1,40 @@
+#pragma once
+// Communicator: collectives between the replicas of one run (all-reduce, broadcast, barrier).
+// Contract:
+//  - Collective calls are made by every rank with the same sequence of calls and the same
+//    element counts; ranks are identified by `rank` in [0, size()).
+//  - Threading: each rank calls from its own thread (ranks-as-threads for LocalCommunicator,
+//    one process per rank for Gloo/NCCL). A call returns once this rank's result is complete.
+//  - Errors: a peer that fails (or calls abort()) makes every pending and later call on every
+//    rank return Cancelled/an error naming the rank, instead of hanging.
+//  - Determinism: sums are accumulated in rank order, so results are bit-identical across ranks
+//    and runs.
+
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "tensor/tensor.h"
+
+namespace ts {
+
+class Communicator {
+public:
+    virtual ~Communicator() = default;
+    virtual int size() const = 0;
+    virtual std::string name() const = 0;
+    // In-place element-wise sum over ranks (F32); every rank ends with the sum.
+    virtual Status allReduceSum(int rank, Tensor& t) = 0;
+    // Copy root's tensor to every other rank.
+    virtual Status broadcast(int rank, int root, Tensor& t) = 0;
+    virtual Status barrier(int rank) = 0;
+    // Unblocks everyone with an error (a replica failed or the run was cancelled).
+    virtual void abort(const std::string& reason) = 0;
+};
+
+// Ranks as threads of one process, tensors in host memory. The all-reduce is a
+// reduce-scatter/all-gather over shared memory: rank r sums slice r of every rank's buffer in
+// rank order and writes it back to all ranks, so the work is split evenly across threads.
+std::unique_ptr<Communicator> makeLocalCommunicator(int size);
+
+} // namespace ts

@@ -1,0 +1,334 @@
+#include "distribute/strategy.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <functional>
+#include <mutex>
+#include <thread>
+
+#include "backend/registry.h"
+#include "distribute/communicator.h"
+#include "optim/optimizer.h"
+
+namespace ts {
+namespace {
+
+int hardwareThreads()
+{
+    const unsigned n = std::thread::hardware_concurrency();
+    return n == 0 ? 1 : static_cast<int>(n);
+}
+
+// A thread that runs one job at a time for its replica; blocks (never spins) between steps.
+class ReplicaThread {
+public:
+    explicit ReplicaThread(std::function<void()> init)
+        : m_thread([this, init = std::move(init)] {
+              init();
+              loop();
+          })
+    {
+    }
+    ~ReplicaThread()
+    {
+        {
+            std::lock_guard lock(m_mutex);
+            m_quit = true;
+        }
+        m_cv.notify_all();
+        m_thread.join();
+    }
+    void post(std::function<Status()> job)
+    {
+        {
+            std::lock_guard lock(m_mutex);
+            m_job = std::move(job);
+            m_done = false;
+        }
+        m_cv.notify_all();
+    }
+    Status wait()
+    {
+        std::unique_lock lock(m_mutex);
+        m_doneCv.wait(lock, [&] { return m_done; });
+        return std::move(m_result);
+    }
+
+private:
+    void loop()
+    {
+        for (;;) {
+            std::function<Status()> job;
+            {
+                std::unique_lock lock(m_mutex);
+                m_cv.wait(lock, [&] { return m_quit || m_job; });
+                if (m_quit) return;
+                job = std::move(m_job);
+                m_job = nullptr;
+            }
+            Status st = job();
+            {
+                std::lock_guard lock(m_mutex);
+                m_result = std::move(st);
+                m_done = true;
+            }
+            m_doneCv.notify_all();
+        }
+    }
+    std::mutex m_mutex;
+    std::condition_variable m_cv, m_doneCv;
+    std::function<Status()> m_job;
+    Status m_result;
+    bool m_done = true, m_quit = false;
+    std::thread m_thread;
+};
+
+struct Replica {
+    Device device;
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Program> program;
+    std::unique_ptr<Optimizer> optimizer;  // own copy when parameters are not shared
+    std::unique_ptr<ReplicaThread> thread; // null for replica 0
+    StepStats stats;
+};
+
+class ReplicatedStrategy final : public Strategy {
+public:
+    std::string m_name;
+    int m_threadsPer = 1;
+    std::vector<Replica> m_replicas;
+    std::unique_ptr<Communicator> m_comm;
+    std::unique_ptr<Optimizer> m_sharedOptimizer;
+    bool m_sharedParams = false;
+    std::atomic<bool> m_cancelled{false};
+
+    std::string name() const override { return m_name; }
+    int numReplicas() const override { return static_cast<int>(m_replicas.size()); }
+    int threadsPerReplica() const override { return m_threadsPer; }
+    std::vector<DeviceInfo> devices() const override
+    {
+        std::vector<DeviceInfo> out;
+        for (const auto& r : m_replicas) out.push_back(r.backend->info());
+        return out;
+    }
+    Program& primary() override { return *m_replicas[0].program; }
+    void cancel() override
+    {
+        m_cancelled = true;
+        if (m_comm) m_comm->abort("the run was cancelled");
+    }
+
+    // Runs fn(r) for every replica concurrently and returns the first error.
+    Status runAll(const std::function<Status(int)>& fn)
+    {
+        const int n = numReplicas();
+        for (int r = 1; r < n; ++r) {
+            m_replicas[static_cast<std::size_t>(r)].thread->post([this, &fn, r] {
+                Status st = fn(r);
+                if (!st.ok() && m_comm) m_comm->abort(m_replicas[static_cast<std::size_t>(r)].device.toString() + ": " + st.error().message);
+                return st;
+            });
+        }
+        Status first = fn(0);
+        if (!first.ok() && m_comm) m_comm->abort(m_replicas[0].device.toString() + ": " + first.error().message);
+        for (int r = 1; r < n; ++r) {
+            Status st = m_replicas[static_cast<std::size_t>(r)].thread->wait();
+            if (first.ok() && !st.ok()) first = std::move(st);
+        }
+        if (!first.ok() && first.error().code != ErrorCode::Cancelled && numReplicas() > 1) {
+            // The communicator is poisoned after an abort; a failed step ends the run anyway.
+        }
+        return first;
+    }
+
+    std::pair<int64_t, int64_t> sliceOf(int r, int64_t rows) const
+    {
+        const int64_t n = numReplicas();
+        return {rows * r / n, rows * (r + 1) / n};
+    }
+
+    Status initialise(uint64_t seed) override
+    {
+        Program& p0 = primary();
+        TS_TRY(p0.initialiseParameters(seed));
+        if (!m_sharedParams && numReplicas() > 1) {
+            TS_ASSIGN(auto params, p0.exportParameters());
+            for (std::size_t r = 1; r < m_replicas.size(); ++r)
+                TS_TRY(m_replicas[r].program->importParameters(params, "replica 0"));
+        } else if (numReplicas() > 1) {
+            // Shared trainable arena; per-replica non-trainable state starts from replica 0's.
+            TS_ASSIGN(auto params, p0.exportParameters());
+            for (std::size_t r = 1; r < m_replicas.size(); ++r)
+                TS_TRY(m_replicas[r].program->importParameters(params, "replica 0"));
+        }
+        return okStatus();
+    }
+
+    Result<StepStats> trainStep(const Batch& batch, float lr, int64_t step, uint64_t seed) override
+    {
+        if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+        const int64_t rows = batch.size();
+        const int n = numReplicas();
+        TS_TRY(runAll([&](int r) -> Status {
+            Replica& rep = m_replicas[static_cast<std::size_t>(r)];
+            Program& prog = *rep.program;
+            Backend& be = *rep.backend;
+            auto [b, e] = sliceOf(r, rows);
+            rep.stats = {};
+            Tensor grads = prog.gradientArena();
+            if (e > b) {
+                float loss = 0;
+                int64_t correct = 0;
+                TS_TRY(prog.forward(batch.x.rows(b, e), true, seed + static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ull));
+                TS_TRY(prog.lossAndBackward(batch.y.rows(b, e), true, rows, &loss, &correct));
+                rep.stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
+            } else if (grads.defined()) {
+                TS_TRY(be.scale(0.f, grads));  // no rows for this replica: contribute nothing
+            }
+            if (n > 1 && grads.defined()) TS_TRY(m_comm->allReduceSum(r, grads));
+            if (grads.defined()) {
+                const int64_t total = grads.numel();
+                if (m_sharedParams) {
+                    // Each replica updates its share of the one shared arena.
+                    const int64_t ob = total * r / n, oe = total * (r + 1) / n;
+                    if (oe > ob) TS_TRY(m_sharedOptimizer->apply(be, prog.trainableArena(), grads, ob, oe, lr, step));
+                } else {
+                    TS_TRY(rep.optimizer->apply(be, prog.trainableArena(), grads, 0, total, lr, step));
+                }
+            }
+            Tensor frozen = prog.nonTrainableArena();
+            if (n > 1 && frozen.defined()) {
+                // BatchNorm moving statistics: the mean over replicas (TF's MirroredVariable MEAN).
+                TS_TRY(m_comm->allReduceSum(r, frozen));
+                TS_TRY(be.scale(1.f / static_cast<float>(n), frozen));
+            }
+            return okStatus();
+        }));
+        StepStats total;
+        for (const auto& rep : m_replicas) {
+            total.lossSum += rep.stats.lossSum;
+            total.correct += rep.stats.correct;
+            total.count += rep.stats.count;
+        }
+        return total;
+    }
+
+    Result<StepStats> evalStep(const Batch& batch) override
+    {
+        if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+        const int64_t rows = batch.size();
+        TS_TRY(runAll([&](int r) -> Status {
+            Replica& rep = m_replicas[static_cast<std::size_t>(r)];
+            auto [b, e] = sliceOf(r, rows);
+            rep.stats = {};
+            if (e == b) return okStatus();
+            float loss = 0;
+            int64_t correct = 0;
+            TS_TRY(rep.program->forward(batch.x.rows(b, e), false, 0));
+            TS_TRY(rep.program->lossAndBackward(batch.y.rows(b, e), false, rows, &loss, &correct));
+            rep.stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
+            return okStatus();
+        }));
+        StepStats total;
+        for (const auto& rep : m_replicas) {
+            total.lossSum += rep.stats.lossSum;
+            total.correct += rep.stats.correct;
+            total.count += rep.stats.count;
+        }
+        return total;
+    }
+
+    Result<std::vector<std::pair<std::string, Tensor>>> exportParameters() override { return primary().exportParameters(); }
+
+    Status importParameters(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source) override
+    {
+        for (auto& rep : m_replicas) TS_TRY(rep.program->importParameters(tensors, source));
+        return okStatus();
+    }
+};
+
+} // namespace
+
+Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
+                                                   std::shared_ptr<const GraphAnalysis> graph,
+                                                   const LossSpec& loss, const nlohmann::json& optimizerConfig)
+{
+    auto s = std::make_unique<ReplicatedStrategy>();
+    std::vector<Device> devices = config.devices;
+    const int totalThreads = config.threads > 0 ? config.threads : hardwareThreads();
+    if (config.kind == "one-device" || config.kind == "onedevice" || config.kind == "one_device") {
+        s->m_name = "one-device";
+        if (devices.empty()) devices = {Device{DeviceKind::Cpu, 0}};
+        if (devices.size() != 1)
+            return makeError(ErrorCode::InvalidArgument,
+                             "the one-device strategy takes exactly one device, got " + std::to_string(devices.size()),
+                             "pass one device (e.g. --devices cpu:0) or use --strategy mirrored");
+    } else if (config.kind == "mirrored") {
+        s->m_name = "mirrored";
+        if (devices.empty())
+            for (int i = 0; i < std::max(1, std::min(totalThreads, hardwareThreads())); ++i)
+                devices.push_back(Device{DeviceKind::Cpu, i});
+    } else {
+        return makeError(ErrorCode::InvalidArgument, "unknown strategy '" + config.kind + "'",
+                         "use one-device or mirrored (multi-worker and parameter-server need a cluster)");
+    }
+    for (std::size_t i = 0; i < devices.size(); ++i)
+        for (std::size_t j = i + 1; j < devices.size(); ++j)
+            if (devices[i] == devices[j])
+                return makeError(ErrorCode::InvalidArgument, "device " + devices[i].toString() + " is listed twice",
+                                 "each replica needs its own device");
+    const int n = static_cast<int>(devices.size());
+    s->m_threadsPer = std::max(1, totalThreads / n);
+    BackendOptions opts;
+    opts.threads = s->m_threadsPer;
+    auto& registry = BackendRegistry::instance();
+    s->m_replicas.resize(static_cast<std::size_t>(n));
+    for (int r = 0; r < n; ++r) {
+        Replica& rep = s->m_replicas[static_cast<std::size_t>(r)];
+        rep.device = devices[static_cast<std::size_t>(r)];
+        auto be = config.backend.empty() ? registry.create(rep.device, opts)
+                                         : registry.create(config.backend, rep.device.index, opts);
+        if (!be.ok()) {
+            Error e = be.takeError();
+            e.message = rep.device.toString() + ": " + e.message;
+            return e;
+        }
+        rep.backend = std::move(be).value();
+    }
+    bool allHost = true;
+    for (auto& rep : s->m_replicas) allHost &= rep.backend->allocator().hostAccessible();
+    s->m_sharedParams = allHost && n > 1;
+    // Each replica's backend is bound on its own thread; Programs are built there too so that
+    // first-touch memory lands near the thread that uses it.
+    for (int r = 0; r < n; ++r) {
+        Replica& rep = s->m_replicas[static_cast<std::size_t>(r)];
+        if (r == 0) {
+            rep.backend->bindThread();
+        } else {
+            Backend* be = rep.backend.get();
+            rep.thread = std::make_unique<ReplicaThread>([be] { be->bindThread(); });
+        }
+    }
+    Program* shared = nullptr;
+    for (int r = 0; r < n; ++r) {
+        Replica& rep = s->m_replicas[static_cast<std::size_t>(r)];
+        auto prog = Program::create(graph, *rep.backend, loss, s->m_sharedParams ? shared : nullptr);
+        if (!prog.ok()) return prog.takeError();
+        rep.program = std::move(prog).value();
+        if (r == 0) shared = rep.program.get();
+    }
+    const int64_t nparams = s->m_replicas[0].program->trainableCount();
+    if (s->m_sharedParams) {
+        TS_ASSIGN(s->m_sharedOptimizer, Optimizer::create(optimizerConfig));
+        if (nparams > 0) TS_TRY(s->m_sharedOptimizer->prepare(*s->m_replicas[0].backend, nparams));
+    } else {
+        for (auto& rep : s->m_replicas) {
+            TS_ASSIGN(rep.optimizer, Optimizer::create(optimizerConfig));
+            if (nparams > 0) TS_TRY(rep.optimizer->prepare(*rep.backend, nparams));
+        }
+    }
+    if (n > 1) s->m_comm = makeLocalCommunicator(n);
+    return std::unique_ptr<Strategy>(std::move(s));
+}
+
+} // namespace ts

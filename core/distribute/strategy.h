@@ -1,0 +1,65 @@
+#pragma once
+// Strategy: owns the replicas of a model (one Program per device), splits each global batch
+// across them, and makes every replica apply the same update from the summed gradients.
+// The Trainer's loop is identical for one device or many; only the Strategy differs.
+// Contract:
+//  - Threading: trainStep/evalStep/initialise/export/import are called from one thread (the
+//    trainer's). Mirrored runs replica r > 0 on its own worker thread; replica 0 runs on the
+//    caller's thread. cancel() may be called from any thread.
+//  - Determinism: given the same seed, batches and thread counts, results are bit-identical.
+//  - Errors: a failing replica aborts the communicator so the others return instead of waiting;
+//    the step returns the first error, naming the replica's device.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "backend/backend.h"
+#include "data/source.h"
+#include "nn/program.h"
+
+namespace ts {
+
+struct StrategyConfig {
+    std::string kind = "one-device";  // "one-device" | "mirrored"
+    std::vector<Device> devices;      // empty: cpu:0 (one-device) / cpu:0..cores-1 (mirrored)
+    int threads = 0;                  // total CPU threads; 0 = all cores
+    std::string backend;              // force a backend by name ("reference", "cpu"); empty = best
+};
+
+struct StepStats {
+    double lossSum = 0;   // sum over rows of the per-sample loss
+    int64_t correct = 0;
+    int64_t count = 0;
+};
+
+class Strategy {
+public:
+    virtual ~Strategy() = default;
+    static Result<std::unique_ptr<Strategy>> create(const StrategyConfig& config,
+                                                    std::shared_ptr<const GraphAnalysis> graph,
+                                                    const LossSpec& loss,
+                                                    const nlohmann::json& optimizer);
+
+    virtual std::string name() const = 0;
+    virtual int numReplicas() const = 0;
+    virtual std::vector<DeviceInfo> devices() const = 0;
+    virtual int threadsPerReplica() const = 0;
+
+    // Initialises replica 0's parameters from seed and mirrors them to the others.
+    virtual Status initialise(uint64_t seed) = 0;
+    // One synchronous step on a global batch.
+    virtual Result<StepStats> trainStep(const Batch& batch, float lr, int64_t step, uint64_t seed) = 0;
+    virtual Result<StepStats> evalStep(const Batch& batch) = 0;
+
+    virtual Result<std::vector<std::pair<std::string, Tensor>>> exportParameters() = 0;
+    virtual Status importParameters(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                    const std::string& source) = 0;
+    virtual Program& primary() = 0;
+    virtual void cancel() = 0;
+};
+
+} // namespace ts

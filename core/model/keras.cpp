@@ -1,0 +1,715 @@
+// Keras interop: reads model.to_json() of Sequential and Functional models written by Keras 2
+// (tf.keras: inbound_nodes as [[["name", node, tensor, {}]]], "batch_input_shape") and Keras 3
+// (inbound_nodes as [{"args": [__keras_tensor__ ...], "kwargs": {}}], "batch_shape", "module"
+// keys, DTypePolicy objects), and writes Keras 2 style JSON (Sequential for plain chains,
+// Functional otherwise) that tf.keras' model_from_json and this reader both accept.
+//
+// Only what TrainStudio can run is accepted: a layer class outside the catalogue, or an option
+// that would change the computation (channels_first, dilation, groups, regularisers, frozen
+// layers, shared layers) is an error naming the layer, never silently dropped. Initialisers are
+// ignored: they only affect the starting weights, which TrainStudio draws itself.
+// Imported attributes are normalised by analyzeModel (defaults filled in), so exporting and
+// importing again gives the same spec. Positions are laid out top to bottom by depth.
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "model/attrs.h"
+#include "model/spec.h"
+
+namespace ts {
+
+using nlohmann::json;
+using namespace model_detail;
+
+namespace {
+
+constexpr const char* kExportKerasVersion = "2.15.0";
+
+const std::map<std::string, std::string>& classToType()
+{
+    static const std::map<std::string, std::string> m = {
+        {"InputLayer", "Input"},
+        {"Dense", "Dense"},
+        {"Conv2D", "Conv2D"},
+        {"Convolution2D", "Conv2D"},
+        {"MaxPooling2D", "MaxPooling2D"},
+        {"MaxPool2D", "MaxPooling2D"},
+        {"AveragePooling2D", "AveragePooling2D"},
+        {"AvgPool2D", "AveragePooling2D"},
+        {"GlobalAveragePooling2D", "GlobalAveragePooling2D"},
+        {"GlobalAvgPool2D", "GlobalAveragePooling2D"},
+        {"Flatten", "Flatten"},
+        {"Reshape", "Reshape"},
+        {"Dropout", "Dropout"},
+        {"BatchNormalization", "BatchNormalization"},
+        {"Activation", "Activation"},
+        {"ReLU", "ReLU"},
+        {"LeakyReLU", "LeakyReLU"},
+        {"Softmax", "Softmax"},
+        {"Add", "Add"},
+        {"Concatenate", "Concatenate"},
+    };
+    return m;
+}
+
+std::string supportedClasses()
+{
+    std::string s;
+    for (const auto& [cls, type] : classToType())
+        s += (s.empty() ? "" : ", ") + cls;
+    return s;
+}
+
+class Importer {
+public:
+    explicit Importer(std::string source) : m_source(std::move(source)) {}
+
+    void error(const std::string& message, std::string hint = {})
+    {
+        m_errors.push_back(m_source + ": " + message);
+        if (m_hint.empty())
+            m_hint = std::move(hint);
+    }
+    bool ok() const { return m_errors.empty(); }
+    Error toError(ErrorCode code = ErrorCode::Unsupported) const
+    {
+        std::string message = m_errors.front();
+        for (std::size_t i = 1; i < m_errors.size(); ++i)
+            message += "\n" + m_errors[i];
+        return makeError(code, message, m_hint);
+    }
+
+    // One Keras layer dict to a LayerSpec (no inputs). False on an error (reported).
+    bool convertLayer(const json& layer, const std::string& path, LayerSpec& out)
+    {
+        if (!layer.is_object() || !layer.contains("class_name") || !layer["class_name"].is_string()) {
+            error(path + ": expected a layer object with a class_name");
+            return false;
+        }
+        const std::string cls = layer["class_name"].get<std::string>();
+        const json cfg = layer.contains("config") && layer["config"].is_object()
+                             ? layer["config"] : json::object();
+        std::string name;
+        if (cfg.contains("name") && cfg["name"].is_string())
+            name = cfg["name"].get<std::string>();
+        else if (layer.contains("name") && layer["name"].is_string())
+            name = layer["name"].get<std::string>();
+        if (name.empty()) {
+            error(path + ": " + cls + " layer has no name");
+            return false;
+        }
+        out.id = name;
+        const std::string what = "layer '" + name + "' (" + cls + ")";
+        auto found = classToType().find(cls);
+        if (found == classToType().end()) {
+            if (cfg.contains("layers"))
+                error(what + " is a nested model, which TrainStudio does not import",
+                      "flatten the nested model into its parent before to_json()");
+            else
+                error(what + ": Keras layer class " + cls + " is not supported by TrainStudio",
+                      "supported Keras layers: " + supportedClasses());
+            return false;
+        }
+        out.type = found->second;
+        m_what = what;
+        m_ok = true;
+        json& a = out.attrs;
+        a = json::object();
+
+        if (cfg.contains("trainable") && cfg["trainable"] == false)
+            unsupported("is frozen (trainable: false)", "TrainStudio trains every layer");
+        for (const char* key : {"kernel_regularizer", "bias_regularizer", "activity_regularizer",
+                                "beta_regularizer", "gamma_regularizer", "kernel_constraint",
+                                "bias_constraint", "beta_constraint", "gamma_constraint"})
+            if (cfg.contains(key) && !cfg[key].is_null())
+                unsupported(std::string("uses ") + key,
+                            "remove the regulariser/constraint before exporting");
+
+        const std::string& t = out.type;
+        if (t == "Input") {
+            json shape;
+            for (const char* key : {"batch_input_shape", "batch_shape"})
+                if (cfg.contains(key) && cfg[key].is_array() && !cfg[key].empty()) {
+                    shape = cfg[key];
+                    shape.erase(shape.begin());
+                    break;
+                }
+            for (const char* key : {"input_shape", "shape"})
+                if (shape.is_null() && cfg.contains(key) && cfg[key].is_array())
+                    shape = cfg[key];
+            if (shape.is_null()) {
+                error(what + " has no batch_input_shape/batch_shape",
+                      "build the model with a known input shape before to_json()");
+                return false;
+            }
+            if (!checkShape(shape))
+                return false;
+            a["shape"] = shape;
+        } else if (t == "Dense") {
+            copy(cfg, "units", a);
+            activation(cfg, a);
+            copy(cfg, "use_bias", a);
+        } else if (t == "Conv2D") {
+            copy(cfg, "filters", a);
+            copy(cfg, "kernel_size", a);
+            copy(cfg, "strides", a);
+            padding(cfg, a);
+            activation(cfg, a);
+            copy(cfg, "use_bias", a);
+            channelsLast(cfg);
+            for (const char* key : {"dilation_rate", "groups"})
+                if (cfg.contains(key) && !isOne(cfg[key]))
+                    unsupported(std::string("uses ") + key + " " + cfg[key].dump(),
+                                "TrainStudio's Conv2D has dilation 1 and groups 1");
+        } else if (t == "MaxPooling2D" || t == "AveragePooling2D") {
+            copy(cfg, "pool_size", a);
+            copy(cfg, "strides", a);
+            padding(cfg, a);
+            channelsLast(cfg);
+        } else if (t == "GlobalAveragePooling2D") {
+            channelsLast(cfg);
+            if (cfg.contains("keepdims") && cfg["keepdims"] == true)
+                unsupported("uses keepdims=True", "follow it with a Reshape instead");
+        } else if (t == "Flatten") {
+            channelsLast(cfg);
+        } else if (t == "Reshape") {
+            copy(cfg, "target_shape", a);
+        } else if (t == "Dropout") {
+            copy(cfg, "rate", a);
+            if (cfg.contains("noise_shape") && !cfg["noise_shape"].is_null())
+                unsupported("uses noise_shape", "use a plain Dropout");
+        } else if (t == "BatchNormalization") {
+            axis(cfg, a);
+            for (const char* key : {"momentum", "epsilon", "center", "scale"})
+                copy(cfg, key, a);
+            if (cfg.contains("renorm") && cfg["renorm"] == true)
+                unsupported("uses batch renormalisation", "set renorm=False");
+            if (cfg.contains("virtual_batch_size") && !cfg["virtual_batch_size"].is_null())
+                unsupported("uses virtual_batch_size", "remove virtual_batch_size");
+        } else if (t == "Activation") {
+            activation(cfg, a);
+        } else if (t == "ReLU") {
+            const bool plain = (!cfg.contains("max_value") || cfg["max_value"].is_null())
+                               && isZero(cfg, "negative_slope") && isZero(cfg, "threshold");
+            if (!plain)
+                unsupported("sets max_value, negative_slope or threshold",
+                            "use a plain ReLU, or LeakyReLU for a negative slope");
+        } else if (t == "LeakyReLU") {
+            if (cfg.contains("alpha"))
+                a["alpha"] = cfg["alpha"];
+            else if (cfg.contains("negative_slope"))
+                a["alpha"] = cfg["negative_slope"];
+        } else if (t == "Softmax" || t == "Concatenate") {
+            axis(cfg, a);
+        }
+        return m_ok;
+    }
+
+    bool checkShape(const json& shape)
+    {
+        for (const json& d : shape)
+            if (!d.is_number_integer()) {
+                error(m_what + " has an unknown (None) or invalid dimension in " + shape.dump(),
+                      "TrainStudio needs a fixed input shape; give every dimension but the batch");
+                return false;
+            }
+        return true;
+    }
+
+    std::vector<std::string> errors() const { return m_errors; }
+
+private:
+    void unsupported(const std::string& what, std::string hint)
+    {
+        error(m_what + " " + what + ", which TrainStudio does not support", std::move(hint));
+        m_ok = false;
+    }
+
+    static void copy(const json& cfg, const char* key, json& a)
+    {
+        if (cfg.contains(key) && !cfg[key].is_null())
+            a[key] = cfg[key];
+    }
+
+    static bool isOne(const json& v)
+    {
+        if (v.is_null())
+            return true;
+        if (v.is_number())
+            return v.get<double>() == 1;
+        if (v.is_array())
+            return std::all_of(v.begin(), v.end(),
+                               [](const json& x) { return x.is_number() && x.get<double>() == 1; });
+        return false;
+    }
+
+    static bool isZero(const json& cfg, const char* key)
+    {
+        return !cfg.contains(key) || cfg[key].is_null()
+               || (cfg[key].is_number() && cfg[key].get<double>() == 0);
+    }
+
+    void channelsLast(const json& cfg)
+    {
+        if (cfg.contains("data_format") && !cfg["data_format"].is_null()
+            && cfg["data_format"] != "channels_last")
+            unsupported("uses data_format " + cfg["data_format"].dump(),
+                        "TrainStudio is channels-last (NHWC) like Keras' default");
+    }
+
+    void padding(const json& cfg, json& a)
+    {
+        if (!cfg.contains("padding"))
+            return;
+        const json& p = cfg["padding"];
+        if (p.is_string() && p != "valid" && p != "same")
+            unsupported("uses padding " + p.dump(), "use \"valid\" or \"same\"");
+        a["padding"] = p;
+    }
+
+    void axis(const json& cfg, json& a)
+    {
+        if (!cfg.contains("axis"))
+            return;
+        json v = cfg["axis"];
+        // tf.keras' BatchNormalization writes the built axis as a list, e.g. [3].
+        if (v.is_array() && v.size() == 1)
+            v = v[0];
+        if (!v.is_number_integer()) {
+            unsupported("uses axis " + cfg["axis"].dump(), "only the last axis is supported");
+            return;
+        }
+        a["axis"] = v;
+    }
+
+    void activation(const json& cfg, json& a)
+    {
+        if (!cfg.contains("activation"))
+            return;
+        const json& v = cfg["activation"];
+        std::string name;
+        if (v.is_null())
+            name = "linear";
+        else if (v.is_string())
+            name = v.get<std::string>();
+        else if (v.is_object() && v.contains("config") && v["config"].is_string())
+            name = v["config"].get<std::string>();  // {"class_name": "function", "config": "relu"}
+        else if (v.is_object() && v.contains("class_name") && v["class_name"].is_string())
+            name = v["class_name"].get<std::string>();
+        if (name == "softmax_v2")  // tf.nn.softmax's name in TF 2
+            name = "softmax";
+        Result<Activation> act = parseActivation(name);
+        if (!act.ok()) {
+            unsupported("uses activation " + (name.empty() ? v.dump() : "'" + name + "'"),
+                        act.ok() ? std::string() : act.error().hint);
+            return;
+        }
+        a["activation"] = activationName(act.value());
+    }
+
+    std::string m_source;
+    std::vector<std::string> m_errors;
+    std::string m_hint;
+    std::string m_what;
+    bool m_ok = true;
+};
+
+// Producer names of a layer from its inbound_nodes, Keras 2 or Keras 3 style.
+void collectKeras3Tensors(const json& v, std::vector<json>& out)
+{
+    if (v.is_object()) {
+        if (v.value("class_name", "") == "__keras_tensor__") {
+            out.push_back(v.contains("config") ? v["config"].value("keras_history", json())
+                                               : json());
+            return;
+        }
+        for (const json& x : v)
+            collectKeras3Tensors(x, out);
+    } else if (v.is_array()) {
+        for (const json& x : v)
+            collectKeras3Tensors(x, out);
+    }
+}
+
+bool isHistory(const json& v)
+{
+    return v.is_array() && v.size() >= 3 && v[0].is_string() && v[1].is_number_integer()
+           && v[2].is_number_integer();
+}
+
+bool inboundNames(Importer& imp, const json& layer, const std::string& name,
+                  std::vector<std::string>& out)
+{
+    if (!layer.contains("inbound_nodes"))
+        return true;
+    const json& inbound = layer["inbound_nodes"];
+    if (!inbound.is_array()) {
+        imp.error("layer '" + name + "': inbound_nodes is not a list");
+        return false;
+    }
+    if (inbound.empty())
+        return true;
+    if (inbound.size() > 1) {
+        imp.error("layer '" + name + "' is called " + std::to_string(inbound.size())
+                      + " times (a shared layer), which TrainStudio does not support",
+                  "give each call its own layer");
+        return false;
+    }
+    const json& node = inbound[0];
+    std::vector<json> history;
+    if (node.is_object()) {
+        collectKeras3Tensors(node.value("args", json::array()), history);  // Keras 3
+    } else if (node.is_array()) {
+        for (const json& t : node)
+            history.push_back(t);  // Keras 2: ["name", node_index, tensor_index, {kwargs}]
+    }
+    for (const json& h : history) {
+        if (!isHistory(h)) {
+            imp.error("layer '" + name + "': cannot read an inbound tensor " + h.dump());
+            return false;
+        }
+        if (h[1].get<int64_t>() != 0 || h[2].get<int64_t>() != 0) {
+            imp.error("layer '" + name + "' reads output " + h.dump()
+                          + " (a shared or multi-output layer), which TrainStudio does not "
+                            "support");
+            return false;
+        }
+        out.push_back(h[0].get<std::string>());
+    }
+    return true;
+}
+
+std::vector<std::string> tensorNames(const json& v)
+{
+    std::vector<std::string> out;
+    if (isHistory(v)) {
+        out.push_back(v[0].get<std::string>());
+    } else if (v.is_array()) {
+        for (const json& x : v)
+            for (std::string& s : tensorNames(x))
+                out.push_back(std::move(s));
+    } else if (v.is_object()) {
+        for (const json& x : v)
+            for (std::string& s : tensorNames(x))
+                out.push_back(std::move(s));
+    }
+    return out;
+}
+
+// Top to bottom by depth from the inputs, side by side within a depth.
+void layout(ModelSpec& spec)
+{
+    std::map<std::string, int> depth;
+    std::map<int, int> perDepth;
+    std::vector<int> depthOf(spec.layers.size(), 0);
+    for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+        int d = 0;
+        for (const std::string& in : spec.layers[i].inputs) {
+            auto it = depth.find(in);
+            if (it != depth.end())
+                d = std::max(d, it->second + 1);
+        }
+        depth[spec.layers[i].id] = d;
+        depthOf[i] = d;
+        ++perDepth[d];
+    }
+    std::map<int, int> placed;
+    for (std::size_t i = 0; i < spec.layers.size(); ++i) {
+        const int d = depthOf[i];
+        const int k = placed[d]++;
+        spec.layers[i].x = (k - (perDepth[d] - 1) / 2.0) * 200.0;
+        spec.layers[i].y = d * 100.0;
+    }
+}
+
+// Attributes as analyzeModel normalises them, so import(export(x)) == x. Broken nodes keep
+// what the file said, for the designer to show.
+void normaliseAttrs(ModelSpec& spec)
+{
+    const GraphAnalysis a = analyzeModel(spec);
+    for (LayerSpec& l : spec.layers) {
+        const int k = a.indexOf(l.id);
+        if (k >= 0 && a.nodes[static_cast<std::size_t>(k)].ok)
+            l.attrs = a.nodes[static_cast<std::size_t>(k)].attrs;
+    }
+}
+
+// The single node nothing consumes, if there is exactly one.
+std::string singleSink(const ModelSpec& spec)
+{
+    std::set<std::string> consumed;
+    for (const LayerSpec& l : spec.layers)
+        consumed.insert(l.inputs.begin(), l.inputs.end());
+    std::string sink;
+    for (const LayerSpec& l : spec.layers)
+        if (!consumed.count(l.id)) {
+            if (!sink.empty())
+                return {};
+            sink = l.id;
+        }
+    return sink;
+}
+
+Result<ModelSpec> importSequential(Importer& imp, const json& config, ModelSpec spec)
+{
+    const json layers = config.is_array() ? config : config.value("layers", json::array());
+    std::string previous;
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+        LayerSpec l;
+        if (!imp.convertLayer(layers[i], "config.layers[" + std::to_string(i) + "]", l))
+            continue;
+        if (l.type != "Input" && spec.layers.empty()) {
+            // No InputLayer: the first layer carries the input shape (or the model says it).
+            const json& cfg = layers[i]["config"];
+            json shape;
+            for (const char* key : {"batch_input_shape", "batch_shape"})
+                if (cfg.contains(key) && cfg[key].is_array() && !cfg[key].empty())
+                    shape = cfg[key];
+            if (shape.is_null() && config.is_object() && config.contains("build_input_shape")
+                && config["build_input_shape"].is_array())
+                shape = config["build_input_shape"];
+            if (shape.is_null()) {
+                imp.error("Sequential model has no input shape (no InputLayer and no "
+                          "batch_input_shape on '" + l.id + "')",
+                          "build the model (or give the first layer input_shape) before to_json()");
+                return imp.toError(ErrorCode::ParseError);
+            }
+            shape.erase(shape.begin());
+            LayerSpec input;
+            input.id = l.id + "_input";  // the name tf.keras gives the implicit InputLayer
+            input.type = "Input";
+            input.attrs = json{{"shape", shape}};
+            if (!imp.checkShape(shape))
+                return imp.toError(ErrorCode::ParseError);
+            spec.layers.push_back(input);
+            previous = input.id;
+        }
+        if (l.type == "Input" && !spec.layers.empty()) {
+            imp.error("Sequential model has an InputLayer '" + l.id + "' after other layers");
+            continue;
+        }
+        if (!previous.empty())
+            l.inputs = {previous};
+        previous = l.id;
+        spec.layers.push_back(std::move(l));
+    }
+    if (!imp.ok())
+        return imp.toError();
+    return spec;
+}
+
+Result<ModelSpec> importFunctional(Importer& imp, const json& config, ModelSpec spec)
+{
+    const json layers = config.value("layers", json::array());
+    for (std::size_t i = 0; i < layers.size(); ++i) {
+        LayerSpec l;
+        if (!imp.convertLayer(layers[i], "config.layers[" + std::to_string(i) + "]", l))
+            continue;
+        if (!inboundNames(imp, layers[i], l.id, l.inputs))
+            continue;
+        spec.layers.push_back(std::move(l));
+    }
+    if (!imp.ok())
+        return imp.toError();
+    spec.outputs = tensorNames(config.value("output_layers", json::array()));
+    if (spec.outputs.size() == 1 && spec.outputs[0] == singleSink(spec))
+        spec.outputs.clear();  // the default; keeps Sequential and Functional imports alike
+    return spec;
+}
+
+// ---- export -----------------------------------------------------------------------------------
+
+json initializer(const char* cls)
+{
+    return json{{"class_name", cls},
+                {"config", std::string(cls) == "GlorotUniform" ? json{{"seed", nullptr}}
+                                                               : json::object()}};
+}
+
+json nullRegularisers(std::initializer_list<const char*> keys)
+{
+    json j = json::object();
+    for (const char* k : keys)
+        j[k] = nullptr;
+    return j;
+}
+
+Result<json> kerasLayer(const NodeInfo& n)
+{
+    const json& a = n.attrs;
+    json cfg = {{"name", n.id}, {"trainable", true}, {"dtype", "float32"}};
+    std::string cls = n.type;
+    const std::string& t = n.type;
+    if (t == "Input") {
+        cls = "InputLayer";
+        json shape = json::array({nullptr});
+        for (const json& d : a["shape"])
+            shape.push_back(d);
+        cfg = {{"batch_input_shape", shape}, {"dtype", "float32"}, {"sparse", false},
+               {"ragged", false}, {"name", n.id}};
+    } else if (t == "Dense") {
+        cfg.update(json{{"units", a["units"]},
+                        {"activation", a["activation"]},
+                        {"use_bias", a["use_bias"]},
+                        {"kernel_initializer", initializer("GlorotUniform")},
+                        {"bias_initializer", initializer("Zeros")}});
+        cfg.update(nullRegularisers({"kernel_regularizer", "bias_regularizer",
+                                     "activity_regularizer", "kernel_constraint",
+                                     "bias_constraint"}));
+    } else if (t == "Conv2D") {
+        cfg.update(json{{"filters", a["filters"]},
+                        {"kernel_size", a["kernel_size"]},
+                        {"strides", a["strides"]},
+                        {"padding", a["padding"]},
+                        {"data_format", "channels_last"},
+                        {"dilation_rate", {1, 1}},
+                        {"groups", 1},
+                        {"activation", a["activation"]},
+                        {"use_bias", a["use_bias"]},
+                        {"kernel_initializer", initializer("GlorotUniform")},
+                        {"bias_initializer", initializer("Zeros")}});
+        cfg.update(nullRegularisers({"kernel_regularizer", "bias_regularizer",
+                                     "activity_regularizer", "kernel_constraint",
+                                     "bias_constraint"}));
+    } else if (t == "MaxPooling2D" || t == "AveragePooling2D") {
+        cfg.update(json{{"pool_size", a["pool_size"]},
+                        {"padding", a["padding"]},
+                        {"strides", a["strides"]},
+                        {"data_format", "channels_last"}});
+    } else if (t == "GlobalAveragePooling2D") {
+        cfg.update(json{{"data_format", "channels_last"}, {"keepdims", false}});
+    } else if (t == "Flatten") {
+        cfg["data_format"] = "channels_last";
+    } else if (t == "Reshape") {
+        cfg["target_shape"] = a["target_shape"];
+    } else if (t == "Dropout") {
+        cfg.update(json{{"rate", a["rate"]}, {"noise_shape", nullptr}, {"seed", nullptr}});
+    } else if (t == "BatchNormalization") {
+        cfg.update(json{{"axis", -1},
+                        {"momentum", a["momentum"]},
+                        {"epsilon", a["epsilon"]},
+                        {"center", a["center"]},
+                        {"scale", a["scale"]},
+                        {"beta_initializer", initializer("Zeros")},
+                        {"gamma_initializer", initializer("Ones")},
+                        {"moving_mean_initializer", initializer("Zeros")},
+                        {"moving_variance_initializer", initializer("Ones")}});
+        cfg.update(nullRegularisers({"beta_regularizer", "gamma_regularizer", "beta_constraint",
+                                     "gamma_constraint"}));
+    } else if (t == "Activation") {
+        cfg["activation"] = a["activation"];
+    } else if (t == "ReLU") {
+        cfg.update(json{{"max_value", nullptr}, {"negative_slope", 0.0}, {"threshold", 0.0}});
+    } else if (t == "LeakyReLU") {
+        cfg["alpha"] = a["alpha"];
+    } else if (t == "Softmax" || t == "Concatenate") {
+        cfg["axis"] = -1;
+    } else if (t != "Add") {
+        return makeError(ErrorCode::Unsupported,
+                         "node '" + n.id + "': no Keras export for layer type " + t,
+                         "report this as a TrainStudio bug");
+    }
+    return json{{"class_name", cls}, {"config", cfg}};
+}
+
+bool isChain(const GraphAnalysis& a)
+{
+    if (a.inputNodes.size() != 1 || a.inputNodes[0] != 0 || a.outputNodes.size() != 1
+        || a.outputNodes[0] != static_cast<int>(a.nodes.size()) - 1)
+        return false;
+    for (std::size_t k = 1; k < a.nodes.size(); ++k)
+        if (a.nodes[k].inputs != std::vector<int>{static_cast<int>(k) - 1})
+            return false;
+    return true;
+}
+
+} // namespace
+
+Result<ModelSpec> modelFromKerasJson(const json& root, const std::string& source)
+{
+    Importer imp(source);
+    const json* j = &root;
+    // model.save() keeps the to_json() document under "model_config" (HDF5 attribute dumps).
+    if (j->is_object() && j->contains("model_config") && (*j)["model_config"].is_object())
+        j = &(*j)["model_config"];
+    if (!j->is_object() || !j->contains("class_name") || !(*j)["class_name"].is_string())
+        return makeError(ErrorCode::ParseError,
+                         source + ": not a Keras model: expected {\"class_name\": ..., \"config\": "
+                                  "...}",
+                         "export the model with Keras' model.to_json()");
+    const std::string cls = (*j)["class_name"].get<std::string>();
+    const json config = j->value("config", json());
+
+    ModelSpec spec;
+    if (config.is_object() && config.contains("name") && config["name"].is_string())
+        spec.name = config["name"].get<std::string>();
+
+    const bool sequential = cls == "Sequential";
+    if (!sequential && cls != "Functional" && cls != "Model")
+        return makeError(ErrorCode::Unsupported,
+                         source + ": top-level class '" + cls
+                             + "' is not a Sequential or Functional model",
+                         "TrainStudio imports Sequential and Functional models; a subclassed "
+                         "Model has no architecture in its JSON");
+    const json layers = (sequential && config.is_array()) ? config
+                        : config.is_object() ? config.value("layers", json()) : json();
+    if (!layers.is_array() || layers.empty())
+        return makeError(ErrorCode::ParseError,
+                         source + ": " + cls + " model '" + spec.name + "' has no config.layers",
+                         "export a built model with model.to_json()");
+    TS_ASSIGN(ModelSpec out, sequential ? importSequential(imp, config, std::move(spec))
+                                        : importFunctional(imp, config, std::move(spec)));
+    normaliseAttrs(out);
+    layout(out);
+    return out;
+}
+
+Result<json> modelToKerasJson(const ModelSpec& spec)
+{
+    const GraphAnalysis a = analyzeModel(spec);
+    TS_TRY(problemsToStatus(a, "model '" + spec.name + "'"));
+    json layers = json::array();
+    if (isChain(a)) {
+        for (const NodeInfo& n : a.nodes) {
+            TS_ASSIGN(json layer, kerasLayer(n));
+            layers.push_back(std::move(layer));
+        }
+        return json{{"class_name", "Sequential"},
+                    {"config", {{"name", spec.name}, {"layers", layers}}},
+                    {"keras_version", kExportKerasVersion},
+                    {"backend", "tensorflow"}};
+    }
+    for (const NodeInfo& n : a.nodes) {
+        TS_ASSIGN(json layer, kerasLayer(n));
+        layer["name"] = n.id;
+        json inbound = json::array();
+        if (!n.inputs.empty()) {
+            json call = json::array();
+            for (int p : n.inputs)
+                call.push_back(json::array(
+                    {a.nodes[static_cast<std::size_t>(p)].id, 0, 0, json::object()}));
+            inbound.push_back(call);
+        }
+        layer["inbound_nodes"] = inbound;
+        layers.push_back(std::move(layer));
+    }
+    json inputs = json::array(), outputs = json::array();
+    for (int k : a.inputNodes)
+        inputs.push_back(json::array({a.nodes[static_cast<std::size_t>(k)].id, 0, 0}));
+    for (int k : a.outputNodes)
+        outputs.push_back(json::array({a.nodes[static_cast<std::size_t>(k)].id, 0, 0}));
+    return json{{"class_name", "Functional"},
+                {"config",
+                 {{"name", spec.name},
+                  {"trainable", true},
+                  {"layers", layers},
+                  {"input_layers", inputs},
+                  {"output_layers", outputs}}},
+                {"keras_version", kExportKerasVersion},
+                {"backend", "tensorflow"}};
+}
+
+} // namespace ts

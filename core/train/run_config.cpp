@@ -1,0 +1,155 @@
+#include "train/run_config.h"
+
+#include <filesystem>
+
+namespace ts {
+
+nlohmann::json RunConfig::toJson() const
+{
+    nlohmann::json devices = nlohmann::json::array();
+    for (const auto& d : strategy.devices) devices.push_back(d.toString());
+    nlohmann::json j = {
+        {"data", {{"source", "idx"}, {"dir", dataDir.empty() ? defaultFashionMnistDir() : dataDir}, {"limit", limit},
+                  {"validation_limit", validationLimit}, {"shuffle", shuffle}, {"validate", validate}}},
+        {"strategy", {{"type", strategy.kind}, {"devices", devices}, {"threads", strategy.threads}, {"backend", strategy.backend}}},
+        {"epochs", epochs}, {"max_steps", maxSteps}, {"batch_size", batchSize}, {"seed", seed},
+        {"optimizer", optimizer}, {"schedule", schedule}, {"loss", loss},
+        {"load_weights", loadWeights}, {"save_weights", saveWeights}};
+    if (!modelFile.empty()) j["model_file"] = modelFile;
+    else j["model"] = modelToJson(model);
+    return j;
+}
+
+Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string& source)
+{
+    if (!j.is_object()) return makeError(ErrorCode::ParseError, source + ": a run configuration must be a JSON object");
+    RunConfig c;
+    try {
+        if (j.contains("model_file")) c.modelFile = j["model_file"].get<std::string>();
+        if (j.contains("model")) {
+            TS_ASSIGN(c.model, modelFromJson(j["model"], source + ": model"));
+        } else if (c.modelFile.empty()) {
+            return makeError(ErrorCode::InvalidArgument, source + ": no \"model\" or \"model_file\"",
+                             "name the model file, e.g. \"model_file\": \"resources/models/seed_mlp.json\"");
+        }
+        if (j.contains("data")) {
+            const auto& d = j["data"];
+            const std::string kind = d.value("source", std::string("idx"));
+            if (kind != "idx")
+                return makeError(ErrorCode::Unsupported, source + ": data.source '" + kind + "' is not supported here",
+                                 "use \"idx\" (a folder of MNIST-style IDX files)");
+            c.dataDir = d.value("dir", std::string());
+            c.limit = d.value("limit", int64_t{0});
+            c.validationLimit = d.value("validation_limit", int64_t{0});
+            c.shuffle = d.value("shuffle", true);
+            c.validate = d.value("validate", true);
+        }
+        if (j.contains("strategy")) {
+            const auto& s = j["strategy"];
+            c.strategy.kind = s.value("type", std::string("one-device"));
+            c.strategy.threads = s.value("threads", 0);
+            c.strategy.backend = s.value("backend", std::string());
+            for (const auto& d : s.value("devices", nlohmann::json::array())) {
+                TS_ASSIGN(Device dev, Device::parse(d.get<std::string>()));
+                c.strategy.devices.push_back(dev);
+            }
+        }
+        c.epochs = j.value("epochs", int64_t{-1});
+        c.maxSteps = j.value("max_steps", int64_t{0});
+        c.batchSize = j.value("batch_size", int64_t{-1});
+        c.seed = j.value("seed", uint64_t{0});
+        if (j.contains("optimizer")) c.optimizer = j["optimizer"];
+        if (j.contains("schedule")) c.schedule = j["schedule"];
+        c.loss = j.value("loss", std::string());
+        c.loadWeights = j.value("load_weights", std::string());
+        c.saveWeights = j.value("save_weights", std::string());
+    } catch (const nlohmann::json::exception& e) {
+        return makeError(ErrorCode::ParseError, source + ": " + e.what());
+    }
+    return c;
+}
+
+Result<PreparedRun> prepareRun(const RunConfig& cfgIn)
+{
+    PreparedRun run;
+    run.config = cfgIn;
+    RunConfig& cfg = run.config;
+    if (!cfg.modelFile.empty()) {
+        TS_ASSIGN(run.model, loadModelFile(cfg.modelFile));
+    } else {
+        run.model = cfg.model;
+    }
+    if (cfg.epochs < 0) cfg.epochs = run.model.compile.epochs;
+    if (cfg.batchSize < 0) cfg.batchSize = run.model.compile.batchSize;
+    if (cfg.batchSize < 1)
+        return makeError(ErrorCode::InvalidArgument, "batch size must be >= 1, got " + std::to_string(cfg.batchSize),
+                         "pass --batch-size N with N >= 1");
+    if (cfg.epochs < 1)
+        return makeError(ErrorCode::InvalidArgument, "epochs must be >= 1, got " + std::to_string(cfg.epochs),
+                         "pass --epochs N with N >= 1");
+    if (cfg.optimizer.is_null()) cfg.optimizer = run.model.compile.optimizer;
+
+    // The model first: its problems are cheaper to report than a data load.
+    const GraphAnalysis analysis = analyzeModel(run.model);
+    TS_TRY(problemsToStatus(analysis, cfg.modelFile.empty() ? run.model.name : cfg.modelFile));
+    if (analysis.inputNodes.size() != 1)
+        return makeError(ErrorCode::Unsupported, "the model needs exactly one Input node");
+    const Shape inShape = analysis.nodes[static_cast<std::size_t>(analysis.inputNodes[0])].outputShape;
+
+    const std::string dir = cfg.dataDir.empty() ? defaultFashionMnistDir() : cfg.dataDir;
+    TS_ASSIGN(IdxFolder folder, loadIdxFolder(dir, /*flatten=*/true));
+    run.data = std::make_shared<IdxFolder>(std::move(folder));
+    const int64_t perExample = run.data->train.x.shape().product(1, run.data->train.x.shape().rank());
+    if (perExample != inShape.numel())
+        return makeError(ErrorCode::ShapeMismatch,
+                         "the data in " + dir + " has " + std::to_string(perExample) +
+                             " values per example but the model's Input expects " + inShape.toString(),
+                         "set the Input shape to (" + std::to_string(perExample) + ") or (28, 28, 1) for images");
+
+    TrainConfig tc;
+    tc.epochs = cfg.epochs;
+    tc.maxSteps = cfg.maxSteps;
+    tc.seed = cfg.seed;
+    tc.optimizer = cfg.optimizer;
+    tc.schedule = cfg.schedule;
+    tc.loss = cfg.loss;
+    tc.strategy = cfg.strategy;
+    TS_ASSIGN(LossSpec loss, parseLoss(cfg.loss.empty() ? run.model.compile.loss : cfg.loss, run.model.compile.fromLogits));
+    TS_TRY(checkModelFitsLabels(analysis, loss, run.data->train.numClasses, dir));
+
+    InMemoryBatchOptions to;
+    to.batchSize = cfg.batchSize;
+    to.shuffle = cfg.shuffle;
+    to.seed = cfg.seed;
+    to.limit = cfg.limit;
+    to.featureShape = inShape;
+    auto trainSrc = InMemoryBatchSource::create(run.data->train, to);
+    if (!trainSrc.ok()) {
+        Error e = trainSrc.takeError();
+        e.message = "training data (" + dir + "): " + e.message;
+        return e;
+    }
+    run.train = std::move(trainSrc).value();
+    if (cfg.validate) {
+        InMemoryBatchOptions vo;
+        vo.batchSize = std::min<int64_t>(std::max<int64_t>(cfg.batchSize, 1000), run.data->test.size());
+        vo.shuffle = false;
+        vo.limit = cfg.validationLimit;
+        vo.featureShape = inShape;
+        if (cfg.validationLimit > 0) vo.batchSize = std::min(vo.batchSize, cfg.validationLimit);
+        TS_ASSIGN(run.validation, InMemoryBatchSource::create(run.data->test, vo));
+    }
+    if (cfg.strategy.kind == "mirrored" && !cfg.strategy.devices.empty() &&
+        cfg.batchSize < static_cast<int64_t>(cfg.strategy.devices.size()))
+        return makeError(ErrorCode::InvalidArgument,
+                         "global batch " + std::to_string(cfg.batchSize) + " is smaller than the " +
+                             std::to_string(cfg.strategy.devices.size()) + " replicas",
+                         "use a batch size of at least one example per replica");
+
+    TS_ASSIGN(run.trainer, Trainer::create(run.model, tc));
+    TS_TRY(run.trainer->initialise());
+    if (!cfg.loadWeights.empty()) TS_TRY(run.trainer->loadWeights(cfg.loadWeights));
+    return run;
+}
+
+} // namespace ts

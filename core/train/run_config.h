@@ -1,0 +1,59 @@
+#pragma once
+// RunConfig: the one JSON document that describes a run (model, data, strategy and devices,
+// hyper-parameters, seed). The studio edits it, the CLI builds it from flags, the store
+// snapshots it. prepareRun() turns it into a ready Trainer and its data sources.
+//
+// {"model_file": "resources/models/seed_mlp.json",        // or "model": {...spec...}
+//  "data": {"source": "idx", "dir": "/usr/share/datasets/fashion-mnist", "limit": 0,
+//           "validation_limit": 0, "shuffle": true, "validate": true},
+//  "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:1"], "threads": 0, "backend": ""},
+//  "epochs": 10, "max_steps": 0, "batch_size": 256, "seed": 0,
+//  "optimizer": {"type": "adam", "learning_rate": 0.001},   // null: the model's compile settings
+//  "schedule": null, "loss": "", "load_weights": "", "save_weights": ""}
+
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "data/dataset.h"
+#include "train/trainer.h"
+
+namespace ts {
+
+struct RunConfig {
+    std::string modelFile;
+    ModelSpec model;              // used when modelFile is empty
+    std::string dataDir;          // empty: the default Fashion-MNIST folder
+    int64_t limit = 0;            // training examples used (0 = all)
+    int64_t validationLimit = 0;  // validation examples used (0 = all)
+    bool shuffle = true;
+    bool validate = true;
+    int64_t epochs = -1;          // -1: the model's compile setting
+    int64_t maxSteps = 0;
+    int64_t batchSize = -1;       // global; -1: the model's compile setting
+    uint64_t seed = 0;
+    nlohmann::json optimizer;     // null: the model's
+    nlohmann::json schedule;
+    std::string loss;
+    StrategyConfig strategy;
+    std::string loadWeights, saveWeights;
+
+    nlohmann::json toJson() const;
+    static Result<RunConfig> fromJson(const nlohmann::json& j, const std::string& source);
+};
+
+struct PreparedRun {
+    RunConfig config;             // with defaults resolved (epochs, batch size, optimizer)
+    ModelSpec model;
+    std::unique_ptr<Trainer> trainer;
+    std::shared_ptr<IdxFolder> data;
+    std::unique_ptr<InMemoryBatchSource> train;
+    std::unique_ptr<InMemoryBatchSource> validation;  // null if validate is off
+};
+
+// Loads the model and data, checks that they fit, builds the strategy and initialises (or
+// loads) the weights. Every error names the file/node/flag to fix.
+Result<PreparedRun> prepareRun(const RunConfig& config);
+
+} // namespace ts

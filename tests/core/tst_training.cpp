@@ -1,0 +1,442 @@
+// Engine tests: layer gradients through the graph executor against central finite differences,
+// Mirrored == OneDevice, determinism, trainer errors and cancellation.
+
+#include <QtTest>
+
+#include <thread>
+
+#include "backend/registry.h"
+#include "data/dataset.h"
+#include "distribute/strategy.h"
+#include "nn/program.h"
+#include "train/trainer.h"
+#include "train_util.h"
+
+using namespace ts;
+using tstest::ModelBuilder;
+
+Q_DECLARE_METATYPE(ts::ModelSpec)
+
+class TestTraining : public QObject {
+    Q_OBJECT
+private slots:
+    void gradients_data();
+    void gradients();
+    void mirroredEqualsOneDevice_data();
+    void mirroredEqualsOneDevice();
+    void deterministicGivenSeed();
+    void lossDecreasesOnEveryBackend();
+    void badBatchSizes();
+    void modelOutputMustFitLabels();
+    void unknownStrategyAndDuplicateDevices();
+    void cancelStopsPromptly();
+    void weightsRoundTrip();
+};
+
+namespace {
+
+struct Labels {
+    Tensor y;
+};
+
+// Classification head: Flatten (if needed) + Dense(classes).
+ModelSpec gradCase(const std::string& name)
+{
+    ModelBuilder b(name);
+    const nlohmann::json relu = {{"units", 6}, {"activation", "relu"}};
+    auto head = [&](ModelBuilder& m, bool flatten) -> ModelBuilder& {
+        if (flatten) m.layer("Flatten", "flat");
+        return m.layer("Dense", "out", {{"units", 4}});
+    };
+    if (name == "dense_relu") return head(b.input({5}).layer("Dense", "d", relu), false).compile("sparse_categorical_crossentropy", true).spec();
+    for (const char* act : {"tanh", "sigmoid", "gelu", "leaky_relu", "linear"})
+        if (name == std::string("dense_") + act)
+            return head(b.input({5}).layer("Dense", "d", {{"units", 6}, {"activation", act}}), false).compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "dense_softmax_folded")
+        return b.input({5}).layer("Dense", "d", {{"units", 6}, {"activation", "tanh"}}).layer("Dense", "out", {{"units", 4}, {"activation", "softmax"}})
+            .compile("sparse_categorical_crossentropy", false).spec();
+    if (name == "softmax_layer_folded")
+        return b.input({5}).layer("Dense", "d", {{"units", 4}}).layer("Softmax", "sm").compile("sparse_categorical_crossentropy", false).spec();
+    if (name == "softmax_layer_mse")
+        return b.input({5}).layer("Dense", "d", {{"units", 4}}).layer("Softmax", "sm").compile("mean_squared_error", false).spec();
+    if (name == "categorical_ce")
+        return b.input({5}).layer("Dense", "d", {{"units", 6}, {"activation", "tanh"}}).layer("Dense", "out", {{"units", 4}, {"activation", "softmax"}})
+            .compile("categorical_crossentropy", false).spec();
+    if (name == "binary_ce_sigmoid")
+        return b.input({5}).layer("Dense", "d", {{"units", 6}, {"activation", "tanh"}}).layer("Dense", "out", {{"units", 4}, {"activation", "sigmoid"}})
+            .compile("binary_crossentropy", false).spec();
+    if (name == "binary_ce_logits")
+        return b.input({5}).layer("Dense", "d", {{"units", 6}, {"activation", "tanh"}}).layer("Dense", "out", {{"units", 4}})
+            .compile("binary_crossentropy", true).spec();
+    if (name == "mse")
+        return b.input({5}).layer("Dense", "d", {{"units", 6}, {"activation", "tanh"}}).layer("Dense", "out", {{"units", 4}})
+            .compile("mean_squared_error", false).spec();
+    if (name == "activation_layers")
+        return head(b.input({5}).layer("Dense", "d", {{"units", 6}}).layer("ReLU", "r").layer("Dense", "d2", {{"units", 6}})
+                        .layer("LeakyReLU", "lr", {{"alpha", 0.1}}).layer("Activation", "t", {{"activation", "tanh"}}), false)
+            .compile("sparse_categorical_crossentropy", true).spec();
+    b.input({6, 6, 2});
+    const nlohmann::json conv = {{"filters", 3}, {"kernel_size", {3, 3}}, {"padding", "same"}, {"activation", "tanh"}};
+    if (name == "conv_same") return head(b.layer("Conv2D", "c", conv), true).compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "conv_valid_stride2_relu")
+        return head(b.layer("Conv2D", "c", {{"filters", 3}, {"kernel_size", {3, 2}}, {"strides", {2, 2}}, {"padding", "valid"}, {"activation", "relu"}}), true)
+            .compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "conv_same_stride2_nobias")
+        return head(b.layer("Conv2D", "c", {{"filters", 3}, {"kernel_size", {3, 3}}, {"strides", {2, 2}}, {"padding", "same"}, {"use_bias", false}}), true)
+            .compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "maxpool") return head(b.layer("Conv2D", "c", conv).layer("MaxPooling2D", "p"), true).compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "avgpool_same")
+        return head(b.layer("Conv2D", "c", conv).layer("AveragePooling2D", "p", {{"pool_size", {3, 3}}, {"strides", {2, 2}}, {"padding", "same"}}), true)
+            .compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "global_avg_pool") return head(b.layer("Conv2D", "c", conv).layer("GlobalAveragePooling2D", "g"), false).compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "reshape")
+        return head(b.layer("Conv2D", "c", conv).layer("Reshape", "r", {{"target_shape", {12, 9}}}), true).compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "dropout") return head(b.layer("Conv2D", "c", conv).layer("Dropout", "dr", {{"rate", 0.3}}), true).compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "batchnorm") return head(b.layer("Conv2D", "c", conv).layer("BatchNormalization", "bn"), true).compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "residual_add")
+        return head(b.layer("Conv2D", "c", conv)
+                        .layer("Conv2D", "c2", conv)
+                        .layer("Add", "add", {}, {"c", "c2"})
+                        .layer("ReLU", "r"), true)
+            .compile("sparse_categorical_crossentropy", true).spec();
+    if (name == "concatenate")
+        return head(b.layer("Conv2D", "c", conv)
+                        .layer("Conv2D", "c2", {{"filters", 2}, {"kernel_size", {1, 1}}, {"activation", "sigmoid"}})
+                        .layer("Concatenate", "cat", {}, {"c", "c2"}), true)
+            .compile("sparse_categorical_crossentropy", true).spec();
+    qFatal("unknown gradient case %s", name.c_str());
+}
+
+Tensor targetsFor(const ModelSpec& spec, int64_t n, const GraphAnalysis& g)
+{
+    const int classes = static_cast<int>(g.nodes[static_cast<std::size_t>(g.outputNodes[0])].outputShape[0]);
+    if (spec.compile.loss == "sparse_categorical_crossentropy") return tstest::randomLabels(n, classes, 99);
+    Tensor t = Tensor::zeros(Shape{n, classes});
+    std::mt19937 rng(5);
+    for (int64_t i = 0; i < n; ++i) {
+        if (spec.compile.loss == "categorical_crossentropy") t.data<float>()[i * classes + static_cast<int>(rng() % classes)] = 1.f;
+        else
+            for (int c = 0; c < classes; ++c) t.data<float>()[i * classes + c] = spec.compile.loss == "binary_crossentropy" ? static_cast<float>(rng() % 2) : static_cast<float>(rng() % 100) / 50.f - 1.f;
+    }
+    return t;
+}
+
+ModelSpec mlp(int64_t in = 20, int64_t hidden = 32, int64_t classes = 10, nlohmann::json opt = {{"type", "adam"}, {"learning_rate", 0.01}})
+{
+    return ModelBuilder("mlp")
+        .input({in})
+        .layer("Dense", "dense", {{"units", hidden}, {"activation", "relu"}})
+        .layer("Dense", "dense_1", {{"units", classes}, {"activation", "softmax"}})
+        .compile("sparse_categorical_crossentropy", false, opt)
+        .spec();
+}
+
+// A source over fixed tensors, for tests that need exact control of the batches.
+class TensorSource final : public BatchSource {
+public:
+    TensorSource(Tensor x, Tensor y, int64_t batch) : m_x(std::move(x)), m_y(std::move(y)), m_batch(batch) {}
+    Status startEpoch(int64_t) override
+    {
+        m_pos = 0;
+        return okStatus();
+    }
+    Result<std::optional<Batch>> next() override
+    {
+        if (m_slow) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        const int64_t n = m_x.shape()[0];
+        if (m_pos >= n) return std::optional<Batch>();
+        const int64_t e = std::min(n, m_pos + m_batch);
+        Batch b{m_x.rows(m_pos, e), m_y.rows(m_pos, e)};
+        m_pos = e;
+        return std::optional<Batch>(b);
+    }
+    int64_t batchesPerEpoch() const override { return (m_x.shape()[0] + m_batch - 1) / m_batch; }
+    int64_t examplesPerEpoch() const override { return m_x.shape()[0]; }
+    bool m_slow = false;
+
+private:
+    Tensor m_x, m_y;
+    int64_t m_batch, m_pos = 0;
+};
+
+std::vector<float> trainAndExport(const ModelSpec& spec, StrategyConfig sc, const Tensor& x, const Tensor& y, int64_t batch, int64_t steps)
+{
+    TrainConfig tc;
+    tc.epochs = 100;
+    tc.maxSteps = steps;
+    tc.seed = 7;
+    tc.strategy = std::move(sc);
+    auto t = Trainer::create(spec, tc);
+    if (!t.ok()) qFatal("%s", t.error().toString().c_str());
+    if (!(*t)->initialise().ok()) qFatal("init failed");
+    TensorSource src(x, y, batch);
+    auto r = (*t)->fit(src, nullptr, nullptr);
+    if (!r.ok()) qFatal("%s", r.error().toString().c_str());
+    std::vector<float> out;
+    auto params = (*t)->strategy().exportParameters();
+    for (auto& [name, tensor] : *params)
+        for (float v : tensor.toVector()) out.push_back(v);
+    return out;
+}
+
+} // namespace
+
+void TestTraining::gradients_data()
+{
+    QTest::addColumn<QString>("backendName");
+    QTest::addColumn<QString>("caseName");
+    const char* cases[] = {"dense_relu", "dense_tanh", "dense_sigmoid", "dense_gelu", "dense_leaky_relu", "dense_linear",
+                           "dense_softmax_folded", "softmax_layer_folded", "softmax_layer_mse", "categorical_ce",
+                           "binary_ce_sigmoid", "binary_ce_logits", "mse", "activation_layers", "conv_same",
+                           "conv_valid_stride2_relu", "conv_same_stride2_nobias", "maxpool", "avgpool_same",
+                           "global_avg_pool", "reshape", "dropout", "batchnorm", "residual_add", "concatenate"};
+    for (const char* be : {"reference", "cpu"})
+        for (const char* c : cases) QTest::newRow((std::string(be) + "/" + c).c_str()) << QString(be) << QString(c);
+}
+
+void TestTraining::gradients()
+{
+    QFETCH(QString, backendName);
+    QFETCH(QString, caseName);
+    const ModelSpec spec = gradCase(caseName.toStdString());
+    auto graph = std::make_shared<GraphAnalysis>(analyzeModel(spec));
+    QVERIFY2(graph->ok(), problemsToStatus(*graph, spec.name).ok() ? "" : problemsToStatus(*graph, spec.name).error().toString().c_str());
+    auto be = BackendRegistry::instance().create(backendName.toStdString(), 0, BackendOptions{1});
+    QVERIFY(be.ok());
+    (*be)->bindThread();
+    auto loss = parseLoss(spec.compile.loss, spec.compile.fromLogits);
+    QVERIFY(loss.ok());
+    auto prog = Program::create(graph, **be, *loss);
+    QVERIFY2(prog.ok(), prog.ok() ? "" : prog.error().toString().c_str());
+    Program& p = **prog;
+    QVERIFY(p.initialiseParameters(3).ok());
+    const int64_t n = 5;
+    const Shape inShape = graph->nodes[static_cast<std::size_t>(graph->inputNodes[0])].outputShape;
+    std::vector<int64_t> dims = {n};
+    for (int64_t d : inShape.dims()) dims.push_back(d);
+    const Tensor x = tstest::randomTensor(Shape(dims), 11);
+    const Tensor y = targetsFor(spec, n, *graph);
+
+    auto lossAt = [&]() -> double {
+        float l = 0;
+        if (!p.forward(x, true, 1234).ok()) qFatal("forward failed");
+        if (!p.lossAndBackward(y, false, n, &l, nullptr).ok()) qFatal("loss failed");
+        return l;
+    };
+    float l0 = 0;
+    QVERIFY(p.forward(x, true, 1234).ok());
+    Status st = p.lossAndBackward(y, true, n, &l0, nullptr);
+    QVERIFY2(st.ok(), st.ok() ? "" : st.error().toString().c_str());
+    QVERIFY(std::isfinite(l0));
+    const Tensor grads = p.gradientArena().clone();
+    Tensor params = p.trainableArena();
+    float* pv = params.data<float>();
+    const double eps = 4e-3;
+    int checked = 0;
+    for (const ParamSlot& slot : p.params()) {
+        if (!slot.spec.trainable) continue;
+        const int64_t cnt = slot.spec.shape.numel();
+        const int64_t stride = std::max<int64_t>(1, cnt / 10);
+        for (int64_t k = 0; k < cnt; k += stride) {
+            const int64_t i = slot.offset + k;
+            const float orig = pv[i];
+            pv[i] = static_cast<float>(orig + eps);
+            const double lp = lossAt();
+            pv[i] = static_cast<float>(orig - eps);
+            const double lm = lossAt();
+            pv[i] = orig;
+            const double fd = (lp - lm) / (2 * eps);
+            const double an = grads.data<float>()[i];
+            const double tol = 2e-3 + 3e-2 * std::fabs(fd);
+            if (std::fabs(fd - an) > tol)
+                QFAIL(qPrintable(QString("%1[%2]: analytic %3, finite difference %4").arg(QString::fromStdString(slot.name)).arg(k).arg(an).arg(fd)));
+            ++checked;
+        }
+    }
+    QVERIFY(checked > 10);
+}
+
+void TestTraining::mirroredEqualsOneDevice_data()
+{
+    QTest::addColumn<int>("replicas");
+    QTest::addColumn<int>("batch");
+    QTest::addColumn<QString>("optimizer");
+    QTest::newRow("2 replicas, adam, batch 32") << 2 << 32 << "adam";
+    QTest::newRow("2 replicas, sgd+nesterov, odd batch 31") << 2 << 31 << "sgd";
+    QTest::newRow("3 replicas, rmsprop, batch 30") << 3 << 30 << "rmsprop";
+}
+
+void TestTraining::mirroredEqualsOneDevice()
+{
+    QFETCH(int, replicas);
+    QFETCH(int, batch);
+    QFETCH(QString, optimizer);
+    nlohmann::json opt = {{"type", optimizer.toStdString()}, {"learning_rate", 0.01}};
+    if (optimizer == "sgd") opt = {{"type", "sgd"}, {"learning_rate", 0.05}, {"momentum", 0.9}, {"nesterov", true}};
+    const ModelSpec spec = mlp(20, 32, 10, opt);
+    const int64_t n = static_cast<int64_t>(batch) * 20;
+    const Tensor x = tstest::randomTensor(Shape{n, 20}, 1);
+    const Tensor y = tstest::randomLabels(n, 10, 2);
+    StrategyConfig one;
+    one.kind = "one-device";
+    one.threads = 2;
+    StrategyConfig mir;
+    mir.kind = "mirrored";
+    mir.threads = replicas;
+    for (int r = 0; r < replicas; ++r) mir.devices.push_back(Device{DeviceKind::Cpu, r});
+    const auto a = trainAndExport(spec, one, x, y, batch, 20);
+    const auto b = trainAndExport(spec, mir, x, y, batch, 20);
+    QCOMPARE(a.size(), b.size());
+    double worst = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) worst = std::max(worst, static_cast<double>(std::fabs(a[i] - b[i])));
+    QVERIFY2(worst < 1e-5, qPrintable(QString("max weight difference after 20 steps: %1").arg(worst)));
+}
+
+void TestTraining::deterministicGivenSeed()
+{
+    const ModelSpec spec = mlp();
+    const Tensor x = tstest::randomTensor(Shape{256, 20}, 1);
+    const Tensor y = tstest::randomLabels(256, 10, 2);
+    StrategyConfig mir;
+    mir.kind = "mirrored";
+    mir.threads = 2;
+    const auto a = trainAndExport(spec, mir, x, y, 32, 16);
+    const auto b = trainAndExport(spec, mir, x, y, 32, 16);
+    QVERIFY(a == b);  // bit-identical
+}
+
+void TestTraining::lossDecreasesOnEveryBackend()
+{
+    const ModelSpec spec = mlp(20, 32, 4, {{"type", "adam"}, {"learning_rate", 0.01}});
+    // A learnable rule: the class is the argmax of the first 4 features.
+    const Tensor x = tstest::randomTensor(Shape{512, 20}, 4);
+    Tensor y = Tensor::empty(Shape{512}, DType::I32);
+    for (int i = 0; i < 512; ++i) {
+        const float* r = x.data<float>() + i * 20;
+        y.data<int32_t>()[i] = static_cast<int32_t>(std::max_element(r, r + 4) - r);
+    }
+    for (const std::string be : {"reference", "cpu"}) {
+        TrainConfig tc;
+        tc.epochs = 15;
+        tc.strategy.backend = be;
+        auto t = Trainer::create(spec, tc);
+        QVERIFY(t.ok());
+        QVERIFY((*t)->initialise().ok());
+        TensorSource src(x, y, 32);
+        auto first = (*t)->evaluate(src);
+        auto r = (*t)->fit(src, &src, nullptr);
+        QVERIFY2(r.ok(), r.ok() ? "" : r.error().toString().c_str());
+        QVERIFY2(r->last.valLoss < 0.5 * first->loss, qPrintable(QString("%1: loss %2 -> %3").arg(QString::fromStdString(be)).arg(first->loss).arg(r->last.valLoss)));
+        QVERIFY(r->last.valAccuracy > 0.9);
+    }
+}
+
+void TestTraining::badBatchSizes()
+{
+    InMemoryDataset ds;
+    ds.x = tstest::randomTensor(Shape{10, 4}, 1);
+    ds.y = tstest::randomLabels(10, 3, 1);
+    ds.numClasses = 3;
+    InMemoryBatchOptions o;
+    o.batchSize = 0;
+    auto r0 = InMemoryBatchSource::create(ds, o);
+    QVERIFY(!r0.ok());
+    QVERIFY(QString::fromStdString(r0.error().message).contains("batch size"));
+    o.batchSize = 11;
+    auto r1 = InMemoryBatchSource::create(ds, o);
+    QVERIFY(!r1.ok());
+    QVERIFY(QString::fromStdString(r1.error().message).contains("11"));
+}
+
+void TestTraining::modelOutputMustFitLabels()
+{
+    const ModelSpec spec = mlp(20, 8, 5);
+    const GraphAnalysis g = analyzeModel(spec);
+    auto loss = parseLoss("sparse_categorical_crossentropy", false);
+    Status st = checkModelFitsLabels(g, *loss, 10, "data/");
+    QVERIFY(!st.ok());
+    QVERIFY(QString::fromStdString(st.error().message).contains("dense_1"));
+    QVERIFY(QString::fromStdString(st.error().hint).contains("10"));
+    QVERIFY(checkModelFitsLabels(g, *loss, 5, "data/").ok());
+}
+
+void TestTraining::unknownStrategyAndDuplicateDevices()
+{
+    TrainConfig tc;
+    tc.strategy.kind = "tpu";
+    auto t = Trainer::create(mlp(), tc);
+    QVERIFY(!t.ok());
+    QVERIFY(QString::fromStdString(t.error().message).contains("tpu"));
+    tc.strategy.kind = "mirrored";
+    tc.strategy.devices = {Device{DeviceKind::Cpu, 0}, Device{DeviceKind::Cpu, 0}};
+    t = Trainer::create(mlp(), tc);
+    QVERIFY(!t.ok());
+    QVERIFY(QString::fromStdString(t.error().message).contains("cpu:0"));
+    tc.strategy.devices = {Device{DeviceKind::Cuda, 0}};
+    tc.strategy.kind = "one-device";
+    t = Trainer::create(mlp(), tc);
+    if (BackendRegistry::instance().preferred(DeviceKind::Cuda) == nullptr) {
+        QVERIFY(!t.ok());
+        QVERIFY(QString::fromStdString(t.error().message).contains("gpu:0"));
+    }
+    auto bad = Optimizer::create(nlohmann::json{{"type", "adam"}, {"learning_rte", 0.1}});
+    QVERIFY(!bad.ok());
+    QVERIFY(QString::fromStdString(bad.error().message).contains("learning_rte"));
+}
+
+void TestTraining::cancelStopsPromptly()
+{
+    const Tensor x = tstest::randomTensor(Shape{4096, 20}, 1);
+    const Tensor y = tstest::randomLabels(4096, 10, 2);
+    TrainConfig tc;
+    tc.epochs = 1000;
+    tc.strategy.kind = "mirrored";
+    tc.strategy.threads = 2;
+    auto t = Trainer::create(mlp(), tc);
+    QVERIFY(t.ok());
+    QVERIFY((*t)->initialise().ok());
+    TensorSource src(x, y, 8);
+    src.m_slow = true;
+    Trainer* trainer = t->get();
+    std::thread stopper([trainer] {
+        std::this_thread::sleep_for(std::chrono::milliseconds(150));
+        trainer->cancel();
+    });
+    const auto t0 = std::chrono::steady_clock::now();
+    auto r = trainer->fit(src, nullptr, nullptr);
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    stopper.join();
+    QVERIFY2(r.ok(), r.ok() ? "" : r.error().toString().c_str());
+    QVERIFY(r->cancelled);
+    QVERIFY(r->steps > 0);
+    QVERIFY2(secs < 2.0, qPrintable(QString("fit took %1 s to stop").arg(secs)));
+}
+
+void TestTraining::weightsRoundTrip()
+{
+    QTemporaryDir dir;
+    const std::string path = (dir.path() + "/w.safetensors").toStdString();
+    TrainConfig tc;
+    tc.seed = 1;
+    auto a = Trainer::create(mlp(), tc);
+    QVERIFY((*a)->initialise().ok());
+    QVERIFY((*a)->saveWeights(path).ok());
+    tc.seed = 2;
+    auto b = Trainer::create(mlp(), tc);
+    QVERIFY((*b)->initialise().ok());
+    QVERIFY((*b)->loadWeights(path).ok());
+    auto pa = (*a)->strategy().exportParameters();
+    auto pb = (*b)->strategy().exportParameters();
+    QCOMPARE(pa->size(), pb->size());
+    QCOMPARE(pa->at(0).first, std::string("dense/kernel"));
+    for (std::size_t i = 0; i < pa->size(); ++i) QCOMPARE(tstest::maxAbsDiff(pa->at(i).second, pb->at(i).second), 0.0);
+    // A model with another shape refuses these weights, naming the tensor.
+    auto c = Trainer::create(mlp(20, 16, 10), tc);
+    QVERIFY((*c)->initialise().ok());
+    Status st = (*c)->loadWeights(path);
+    QVERIFY(!st.ok());
+    QVERIFY(QString::fromStdString(st.error().message).contains("dense/kernel"));
+}
+
+QTEST_APPLESS_MAIN(TestTraining)
+#include "tst_training.moc"
