@@ -53,7 +53,7 @@ struct InMemoryBatchOptions {
 };
 
 // Serves an InMemoryDataset. The epoch order is a pure function of (seed, epoch): an
-// std::mt19937_64 seeded with splitmix64(seed) ^ splitmix64(epoch + golden ratio) drives a
+// std::mt19937_64 seeded with splitmix64(seed) ^ splitmix64(epoch + 0x9E3779B97F4A7C15) drives a
 // Fisher-Yates shuffle whose index j in [0, i] is the high 64 bits of rng() * (i + 1) (Lemire's
 // multiply-shift; unlike std::uniform_int_distribution it is the same on every standard library).
 // Batches are copies: a consumer may keep or modify them. Buffers are recycled only when no

@@ -127,8 +127,23 @@ Status writeSafetensors(const std::string& path, const std::vector<std::pair<std
         for (const auto& [k, v] : metadata) meta[k] = v;
         header["__metadata__"] = std::move(meta);
     }
+    // The header lists tensors in the caller's order; the data is laid out widest dtype first
+    // (stable), like the reference writer, so every tensor starts aligned to its element size
+    // for readers that map the file and use the bytes in place.
+    std::vector<std::size_t> layout(tensors.size());
+    for (std::size_t i = 0; i < layout.size(); ++i) layout[i] = i;
+    std::stable_sort(layout.begin(), layout.end(), [&](std::size_t a, std::size_t b) {
+        return dtypeSize(tensors[a].second.dtype()) > dtypeSize(tensors[b].second.dtype());
+    });
+    std::vector<uint64_t> offsets(tensors.size());
     uint64_t offset = 0;
-    for (const auto& [name, t] : tensors) {
+    for (std::size_t i : layout) {
+        offsets[i] = offset;
+        offset += tensors[i].second.bytes();
+    }
+
+    for (std::size_t i = 0; i < tensors.size(); ++i) {
+        const auto& [name, t] = tensors[i];
         const std::string where = "tensor '" + name + "' for '" + path + "'";
         if (name.empty())
             return makeError(ErrorCode::InvalidArgument, "a tensor for '" + path + "' has an empty name");
@@ -146,9 +161,8 @@ Status writeSafetensors(const std::string& path, const std::vector<std::pair<std
         nlohmann::ordered_json entry;
         entry["dtype"] = safetensorsDtypeName(t.dtype());
         entry["shape"] = t.shape().dims();
-        entry["data_offsets"] = {offset, offset + t.bytes()};
+        entry["data_offsets"] = {offsets[i], offsets[i] + t.bytes()};
         header[name] = std::move(entry);
-        offset += t.bytes();
     }
 
     std::string text;
@@ -169,7 +183,10 @@ Status writeSafetensors(const std::string& path, const std::vector<std::pair<std
     parts.reserve(tensors.size() + 2);
     parts.emplace_back(len, 8);
     parts.emplace_back(text);
-    for (const auto& [name, t] : tensors) parts.emplace_back(static_cast<const char*>(t.raw()), t.bytes());
+    for (std::size_t i : layout) {
+        const Tensor& t = tensors[i].second;
+        parts.emplace_back(static_cast<const char*>(t.raw()), t.bytes());
+    }
     return writeFileAtomically(path, parts);
 }
 

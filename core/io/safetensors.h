@@ -22,8 +22,9 @@ struct SafetensorsFile {
     std::map<std::string, std::string> metadata;   // the "__metadata__" entry
 };
 
-// Writes the tensors in the given order (header and data alike), atomically: a reader sees the
-// old file or the complete new one, never a partial write. Tensors must be defined and host
+// Writes the tensors atomically: a reader sees the old file or the complete new one, never a
+// partial write. The header keeps the given order; the data is laid out widest dtype first so
+// each tensor is aligned to its element size. Tensors must be defined and host
 // accessible, names unique, non-empty and not "__metadata__".
 Status writeSafetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                         const std::map<std::string, std::string>& metadata = {});

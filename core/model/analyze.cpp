@@ -166,7 +166,7 @@ private:
     static std::string exampleOf(const AttrSpec& a)
     {
         if (a.kind == "enum")
-            return "one of " + quotedList(a.choices);
+            return "one of " + quotedList(a.choices, "or");
         if (!a.defaultValue.is_null())
             return a.defaultValue.dump();
         return a.kind == "ints" ? "[2, 2]" : "a " + a.kind;
@@ -201,7 +201,7 @@ private:
                     out[name] = activationName(act.value());
                 }
             } else if (std::find(a.choices.begin(), a.choices.end(), s) == a.choices.end()) {
-                fail(name + " must be " + quotedList(a.choices) + ", got '" + s + "'",
+                fail(name + " must be " + quotedList(a.choices, "or") + ", got '" + s + "'",
                      suggestion(s, a.choices, "valid values:"));
                 out[name] = a.defaultValue;
             } else {
@@ -733,13 +733,16 @@ GraphAnalysis analyzeModel(const ModelSpec& spec)
         }
         auto [it, inserted] = firstIndex.emplace(l.id, static_cast<int>(i));
         if (!inserted) {
+            // References to the id are ambiguous: the first node is not usable either.
             work[i].excluded = true;
+            work[static_cast<std::size_t>(it->second)].structuralOk = false;
             report(l.id,
                    nodeRef(l.id) + ": duplicate id (layers #" + std::to_string(it->second)
                        + " and #" + std::to_string(i) + ")",
                    "rename one of them; ids must be unique");
         }
     }
+    bool wiringProblem = false;  // dangling inputs, wrong input counts, cycles
     std::vector<std::string> allIds;
     for (const auto& [id, index] : firstIndex)
         allIds.push_back(id);
@@ -764,6 +767,7 @@ GraphAnalysis analyzeModel(const ModelSpec& spec)
             auto found = firstIndex.find(in);
             if (found == firstIndex.end()) {
                 w.structuralOk = false;
+                wiringProblem = true;
                 std::vector<std::string> others;
                 for (const std::string& id : allIds)
                     if (id != l.id)
@@ -781,6 +785,7 @@ GraphAnalysis analyzeModel(const ModelSpec& spec)
             const int lo = w.kind->minInputs, hi = w.kind->maxInputs;
             if (got < lo || (hi >= 0 && got > hi)) {
                 w.structuralOk = false;
+                wiringProblem = true;
                 std::string expects;
                 if (hi == 0)
                     expects = "takes no inputs";
@@ -932,10 +937,13 @@ GraphAnalysis analyzeModel(const ModelSpec& spec)
         if (sinks.size() == 1) {
             a.outputNodes = sinkNodes;
         } else if (sinks.size() > 1) {
-            report("", "model '" + spec.name + "' has " + std::to_string(sinks.size())
-                           + " unconnected ends (" + quotedList(sinks)
-                           + ") and no \"outputs\" to say which is the output",
-                   "set outputs to the node the loss applies to, or connect or remove the others");
+            // With broken connections the loose ends are a consequence, not news.
+            if (!wiringProblem && !hasCycle)
+                report("", "model '" + spec.name + "' has " + std::to_string(sinks.size())
+                               + " unconnected ends (" + quotedList(sinks)
+                               + ") and no \"outputs\" to say which is the output",
+                       "set outputs to the node the loss applies to, or connect or remove the "
+                       "others");
         } else if (!hasCycle) {
             report("", "model '" + spec.name + "' has no output node",
                    "set outputs to the node the loss applies to");

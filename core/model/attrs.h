@@ -22,8 +22,8 @@ const AttrSpec* findAttr(const LayerKind& kind, const std::string& name);
 // Candidates within a small edit distance of `word` (best first, at most 3).
 std::vector<std::string> closeMatches(const std::string& word,
                                       const std::vector<std::string>& candidates);
-// "'a', 'b' and 'c'"
-std::string quotedList(const std::vector<std::string>& names);
+// "'a', 'b' and 'c'" (or "... or 'c'" with conjunction "or")
+std::string quotedList(const std::vector<std::string>& names, const char* conjunction = "and");
 // "did you mean 'x'?" or, with no close match, "<fallbackLead> 'a', 'b', ..."
 std::string suggestion(const std::string& word, const std::vector<std::string>& candidates,
                        const std::string& fallbackLead);

@@ -219,12 +219,12 @@ std::vector<std::string> closeMatches(const std::string& word,
     return out;
 }
 
-std::string quotedList(const std::vector<std::string>& names)
+std::string quotedList(const std::vector<std::string>& names, const char* conjunction)
 {
     std::string out;
     for (std::size_t i = 0; i < names.size(); ++i) {
         if (i > 0)
-            out += (i + 1 == names.size()) ? " and " : ", ";
+            out += (i + 1 == names.size()) ? " " + std::string(conjunction) + " " : ", ";
         out += "'" + names[i] + "'";
     }
     return out;

@@ -79,7 +79,9 @@ public:
         std::string message = m_errors.front();
         for (std::size_t i = 1; i < m_errors.size(); ++i)
             message += "\n" + m_errors[i];
-        return makeError(code, message, m_hint);
+        return makeError(code, message,
+                         m_hint.empty() ? "check the file is an unmodified Keras model.to_json()"
+                                        : m_hint);
     }
 
     // One Keras layer dict to a LayerSpec (no inputs). False on an error (reported).

@@ -281,7 +281,16 @@ J toJson(const ModelSpec& spec)
     if (!spec.outputs.empty())
         root["outputs"] = spec.outputs;
     J compile = J::object();
-    compile["optimizer"] = J::parse(spec.compile.optimizer.dump());
+    // "type" first, then the Keras config keys.
+    const J given = J::parse(spec.compile.optimizer.dump());
+    J optimizer = given.is_object() ? J::object() : given;
+    if (given.is_object()) {
+        if (given.contains("type"))
+            optimizer["type"] = given["type"];
+        for (auto it = given.begin(); it != given.end(); ++it)
+            optimizer[it.key()] = it.value();
+    }
+    compile["optimizer"] = std::move(optimizer);
     compile["loss"] = spec.compile.loss;
     compile["from_logits"] = spec.compile.fromLogits;
     compile["metrics"] = spec.compile.metrics;

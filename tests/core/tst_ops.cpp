@@ -1315,6 +1315,7 @@ void TstOps::fdActivation()
     else CHECK_OK(ref.activationBackward(a, alpha, x, y, r, dx));
     CHECK_SAME(checkGradient(objective, x, dx, "dX"));
     // Either forward tensor suffices where the maths allows: the backward must agree.
+    forward();  // y of the unperturbed x again
     if (a == Activation::Relu || a == Activation::LeakyRelu || a == Activation::Sigmoid || a == Activation::Tanh) {
         Tensor dxOnlyY = Tensor::empty(s), dxOnlyX = Tensor::empty(s);
         CHECK_OK(ref.activationBackward(a, alpha, Tensor(), y, r, dxOnlyY));
@@ -1358,7 +1359,10 @@ void TstOps::fdLoss()
     float l = 0;
     CHECK_OK(ref.loss(p, in.pred, in.target, &l, g));
     QVERIFY(std::isfinite(l) && l >= 0);
-    CHECK_SAME(checkGradient(objective, in.pred, g, "dPred", 2e-3f, 1e-2, 2e-3 * toObjective));
+    // Probabilities sit close to 0 where -log is steep: a smaller step keeps the truncation error
+    // of the central difference below the tolerance.
+    const bool probs = !c.fromLogits && c.kind != LossKind::MeanSquaredError;
+    CHECK_SAME(checkGradient(objective, in.pred, g, "dPred", probs ? 2e-4f : 2e-3f, 1e-2, 2e-3 * toObjective));
     // The target of BCE/MSE/CCE with soft labels is differentiable too, but no op returns its
     // gradient; nothing further to check.
 }
@@ -1435,7 +1439,7 @@ void TstOps::dropoutMaskStatistics()
     // Pinned values: a GPU kernel must reproduce these bits.
     std::string bits;
     for (int64_t i = 0; i < 32; ++i) bits += dropoutKeep(42, uint64_t(i), 0.5f) ? '1' : '0';
-    qInfo("dropoutKeep(42, 0..31, 0.5) = %s", bits.c_str());
+    QCOMPARE(bits, std::string("10000001100111110110101101110110"));
 }
 
 void TstOps::maxPoolTiesPickFirst()
@@ -1543,7 +1547,7 @@ void TstOps::adamFirstStep()
     CHECK_SAME(compareScalar(p.data<float>()[0], 0.99, 1e-6, 0, "p0"));
     CHECK_SAME(compareScalar(p.data<float>()[1], -0.99, 1e-6, 0, "p1"));
     CHECK_SAME(compareScalar(m.data<float>()[0], 0.03, 1e-6, 0, "m"));
-    CHECK_SAME(compareScalar(v.data<float>()[1], 0.004, 1e-6, 0, "v"));
+    CHECK_SAME(compareScalar(v.data<float>()[1], 0.004, 1e-4, 0, "v"));  // 1 - 0.999f is not 1e-3
     // AdamW decays first: p = 1 - 0.01 * 0.1 * 1, then the Adam step.
     ap.weightDecay = 0.1f;
     Tensor p2 = filled(Shape{1}, 1.0f), g2 = filled(Shape{1}, 0.5f), m2 = Tensor::zeros(Shape{1}), v2 = Tensor::zeros(Shape{1});

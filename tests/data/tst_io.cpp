@@ -866,6 +866,9 @@ void TestIo::safetensorsRoundTrip()
     QCOMPARE(header["bf16"]["dtype"].get<std::string>(), std::string("BF16"));
     QCOMPARE(header["z/f32"]["data_offsets"], nlohmann::json::array({0, 24}));
     QCOMPARE(header["__metadata__"]["run"].get<std::string>(), std::string("42"));
+    // Data aligned to each dtype's size even though u8 (5 bytes) precedes f32 tensors in the list.
+    for (const auto& [name, t] : in)
+        QCOMPARE(header[name]["data_offsets"][0].get<uint64_t>() % dtypeSize(t.dtype()), uint64_t(0));
     QCOMPARE(bytes.size(), std::size_t(8 + n + 24 + 6 + 8 + 16 + 5 + 4 + 0 + 16));
 
     auto r = readSafetensors(path);

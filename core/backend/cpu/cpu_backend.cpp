@@ -78,6 +78,12 @@ struct Prim {
     dnnl::primitive prim;
     std::unordered_map<int, dnnl::memory> args;
     std::size_t scratchpadBytes = 0;
+    // When oneDNN runs faster on its own (blocked) weights layout: the caller's HWIO buffer is
+    // reordered into `internal` before the run (inputs) or from it after the run (outputs).
+    int convertArg = 0;  // 0: none
+    bool convertAfter = false;
+    dnnl::memory user, internal;
+    dnnl::reorder convert;
 };
 
 [[maybe_unused]] bool isHostF32(const Tensor& t) { return t.defined() && t.hostAccessible() && t.dtype() == DType::F32; }
@@ -224,11 +230,30 @@ struct CpuBackend::Impl {
         return it == prims.end() ? nullptr : &it->second;
     }
 
+    // Makes `arg` of a stored primitive go through a reorder between the caller's layout and
+    // the one the primitive chose (no-op when they are the same).
+    void convertLayout(Prim& p, int arg, const dnnl::memory::desc& userMd, bool after)
+    {
+        const dnnl::memory::desc internalMd = p.args.at(arg).get_desc();
+        if (internalMd == userMd) return;
+        p.convertArg = arg;
+        p.convertAfter = after;
+        p.user = dnnl::memory(userMd, engine, DNNL_MEMORY_NONE);
+        p.internal = dnnl::memory(internalMd, engine);  // owns its buffer
+        p.args[arg] = p.internal;
+        p.convert = after ? dnnl::reorder(p.internal, p.user) : dnnl::reorder(p.user, p.internal);
+    }
+
     void run(Prim& p, std::initializer_list<std::pair<int, const void*>> handles)
     {
-        for (const auto& [arg, ptr] : handles) p.args.at(arg).set_data_handle(const_cast<void*>(ptr));
+        for (const auto& [arg, ptr] : handles) {
+            if (arg == p.convertArg) p.user.set_data_handle(const_cast<void*>(ptr));
+            else p.args.at(arg).set_data_handle(const_cast<void*>(ptr));
+        }
         if (p.scratchpadBytes) p.args.at(DNNL_ARG_SCRATCHPAD).set_data_handle(scratchpad(p.scratchpadBytes));
+        if (p.convertArg && !p.convertAfter) p.convert.execute(stream, p.user, p.internal);
         p.prim.execute(stream, p.args);
+        if (p.convertArg && p.convertAfter) p.convert.execute(stream, p.internal, p.user);
         stream.wait();
     }
 
@@ -314,6 +339,9 @@ struct CpuBackend::Impl {
         }
         dnnl::memory::desc src() const { return {{N, C, H, W}, dt::f32, tag::nhwc}; }
         dnnl::memory::desc wei() const { return {{F, C, KH, KW}, dt::f32, tag::hwio}; }
+        // Weights: let oneDNN choose (the jit kernels want blocked weights; activations stay
+        // NHWC, which they read directly). The reorder of the small weight tensor is cheap.
+        dnnl::memory::desc weiAny() const { return {{F, C, KH, KW}, dt::f32, tag::any}; }
         dnnl::memory::desc bia() const { return {{F}, dt::f32, tag::a}; }
         dnnl::memory::desc dst() const { return {{N, F, OH, OW}, dt::f32, tag::nhwc}; }
         dims strides() const { return {p.strideH, p.strideW}; }
@@ -323,10 +351,10 @@ struct CpuBackend::Impl {
                                                         bool bias) const
         {
             const auto d = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                                  dnnl::algorithm::convolution_direct, src(), wei(),
+                                                                  dnnl::algorithm::convolution_direct, src(), weiAny(),
                                                                   bia(), dst(), strides(), padL(), padR())
                                 : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                                  dnnl::algorithm::convolution_direct, src(), wei(),
+                                                                  dnnl::algorithm::convolution_direct, src(), weiAny(),
                                                                   dst(), strides(), padL(), padR());
             return dnnl::convolution_forward::primitive_desc(d, a, eng);
         }
@@ -337,12 +365,13 @@ struct CpuBackend::Impl {
         const Key key = s.key(kConvFwd, bias);
         if (Prim* p = find(key)) return *p;
         const auto pd = s.fwdPd(engine, attr(), bias);
-        if (bias)
-            return store(key, dnnl::convolution_forward(pd), pd,
-                         {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_WEIGHTS, s.wei()}, {DNNL_ARG_BIAS, s.bia()},
-                          {DNNL_ARG_DST, s.dst()}});
-        return store(key, dnnl::convolution_forward(pd), pd,
-                     {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_WEIGHTS, s.wei()}, {DNNL_ARG_DST, s.dst()}});
+        Prim& p = bias ? store(key, dnnl::convolution_forward(pd), pd,
+                               {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()},
+                                {DNNL_ARG_BIAS, s.bia()}, {DNNL_ARG_DST, s.dst()}})
+                       : store(key, dnnl::convolution_forward(pd), pd,
+                               {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}, {DNNL_ARG_DST, s.dst()}});
+        convertLayout(p, DNNL_ARG_WEIGHTS, s.wei(), false);
+        return p;
     }
 
     Prim& convBwdData(const ConvShape& s)
@@ -350,11 +379,13 @@ struct CpuBackend::Impl {
         const Key key = s.key(kConvBwdData, false);
         if (Prim* p = find(key)) return *p;
         const auto hint = s.fwdPd(engine, attr(), false);
-        const dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, s.src(), s.wei(),
+        const dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, s.src(), s.weiAny(),
                                                       s.dst(), s.strides(), s.padL(), s.padR());
         const dnnl::convolution_backward_data::primitive_desc pd(d, attr(), engine, hint);
-        return store(key, dnnl::convolution_backward_data(pd), pd,
-                     {{DNNL_ARG_DIFF_DST, s.dst()}, {DNNL_ARG_WEIGHTS, s.wei()}, {DNNL_ARG_DIFF_SRC, s.src()}});
+        Prim& p = store(key, dnnl::convolution_backward_data(pd), pd,
+                        {{DNNL_ARG_DIFF_DST, s.dst()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}, {DNNL_ARG_DIFF_SRC, s.src()}});
+        convertLayout(p, DNNL_ARG_WEIGHTS, s.wei(), false);
+        return p;
     }
 
     Prim& convBwdWeights(const ConvShape& s, bool bias)
@@ -363,18 +394,20 @@ struct CpuBackend::Impl {
         if (Prim* p = find(key)) return *p;
         const auto hint = s.fwdPd(engine, attr(), bias);
         const auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, s.src(),
-                                                                       s.wei(), s.bia(), s.dst(), s.strides(),
+                                                                       s.weiAny(), s.bia(), s.dst(), s.strides(),
                                                                        s.padL(), s.padR())
                             : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, s.src(),
-                                                                       s.wei(), s.dst(), s.strides(), s.padL(),
+                                                                       s.weiAny(), s.dst(), s.strides(), s.padL(),
                                                                        s.padR());
         const dnnl::convolution_backward_weights::primitive_desc pd(d, attr(), engine, hint);
-        if (bias)
-            return store(key, dnnl::convolution_backward_weights(pd), pd,
-                         {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_DIFF_DST, s.dst()}, {DNNL_ARG_DIFF_WEIGHTS, s.wei()},
-                          {DNNL_ARG_DIFF_BIAS, s.bia()}});
-        return store(key, dnnl::convolution_backward_weights(pd), pd,
-                     {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_DIFF_DST, s.dst()}, {DNNL_ARG_DIFF_WEIGHTS, s.wei()}});
+        Prim& p = bias ? store(key, dnnl::convolution_backward_weights(pd), pd,
+                               {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_DIFF_DST, s.dst()},
+                                {DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc()}, {DNNL_ARG_DIFF_BIAS, s.bia()}})
+                       : store(key, dnnl::convolution_backward_weights(pd), pd,
+                               {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_DIFF_DST, s.dst()},
+                                {DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc()}});
+        convertLayout(p, DNNL_ARG_DIFF_WEIGHTS, s.wei(), true);
+        return p;
     }
 
     // Batch norm sees channels-last (M, C) data as NHWC (M, C, 1, 1), which the jit kernels take.
@@ -413,7 +446,8 @@ struct CpuBackend::Impl {
         const dnnl::batch_normalization_backward::primitive_desc pd(d, attr(), engine, hint);
         return store(key, dnnl::batch_normalization_backward(pd), pd,
                      {{DNNL_ARG_SRC, bnData(M, C)}, {DNNL_ARG_DIFF_DST, bnData(M, C)}, {DNNL_ARG_MEAN, bnVec(C)},
-                      {DNNL_ARG_VARIANCE, bnVec(C)}, {DNNL_ARG_SCALE, bnVec(C)}, {DNNL_ARG_DIFF_SRC, bnData(M, C)},
+                      {DNNL_ARG_VARIANCE, bnVec(C)}, {DNNL_ARG_SCALE, bnVec(C)}, {DNNL_ARG_SHIFT, bnVec(C)},
+                      {DNNL_ARG_DIFF_SRC, bnData(M, C)},
                       {DNNL_ARG_DIFF_SCALE, bnVec(C)}, {DNNL_ARG_DIFF_SHIFT, bnVec(C)}});
     }
 
@@ -872,6 +906,9 @@ Status CpuBackend::batchNormBackward(const Tensor& x, const Tensor& gamma, const
         float* var = m_d->temp(3, C);
         const float* invStd = cf(saveInvStd);
         for (int64_t c = 0; c < C; ++c) var[c] = float(1.0 / (double(invStd[c]) * double(invStd[c])));
+        // oneDNN 2.6 lists the shift as an input of the backward pass (unused by the math).
+        float* shift = m_d->temp(1, C);
+        std::fill(shift, shift + C, 0.0f);
         float* dxp = dx.defined() ? mf(dx) : nullptr;
         std::vector<float> dxLocal;
         if (!dxp) {
@@ -882,7 +919,7 @@ Status CpuBackend::batchNormBackward(const Tensor& x, const Tensor& gamma, const
         float* dbt = dbeta.defined() ? mf(dbeta) : m_d->temp(5, C);
         m_d->run(m_d->bnBwd(M, C, 0.0f),
                  {{DNNL_ARG_SRC, x.raw()}, {DNNL_ARG_DIFF_DST, dy.raw()}, {DNNL_ARG_MEAN, saveMean.raw()},
-                  {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_DIFF_SRC, dxp},
+                  {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_DIFF_SRC, dxp},
                   {DNNL_ARG_DIFF_SCALE, dg}, {DNNL_ARG_DIFF_SHIFT, dbt}});
         return okStatus();
     });
