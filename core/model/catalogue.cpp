@@ -223,8 +223,13 @@ std::string quotedList(const std::vector<std::string>& names, const char* conjun
 {
     std::string out;
     for (std::size_t i = 0; i < names.size(); ++i) {
-        if (i > 0)
-            out += (i + 1 == names.size()) ? " " + std::string(conjunction) + " " : ", ";
+        if (i > 0 && i + 1 == names.size()) {
+            out += ' ';
+            out += conjunction;
+            out += ' ';
+        } else if (i > 0) {
+            out += ", ";
+        }
         out += "'" + names[i] + "'";
     }
     return out;

@@ -39,6 +39,7 @@ private slots:
     void kerasImport_data();
     void kerasImport();
     void kerasKeras2EqualsKeras3();
+    void kerasConfigForms();
     void kerasImportErrors_data();
     void kerasImportErrors();
     void kerasExportRoundTrip_data();
@@ -955,6 +956,34 @@ void TestModel::kerasKeras2EqualsKeras3()
     QCOMPARE(k2->layers[11].attrs["padding"], json("same"));
     QCOMPARE(k2->layers[1].attrs["use_bias"], json(false));
     QVERIFY(k2->outputs.empty());  // the single sink
+}
+
+// Spellings real files use: activation objects and None, softmax_v2, int kernel sizes, a
+// Keras 3 Sequential known only by build_input_shape, an HDF5 "model_config" wrapper.
+void TestModel::kerasConfigForms()
+{
+    const json keras = json::parse(R"({"model_config": {"module": "keras", "class_name": "Sequential",
+        "config": {"name": "forms", "build_input_shape": [null, 6, 6, 2], "layers": [
+          {"module": "keras.layers", "class_name": "Conv2D", "config": {"name": "c", "filters": 3,
+             "kernel_size": 3, "strides": 1, "padding": "same", "activation": {"module": "keras.activations",
+             "class_name": "function", "config": "relu", "registered_name": "function"}}},
+          {"module": "keras.layers", "class_name": "Flatten", "config": {"name": "f"}},
+          {"module": "keras.layers", "class_name": "Dense", "config": {"name": "d", "units": 4, "activation": null}},
+          {"module": "keras.layers", "class_name": "Activation", "config": {"name": "a", "activation": "softmax_v2"}}]}}})");
+    Result<ModelSpec> r = modelFromKerasJson(keras, "forms.h5.json");
+    QVERIFY2(r.ok(), r.ok() ? "" : r.error().toString().c_str());
+    QCOMPARE(r->layers.size(), std::size_t(5));
+    QCOMPARE(r->layers[0].id, std::string("c_input"));
+    QCOMPARE(r->layers[0].attrs, json({{"shape", {6, 6, 2}}}));
+    QCOMPARE(r->layers[1].attrs["activation"], json("relu"));
+    QCOMPARE(r->layers[1].attrs["kernel_size"], json({3, 3}));
+    QCOMPARE(r->layers[1].attrs["strides"], json({1, 1}));
+    QCOMPARE(r->layers[3].attrs["activation"], json("linear"));
+    QCOMPARE(r->layers[4].attrs["activation"], json("softmax"));
+    const GraphAnalysis a = analyzeModel(*r);
+    QVERIFY2(a.ok(), allMessages(a).c_str());
+    QCOMPARE(a.nodes.back().outputShape, Shape({4}));
+    QCOMPARE(a.totalParams, int64_t(3 * 3 * 2 * 3 + 3 + 6 * 6 * 3 * 4 + 4));
 }
 
 void TestModel::kerasImportErrors_data()

@@ -174,32 +174,6 @@ inline Window window(const PoolGeom& g, int64_t oh, int64_t ow)
             std::min<int64_t>(ws + g.windowW, g.W)};
 }
 
-TS_CLONES void maxInit(const float* __restrict x, float* __restrict y, int32_t* __restrict ws, int32_t base,
-                       int64_t C)
-{
-    for (int64_t c = 0; c < C; ++c) {
-        y[c] = x[c];
-        ws[c] = base + static_cast<int32_t>(c);
-    }
-}
-
-TS_CLONES void maxStep(const float* __restrict x, float* __restrict y, int32_t* __restrict ws, int32_t base,
-                       int64_t C)
-{
-    for (int64_t c = 0; c < C; ++c) {
-        const float v = x[c], b = y[c];
-        const bool gt = v > b;  // strict: the first max in row-major window order wins
-        y[c] = gt ? v : b;
-        ws[c] = gt ? base + static_cast<int32_t>(c) : ws[c];
-    }
-}
-
-TS_CLONES void maxScatter(const float* __restrict dy, const int32_t* __restrict ws, float* __restrict dx,
-                          int32_t base, int64_t C)
-{
-    for (int64_t c = 0; c < C; ++c) dx[c] += ws[c] == base + static_cast<int32_t>(c) ? dy[c] : 0.0f;
-}
-
 TS_CLONES void accumulate(const float* __restrict x, float* __restrict y, int64_t C)
 {
     for (int64_t c = 0; c < C; ++c) y[c] += x[c];
@@ -350,31 +324,125 @@ void rmsprop(float lr, float rho, float momentum, float epsilon, float* p, const
 
 // ---------------------------------------------------------------- pooling
 
-void maxPoolForward(const PoolGeom& g, const float* x, float* y, int32_t* ws, int64_t n0, int64_t n1)
+namespace {
+
+// Every window lies inside the input (no padding reached): the common "valid" pooling.
+bool windowsInBounds(const PoolGeom& g)
+{
+    return g.padTop == 0 && g.padLeft == 0 && (g.OH - 1) * g.strideH + g.windowH <= g.H &&
+           (g.OW - 1) * g.strideW + g.windowW <= g.W;
+}
+
+// Max over a KH x KW window (compile-time sizes) for one output pixel, vectorised over C; the
+// window is read in row-major order so the first max wins ties.
+template <int KH, int KW>
+inline void maxWindow(const float* __restrict x, int64_t rowStride, int64_t C, int32_t base, float* __restrict y,
+                      int32_t* __restrict ws)
+{
+    for (int64_t c = 0; c < C; ++c) {
+        float best = x[c];
+        int32_t bi = base + static_cast<int32_t>(c);
+        for (int kh = 0; kh < KH; ++kh)
+            for (int kw = 0; kw < KW; ++kw) {
+                if (kh == 0 && kw == 0) continue;
+                const int64_t off = kh * rowStride + kw * C;
+                const float v = x[off + c];
+                const bool gt = v > best;
+                best = gt ? v : best;
+                bi = gt ? base + static_cast<int32_t>(off + c) : bi;
+            }
+        y[c] = best;
+        ws[c] = bi;
+    }
+}
+
+template <int KH, int KW>
+TS_CLONES void maxPoolFixed(const PoolGeom& g, const float* x, float* y, int32_t* ws, int64_t n0, int64_t n1)
+{
+    const int64_t C = g.C, rowStride = g.W * C;
+    for (int64_t n = n0; n < n1; ++n)
+        for (int64_t oh = 0; oh < g.OH; ++oh)
+            for (int64_t ow = 0; ow < g.OW; ++ow) {
+                const int64_t o = ((n * g.OH + oh) * g.OW + ow) * C;
+                const int64_t base = ((n * g.H + oh * g.strideH) * g.W + ow * g.strideW) * C;
+                maxWindow<KH, KW>(x + base, rowStride, C, static_cast<int32_t>(base), y + o, ws + o);
+            }
+}
+
+TS_CLONES void maxPoolGeneric(const PoolGeom& g, const float* x, float* y, int32_t* ws, int64_t n0, int64_t n1)
 {
     const int64_t C = g.C;
     for (int64_t n = n0; n < n1; ++n)
         for (int64_t oh = 0; oh < g.OH; ++oh)
             for (int64_t ow = 0; ow < g.OW; ++ow) {
                 const int64_t o = ((n * g.OH + oh) * g.OW + ow) * C;
+                float* __restrict yo = y + o;
+                int32_t* __restrict wo = ws + o;
                 const Window w = window(g, oh, ow);
                 if (w.h0 >= w.h1 || w.w0 >= w.w1) {
-                    std::fill(y + o, y + o + C, 0.0f);
-                    std::fill(ws + o, ws + o + C, -1);
+                    for (int64_t c = 0; c < C; ++c) {
+                        yo[c] = 0.0f;
+                        wo[c] = -1;
+                    }
                     continue;
                 }
                 bool first = true;
                 for (int64_t ih = w.h0; ih < w.h1; ++ih)
                     for (int64_t iw = w.w0; iw < w.w1; ++iw) {
                         const int64_t base = ((n * g.H + ih) * g.W + iw) * C;
-                        if (first) maxInit(x + base, y + o, ws + o, static_cast<int32_t>(base), C);
-                        else maxStep(x + base, y + o, ws + o, static_cast<int32_t>(base), C);
+                        const float* __restrict xp = x + base;
+                        const int32_t b = static_cast<int32_t>(base);
+                        if (first) {
+                            for (int64_t c = 0; c < C; ++c) {
+                                yo[c] = xp[c];
+                                wo[c] = b + static_cast<int32_t>(c);
+                            }
+                        } else {
+                            for (int64_t c = 0; c < C; ++c) {
+                                const float v = xp[c], best = yo[c];
+                                const bool gt = v > best;  // strict: the first max in window order wins
+                                yo[c] = gt ? v : best;
+                                wo[c] = gt ? b + static_cast<int32_t>(c) : wo[c];
+                            }
+                        }
                         first = false;
                     }
             }
 }
 
-void maxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* ws, float* dx, int64_t n0, int64_t n1)
+// Windows tile the input without overlap: every input element gets at most one gradient, so dx
+// is written exactly once (no zero fill + scatter).
+TS_CLONES void maxPoolBackwardTiled(const PoolGeom& g, const float* dy, const int32_t* ws, float* dx, int64_t n0,
+                                    int64_t n1)
+{
+    const int64_t C = g.C;
+    const int64_t coveredH = g.OH * g.strideH, coveredW = g.OW * g.strideW;  // stride == window here
+    for (int64_t n = n0; n < n1; ++n) {
+        for (int64_t ih = 0; ih < g.H; ++ih) {
+            float* __restrict row = dx + (n * g.H + ih) * g.W * C;
+            if (ih >= coveredH) {
+                for (int64_t i = 0; i < g.W * C; ++i) row[i] = 0.0f;
+                continue;
+            }
+            const int64_t oh = ih / g.strideH;
+            for (int64_t ow = 0; ow < g.OW; ++ow) {
+                const int64_t o = ((n * g.OH + oh) * g.OW + ow) * C;
+                const float* __restrict d = dy + o;
+                const int32_t* __restrict w = ws + o;
+                for (int64_t kw = 0; kw < g.windowW; ++kw) {
+                    const int64_t iw = ow * g.strideW + kw;
+                    const int32_t base = static_cast<int32_t>(((n * g.H + ih) * g.W + iw) * C);
+                    float* __restrict out = row + iw * C;
+                    for (int64_t c = 0; c < C; ++c) out[c] = w[c] == base + static_cast<int32_t>(c) ? d[c] : 0.0f;
+                }
+            }
+            for (int64_t i = coveredW * C; i < g.W * C; ++i) row[i] = 0.0f;
+        }
+    }
+}
+
+TS_CLONES void maxPoolBackwardGeneric(const PoolGeom& g, const float* dy, const int32_t* ws, float* dx, int64_t n0,
+                                      int64_t n1)
 {
     const int64_t C = g.C;
     const int64_t image = g.H * g.W * C;
@@ -383,15 +451,37 @@ void maxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* ws, floa
         for (int64_t oh = 0; oh < g.OH; ++oh)
             for (int64_t ow = 0; ow < g.OW; ++ow) {
                 const int64_t o = ((n * g.OH + oh) * g.OW + ow) * C;
-                const Window w = window(g, oh, ow);
+                const float* __restrict d = dy + o;
+                const int32_t* __restrict w = ws + o;
+                const Window win = window(g, oh, ow);
                 // Every tap tests its own flat index against the argmax: vectorises over C and
                 // handles overlapping windows (+=).
-                for (int64_t ih = w.h0; ih < w.h1; ++ih)
-                    for (int64_t iw = w.w0; iw < w.w1; ++iw) {
+                for (int64_t ih = win.h0; ih < win.h1; ++ih)
+                    for (int64_t iw = win.w0; iw < win.w1; ++iw) {
                         const int64_t base = ((n * g.H + ih) * g.W + iw) * C;
-                        maxScatter(dy + o, ws + o, dx + base, static_cast<int32_t>(base), C);
+                        float* __restrict out = dx + base;
+                        const int32_t b = static_cast<int32_t>(base);
+                        for (int64_t c = 0; c < C; ++c) out[c] += w[c] == b + static_cast<int32_t>(c) ? d[c] : 0.0f;
                     }
             }
+}
+
+} // namespace
+
+void maxPoolForward(const PoolGeom& g, const float* x, float* y, int32_t* ws, int64_t n0, int64_t n1)
+{
+    if (windowsInBounds(g)) {
+        if (g.windowH == 2 && g.windowW == 2) return maxPoolFixed<2, 2>(g, x, y, ws, n0, n1);
+        if (g.windowH == 3 && g.windowW == 3) return maxPoolFixed<3, 3>(g, x, y, ws, n0, n1);
+    }
+    maxPoolGeneric(g, x, y, ws, n0, n1);
+}
+
+void maxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* ws, float* dx, int64_t n0, int64_t n1)
+{
+    if (windowsInBounds(g) && g.strideH == g.windowH && g.strideW == g.windowW)
+        return maxPoolBackwardTiled(g, dy, ws, dx, n0, n1);
+    maxPoolBackwardGeneric(g, dy, ws, dx, n0, n1);
 }
 
 void avgPoolForward(const PoolGeom& g, const float* x, float* y, int64_t n0, int64_t n1)
