@@ -72,6 +72,13 @@ std::vector<uint8_t> iotaBytes(std::size_t n, uint8_t start = 0)
     return v;
 }
 
+// A string literal with embedded NULs, its terminator dropped.
+template <std::size_t N>
+std::string bin(const char (&s)[N])
+{
+    return std::string(s, N - 1);
+}
+
 bool contains(const std::string& haystack, const std::string& needle)
 {
     return haystack.find(needle) != std::string::npos;
@@ -251,7 +258,7 @@ void TestIo::idxReadsRawAndGzip()
 void TestIo::idxWrongMagic()
 {
     const std::string path = tmp("magic-idx");
-    writeBytes(path, std::string("\x12\x34\x08\x01\x00\x00\x00\x01\x07", 9));
+    writeBytes(path, bin("\x12\x34\x08\x01\x00\x00\x00\x01\x07"));
     auto r = readIdx(path);
     QVERIFY(!r.ok());
     QCOMPARE(r.error().code, ErrorCode::ParseError);
@@ -303,12 +310,12 @@ void TestIo::idxTruncated()
 void TestIo::idxTruncatedHeader()
 {
     const std::string path = tmp("short-header");
-    writeBytes(path, std::string("\x00\x00\x08\x03\x00\x00\x00\x0a\x00\x00", 10));
+    writeBytes(path, bin("\x00\x00\x08\x03\x00\x00\x00\x0a\x00\x00"));
     auto r = readIdx(path);
     QVERIFY(!r.ok());
     QCOMPARE(r.error().code, ErrorCode::IoError);
     VERIFY_MSG(r.error().message, "truncated");
-    writeBytes(path, std::string("\x00\x00", 2));
+    writeBytes(path, bin("\x00\x00"));
     auto s = readIdx(path);
     QVERIFY(!s.ok());
     VERIFY_MSG(s.error().message, "truncated");
@@ -933,7 +940,7 @@ void TestIo::safetensorsWriteErrors()
     auto undefinedT = writeSafetensors(path, {{"u", Tensor()}});
     QVERIFY(!undefinedT.ok());
     VERIFY_MSG(undefinedT.error().message, "'u'");
-    auto badUtf8 = writeSafetensors(path, {{"w", t}}, {{"k", std::string("\xff\xfe", 2)}});
+    auto badUtf8 = writeSafetensors(path, {{"w", t}}, {{"k", bin("\xff\xfe")}});
     QVERIFY(!badUtf8.ok());
     VERIFY_MSG(badUtf8.error().message, path);
     QVERIFY(!fs::exists(path));
@@ -949,8 +956,8 @@ void TestIo::safetensorsCorrupt_data()
     };
     const std::string ok = R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
     const std::string buf8(8, '\x01');
-    row("short file", std::string("\x05\x00\x00", 3), "", "too short");
-    row("header past end", std::string("\x00\x10\x00\x00\x00\x00\x00\x00{}", 10), "", "-byte header");
+    row("short file", bin("\x05\x00\x00"), "", "too short");
+    row("header past end", bin("\x00\x10\x00\x00\x00\x00\x00\x00{}"), "", "-byte header");
     row("malformed json", safetensorsBytes(R"({"w":{"dtype":"F32",)", buf8), "", "malformed JSON");
     row("not an object", safetensorsBytes("[1, 2]  ", ""), "", "not an object");
     row("unknown dtype", safetensorsBytes(R"({"w64":{"dtype":"F64","shape":[1],"data_offsets":[0,8]}})", buf8),
@@ -1072,7 +1079,7 @@ void TestIo::npyDtypes()
     QCOMPARE(c->data<int32_t>()[1], -9);
 
     const std::string u1 = tmp("u1.npy");
-    writeBytes(u1, npyBytes(1, "|u1", "(1, 3)", std::string("\x00\x80\xff", 3)));
+    writeBytes(u1, npyBytes(1, "|u1", "(1, 3)", bin("\x00\x80\xff")));
     auto d = readNpy(u1);
     QVERIFY(d.ok());
     QCOMPARE(d->dtype(), DType::U8);
@@ -1080,7 +1087,7 @@ void TestIo::npyDtypes()
     QCOMPARE(int(d->data<uint8_t>()[2]), 255);
 
     const std::string b1 = tmp("b1.npy");
-    writeBytes(b1, npyBytes(1, "|b1", "(3,)", std::string("\x01\x00\x02", 3)));
+    writeBytes(b1, npyBytes(1, "|b1", "(3,)", bin("\x01\x00\x02")));
     auto e = readNpy(b1);
     QVERIFY(e.ok());
     QCOMPARE(e->dtype(), DType::U8);
@@ -1134,11 +1141,11 @@ void TestIo::npyErrors_data()
     row("int16", npyBytes(1, "<i2", "(4,)", two), ErrorCode::Unsupported, "'<i2'");
     row("truncated", npyBytes(1, "<f4", "(3,)", two), ErrorCode::IoError, "expected 12 bytes of data, found 8");
     row("trailing", npyBytes(1, "<f4", "(1,)", two), ErrorCode::ParseError, "4 bytes after");
-    row("bad magic", std::string("PK\x03\x04 this is a zip", 20), ErrorCode::ParseError, "50 4b 03 04");
+    row("bad magic", bin("PK\x03\x04 this is a zip"), ErrorCode::ParseError, "50 4b 03 04");
     row("version 4", [&] { std::string s = npyBytes(1, "<f4", "(2,)", two); s[6] = 4; return s; }(),
         ErrorCode::Unsupported, "version 4.0");
     row("malformed header", npyBytes(1, "<f4", "[2]", two), ErrorCode::ParseError, "malformed header");
-    row("header past end", std::string("\x93NUMPY\x01\x00\xff\x00{'descr'", 17), ErrorCode::IoError, "truncated");
+    row("header past end", bin("\x93NUMPY\x01\x00\xff\x00{'descr'"), ErrorCode::IoError, "truncated");
     row("i8 out of range", npyBytes(1, "<i8", "(2,)", rawOf(std::vector<int64_t>{1, int64_t(1) << 40})),
         ErrorCode::InvalidArgument, "element 1 = 1099511627776");
 }
@@ -1182,7 +1189,7 @@ void TestIo::npyWriteRoundTrip()
     }
     // Exactly numpy's header for a (2, 3) float32 array.
     const std::string bytes = readBytes(tmp("w-f322.npy"));
-    QCOMPARE(bytes.substr(0, 10), std::string("\x93NUMPY\x01\x00\x76\x00", 10));
+    QCOMPARE(bytes.substr(0, 10), bin("\x93NUMPY\x01\x00\x76\x00"));
     const std::string dict = "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 3), }";
     QCOMPARE(bytes.substr(10, dict.size()), dict);
     QCOMPARE(bytes.substr(10 + dict.size(), 128 - 11 - dict.size()), std::string(128 - 11 - dict.size(), ' '));
