@@ -1,7 +1,6 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <omp.h>
-#include <unistd.h>
 
 #include <oneapi/dnnl/dnnl.hpp>
 
@@ -135,6 +134,19 @@ uint64_t meminfoBytes(const char* field)
     return std::strtoull(line.c_str() + colon + 1, nullptr, 10) * 1024ull;
 }
 
+// Temporary buffer slots of an instance (each op uses its slots only while it runs).
+enum TempSlot : std::size_t {
+    kTempOnes,       // batch norm: scale 1 when gamma is undefined
+    kTempZeros,      // batch norm: shift 0
+    kTempMean,       // batch norm: mean when saveMean is undefined
+    kTempVar,        // batch norm: variance
+    kTempDGamma,     // batch norm backward: dgamma when undefined
+    kTempDBeta,      // batch norm backward: dbeta when undefined
+    kTempPartials,   // convolution backward weights: per-thread partial sums
+    kTempFlipped,    // convolution backward data: flipped, transposed kernel
+    kTempSlots
+};
+
 } // namespace
 
 std::string cpuModelName()
@@ -166,8 +178,10 @@ struct CpuBackend::Impl {
     // One scratchpad shared by all primitives of this instance (they run one at a time).
     void* scratch = nullptr;
     std::size_t scratchBytes = 0;
-    // Small temporaries (batch-norm variance, ones, ...), by slot.
-    std::array<std::vector<float>, 6> temps;
+    // Temporaries, by slot (see kTemp*).
+    std::array<std::vector<float>, kTempSlots> temps;
+    // Own register-tiled convolutions instead of oneDNN's (machines without AVX-512).
+    bool tiledConv = cpuk::tiledConvPreferred() && !std::getenv("TS_CPU_ONEDNN_CONV");
 
     // Telemetry: /proc/stat deltas between samples.
     mutable std::mutex sampleMutex;
@@ -337,6 +351,10 @@ struct CpuBackend::Impl {
               << int64_t(bias);
             return k;
         }
+        cpuk::ConvGeom geom() const
+        {
+            return {N, H, W, C, KH, KW, F, OH, OW, p.strideH, p.strideW, p.padTop, p.padLeft};
+        }
         dnnl::memory::desc src() const { return {{N, C, H, W}, dt::f32, tag::nhwc}; }
         dnnl::memory::desc wei() const { return {{F, C, KH, KW}, dt::f32, tag::hwio}; }
         // Weights: let oneDNN choose (the jit kernels want blocked weights; activations stay
@@ -453,13 +471,14 @@ struct CpuBackend::Impl {
 
     static dnnl::algorithm eltAlg(Activation act, bool useDst)
     {
+        // Relu and LeakyRelu run as own loops (a select is cheaper than a primitive call).
         switch (act) {
-        case Activation::Relu:
-        case Activation::LeakyRelu: return useDst ? dnnl::algorithm::eltwise_relu_use_dst_for_bwd : dnnl::algorithm::eltwise_relu;
         case Activation::Gelu: return dnnl::algorithm::eltwise_gelu_erf;
         case Activation::Sigmoid:
             return useDst ? dnnl::algorithm::eltwise_logistic_use_dst_for_bwd : dnnl::algorithm::eltwise_logistic;
         case Activation::Tanh: return useDst ? dnnl::algorithm::eltwise_tanh_use_dst_for_bwd : dnnl::algorithm::eltwise_tanh;
+        case Activation::Relu:
+        case Activation::LeakyRelu:
         case Activation::Linear:
         case Activation::Softmax: break;
         }
@@ -695,6 +714,20 @@ Status CpuBackend::conv2dForward(const Tensor& x, const Tensor& w, const Tensor&
     TS_ASSERT(!b.defined() || (isHostF32(b) && b.numel() == s.F));
     return m_d->guard("conv2d forward", [&]() -> Status {
         if (y.numel() == 0) return okStatus();
+        const cpuk::ConvGeom g = s.geom();
+        const float* bias = b.defined() ? cf(b) : nullptr;
+        if (cpuk::smallConvApplies(g)) {
+            parallelFor(g.N * g.OH, 8, 1, [&](int64_t r0, int64_t r1) {
+                cpuk::smallConvForward(g, cf(x), cf(w), bias, mf(y), r0, r1);
+            });
+            return okStatus();
+        }
+        if (m_d->tiledConv && cpuk::tiledConvForwardApplies(g)) {
+            parallelFor(g.N * g.OH, 4, 1, [&](int64_t r0, int64_t r1) {
+                cpuk::tiledConvForward(g, cf(x), cf(w), bias, mf(y), r0, r1);
+            });
+            return okStatus();
+        }
         Prim& prim = m_d->convFwd(s, b.defined());
         if (b.defined())
             m_d->run(prim, {{DNNL_ARG_SRC, x.raw()}, {DNNL_ARG_WEIGHTS, w.raw()}, {DNNL_ARG_BIAS, b.raw()},
@@ -716,6 +749,17 @@ Status CpuBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const C
         if (dx.numel() == 0) return okStatus();
         if (dy.numel() == 0) {
             std::fill(mf(dx), mf(dx) + dx.numel(), 0.0f);
+            return okStatus();
+        }
+        const cpuk::ConvGeom g = s.geom();
+        if (m_d->tiledConv && cpuk::tiledConvBackwardDataApplies(g)) {
+            // dx is the forward convolution of dy with the flipped, transposed kernel.
+            float* wf = m_d->temp(kTempFlipped, w.numel());
+            cpuk::flipWeights(g, cf(w), wf);
+            const cpuk::ConvGeom t = cpuk::backwardDataGeom(g);
+            parallelFor(t.N * t.OH, 4, 1, [&](int64_t r0, int64_t r1) {
+                cpuk::tiledConvForward(t, cf(dy), wf, nullptr, mf(dx), r0, r1);
+            });
             return okStatus();
         }
         m_d->run(m_d->convBwdData(s),
@@ -740,6 +784,36 @@ Status CpuBackend::conv2dBackwardWeights(const Tensor& x, const Tensor& dy, cons
             return okStatus();
         }
         if (dw.numel() == 0) return okStatus();
+        const cpuk::ConvGeom g = s.geom();
+        const bool small = cpuk::smallConvApplies(g);
+        if (small || (m_d->tiledConv && cpuk::tiledConvBackwardWeightsApplies(g))) {
+            // Each thread sums its own rows into a private buffer; the buffers are then added in
+            // thread order, so the result depends only on the thread count.
+            const int64_t rows = g.N * g.OH;
+            const int threads = static_cast<int>(std::clamp<int64_t>(rows / 8, 1, omp_get_max_threads()));
+            const int64_t wn = dw.numel(), stride = wn + g.F;
+            float* part = m_d->temp(kTempPartials, stride * threads);
+            std::fill(part, part + stride * threads, 0.0f);
+            const bool bias = db.defined();
+#pragma omp parallel num_threads(threads) if (threads > 1)
+            {
+                const int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+                float* mine = part + t * stride;
+                if (small)
+                    cpuk::smallConvBackwardWeights(g, cf(x), cf(dy), mine, bias ? mine + wn : nullptr, rows * t / T,
+                                                   rows * (t + 1) / T);
+                else
+                    cpuk::tiledConvBackwardWeights(g, cf(x), cf(dy), mine, bias ? mine + wn : nullptr, rows * t / T,
+                                                   rows * (t + 1) / T);
+            }
+            std::copy(part, part + wn, mf(dw));
+            if (bias) std::copy(part + wn, part + stride, mf(db));
+            for (int t = 1; t < threads; ++t) {
+                cpuk::axpy(1.0f, part + t * stride, mf(dw), wn);
+                if (bias) cpuk::axpy(1.0f, part + t * stride + wn, mf(db), g.F);
+            }
+            return okStatus();
+        }
         Prim& prim = m_d->convBwdWeights(s, db.defined());
         if (db.defined())
             m_d->run(prim, {{DNNL_ARG_SRC, x.raw()}, {DNNL_ARG_DIFF_DST, dy.raw()}, {DNNL_ARG_DIFF_WEIGHTS, dw.raw()},
@@ -846,12 +920,12 @@ Status CpuBackend::batchNormForward(const Tensor& x, const Tensor& gamma, const 
         const float* scale = gamma.defined() ? cf(gamma) : nullptr;
         const float* shift = beta.defined() ? cf(beta) : nullptr;
         if (!scale) {
-            float* ones = m_d->temp(0, C);
+            float* ones = m_d->temp(kTempOnes, C);
             std::fill(ones, ones + C, 1.0f);
             scale = ones;
         }
         if (!shift) {
-            float* zeros = m_d->temp(1, C);
+            float* zeros = m_d->temp(kTempZeros, C);
             std::fill(zeros, zeros + C, 0.0f);
             shift = zeros;
         }
@@ -861,8 +935,8 @@ Status CpuBackend::batchNormForward(const Tensor& x, const Tensor& gamma, const 
                       {DNNL_ARG_VARIANCE, runningVar.raw()}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_SHIFT, shift}});
             return okStatus();
         }
-        float* mean = saveMean.defined() ? mf(saveMean) : m_d->temp(2, C);
-        float* var = m_d->temp(3, C);
+        float* mean = saveMean.defined() ? mf(saveMean) : m_d->temp(kTempMean, C);
+        float* var = m_d->temp(kTempVar, C);
         TS_ASSERT(!saveMean.defined() || (isHostF32(saveMean) && saveMean.numel() == C));
         TS_ASSERT(!saveInvStd.defined() || (isHostF32(saveInvStd) && saveInvStd.numel() == C));
         m_d->run(m_d->bnFwd(M, C, epsilon, true),
@@ -896,18 +970,18 @@ Status CpuBackend::batchNormBackward(const Tensor& x, const Tensor& gamma, const
         if (C == 0 || M == 0) return okStatus();
         const float* scale = gamma.defined() ? cf(gamma) : nullptr;
         if (!scale) {
-            float* ones = m_d->temp(0, C);
+            float* ones = m_d->temp(kTempOnes, C);
             std::fill(ones, ones + C, 1.0f);
             scale = ones;
         }
         // oneDNN wants the variance; the forward pass saved 1 / sqrt(var + eps). The backward
         // primitive depends on epsilon only through var + eps, so any epsilon works: use the one
         // that reproduces the saved invStd most exactly (var = 1 / invStd^2 - eps with eps 0).
-        float* var = m_d->temp(3, C);
+        float* var = m_d->temp(kTempVar, C);
         const float* invStd = cf(saveInvStd);
         for (int64_t c = 0; c < C; ++c) var[c] = float(1.0 / (double(invStd[c]) * double(invStd[c])));
         // oneDNN 2.6 lists the shift as an input of the backward pass (unused by the math).
-        float* shift = m_d->temp(1, C);
+        float* shift = m_d->temp(kTempZeros, C);
         std::fill(shift, shift + C, 0.0f);
         float* dxp = dx.defined() ? mf(dx) : nullptr;
         std::vector<float> dxLocal;
@@ -915,8 +989,8 @@ Status CpuBackend::batchNormBackward(const Tensor& x, const Tensor& gamma, const
             dxLocal.resize(static_cast<std::size_t>(x.numel()));
             dxp = dxLocal.data();
         }
-        float* dg = dgamma.defined() ? mf(dgamma) : m_d->temp(4, C);
-        float* dbt = dbeta.defined() ? mf(dbeta) : m_d->temp(5, C);
+        float* dg = dgamma.defined() ? mf(dgamma) : m_d->temp(kTempDGamma, C);
+        float* dbt = dbeta.defined() ? mf(dbeta) : m_d->temp(kTempDBeta, C);
         m_d->run(m_d->bnBwd(M, C, 0.0f),
                  {{DNNL_ARG_SRC, x.raw()}, {DNNL_ARG_DIFF_DST, dy.raw()}, {DNNL_ARG_MEAN, saveMean.raw()},
                   {DNNL_ARG_VARIANCE, var}, {DNNL_ARG_SCALE, scale}, {DNNL_ARG_SHIFT, shift}, {DNNL_ARG_DIFF_SRC, dxp},
@@ -939,6 +1013,11 @@ Status CpuBackend::activationForward(Activation act, float alpha, const Tensor& 
             return okStatus();
         }
         const float a = act == Activation::LeakyRelu ? alpha : 0.0f;
+        if (act == Activation::Relu || act == Activation::LeakyRelu) {
+            // A plain select: own loop, no primitive overhead on small tensors.
+            parallelFor(n, 1 << 16, 64, [&](int64_t i, int64_t e) { cpuk::leakyRelu(a, cf(x) + i, mf(y) + i, e - i); });
+            return okStatus();
+        }
         m_d->run(m_d->eltFwd(Impl::eltAlg(act, false), a, n), {{DNNL_ARG_SRC, x.raw()}, {DNNL_ARG_DST, y.raw()}});
         return okStatus();
     });
@@ -969,6 +1048,12 @@ Status CpuBackend::activationBackward(Activation act, float alpha, const Tensor&
         TS_ASSERT(isHostF32(data) && data.numel() == n);
         TS_ASSERT(!(useDst && act == Activation::LeakyRelu && alpha <= 0.0f));
         const float a = act == Activation::LeakyRelu ? alpha : 0.0f;
+        if (act == Activation::Relu || act == Activation::LeakyRelu) {
+            const float* v = cf(data);
+            parallelFor(n, 1 << 16, 64,
+                        [&](int64_t i, int64_t e) { cpuk::leakyReluBackward(a, v + i, cf(dy) + i, mf(dx) + i, e - i); });
+            return okStatus();
+        }
         m_d->run(m_d->eltBwd(Impl::eltAlg(act, useDst), a, n, useDst),
                  {{useDst ? DNNL_ARG_DST : DNNL_ARG_SRC, data.raw()}, {DNNL_ARG_DIFF_DST, dy.raw()},
                   {DNNL_ARG_DIFF_SRC, dx.raw()}});

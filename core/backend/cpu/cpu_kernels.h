@@ -14,6 +14,9 @@ void axpy(float alpha, const float* x, float* y, int64_t n);
 void scale(float alpha, float* x, int64_t n);
 void copy(const float* x, float* y, int64_t n);
 double sumSquares(const float* x, int64_t n);
+// y = x > 0 ? x : alpha * x (relu: alpha 0); dx = (v > 0 ? 1 : alpha) * dy, v the forward x (or y).
+void leakyRelu(float alpha, const float* x, float* y, int64_t n);
+void leakyReluBackward(float alpha, const float* v, const float* dy, float* dx, int64_t n);
 
 // db[c] (+)= sum_r dy[r * cols + c] for rows [0, rows).
 void colSum(const float* dy, int64_t rows, int64_t cols, float* db, bool accumulate);
@@ -48,6 +51,38 @@ void maxPoolBackward(const PoolGeom& g, const float* dy, const int32_t* ws, floa
                      int64_t n1);
 void avgPoolForward(const PoolGeom& g, const float* x, float* y, int64_t n0, int64_t n1);
 void avgPoolBackward(const PoolGeom& g, const float* dy, float* dx, int64_t n0, int64_t n1);
+
+// Direct convolution for few input channels (first layers: grey/RGB images), where oneDNN's
+// kernels are far from their best. NHWC x/y, HWIO w; needs F % 8 == 0 and F <= 64.
+struct ConvGeom {
+    int64_t N, H, W, C, KH, KW, F, OH, OW;
+    int strideH, strideW, padTop, padLeft;
+};
+bool smallConvApplies(const ConvGeom& g);
+// Output rows [r0, r1) of the flattened (N * OH) row range.
+void smallConvForward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y, int64_t r0,
+                      int64_t r1);
+// Adds this row range's contribution to dw (KH*KW*C*F, HWIO) and db (F, may be null).
+void smallConvBackwardWeights(const ConvGeom& g, const float* x, const float* dy, float* dw, float* db, int64_t r0,
+                              int64_t r1);
+
+// General NHWC convolution by register-tiled implicit GEMM (6 pixels x 16 channels), used on
+// machines without AVX-512, where oneDNN 2.6's NHWC kernels reach about half of the FMA peak.
+// Needs F % 8 == 0 (forward, backward weights) or C % 8 == 0 (backward data, stride 1 only).
+bool tiledConvPreferred();
+bool tiledConvForwardApplies(const ConvGeom& g);
+bool tiledConvBackwardDataApplies(const ConvGeom& g);
+bool tiledConvBackwardWeightsApplies(const ConvGeom& g);
+// Output rows [r0, r1) of the flattened (N * OH) range; b may be null.
+void tiledConvForward(const ConvGeom& g, const float* x, const float* w, const float* b, float* y, int64_t r0,
+                      int64_t r1);
+// The backward-data pass as a forward convolution of dy: geometry and flipped, transposed weights
+// (KH, KW, F, C) for it.
+ConvGeom backwardDataGeom(const ConvGeom& g);
+void flipWeights(const ConvGeom& g, const float* w, float* wFlipped);
+// Adds output rows [r0, r1)'s contribution to dw (HWIO) and db (may be null).
+void tiledConvBackwardWeights(const ConvGeom& g, const float* x, const float* dy, float* dw, float* db, int64_t r0,
+                              int64_t r1);
 
 // Global average pool, images [n0, n1).
 void globalAvgPoolForward(const float* x, float* y, int64_t HW, int64_t C, int64_t n0, int64_t n1);
