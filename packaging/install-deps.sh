@@ -7,7 +7,8 @@ set -euo pipefail
 
 core_pkgs=(cmake ninja-build g++ pkg-config ccache
   libdnnl-dev ocl-icd-opencl-dev nlohmann-json3-dev libcli11-dev zlib1g-dev libsqlite3-dev
-  dataset-fashion-mnist python3-numpy python3-torch)
+  dataset-fashion-mnist python3-numpy python3-torch libopenblas0-openmp
+  libpng-dev libjpeg-dev libzip-dev)  # core/data: PNG/JPEG decoding, .npz (zip) archives
 full_pkgs=(qt6-base-dev libqt6sql6-sqlite libqcustomplot-dev xvfb xauth fonts-dejavu-core
   libxkbcommon-dev libgloo-dev libgrpc++-dev libprotobuf-dev protobuf-compiler
   protobuf-compiler-grpc libssl-dev libpng-dev libjpeg-dev)

@@ -6,6 +6,7 @@
 #include <array>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -70,12 +71,23 @@ ts::Result<Sample> runOurs(const std::string& model, const BenchOptions& o)
     return s;
 }
 
+// OpenBLAS 0.3.21 does not recognise every current CPU and then falls back to a slow SSE3
+// kernel; name the kernel that fits this CPU's vector width.
+std::string openblasCoreType()
+{
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("flags", 0) == 0) return line.find(" avx512f") != std::string::npos ? "SkylakeX" : "Haswell";
+    return "Haswell";
+}
+
 ts::Result<Sample> runTorch(const std::string& model, const BenchOptions& o, const std::string& dir)
 {
-    // PyTorch at its best on this machine (see shared/bench/README.md): OpenMP OpenBLAS with the
-    // SkylakeX kernel instead of Debian's default pthread build stuck on an SSE3 kernel.
+    // PyTorch at its best on this machine (see shared/bench/README.md): OpenMP OpenBLAS
+    // (libopenblas0-openmp) with the right kernel instead of Debian's default pthread build.
     std::ostringstream cmd;
-    cmd << "cd '" << dir << "' && LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OPENBLAS_CORETYPE=SkylakeX "
+    cmd << "cd '" << dir << "' && LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OPENBLAS_CORETYPE=" << openblasCoreType() << " "
         << "OMP_NUM_THREADS=" << o.threads << " " << o.python << " torch_train.py --model " << model << " --epochs "
         << o.epochs << " --threads " << o.threads << " 2>&1";
     std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.str().c_str(), "r"), pclose);
