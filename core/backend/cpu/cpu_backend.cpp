@@ -134,6 +134,8 @@ uint64_t meminfoBytes(const char* field)
     return std::strtoull(line.c_str() + colon + 1, nullptr, 10) * 1024ull;
 }
 
+constexpr std::size_t kMaxCachedPrimitives = 512;
+
 // Temporary buffer slots of an instance (each op uses its slots only while it runs).
 enum TempSlot : std::size_t {
     kTempOnes,       // batch norm: scale 1 when gamma is undefined
@@ -229,6 +231,9 @@ struct CpuBackend::Impl {
     Prim& store(const Key& key, dnnl::primitive prim, const dnnl::primitive_desc_base& pd,
                 std::initializer_list<std::pair<int, dnnl::memory::desc>> args)
     {
+        // Shapes seen by a run are few (train, eval and last partial batches); a model fed many
+        // distinct shapes would otherwise grow the cache without bound.
+        if (prims.size() >= kMaxCachedPrimitives) prims.clear();
         Prim p;
         p.prim = std::move(prim);
         for (const auto& [arg, md] : args) p.args.emplace(arg, dnnl::memory(md, engine, DNNL_MEMORY_NONE));

@@ -4,6 +4,9 @@
 // Primitives are cached per instance, keyed by op, shapes and parameters, so a steady-state
 // training step builds nothing. Threads: each instance owns a share of the cores
 // (BackendOptions::threads) and applies it to the OpenMP thread that drives it.
+// Convolutions: first layers with few input channels use own direct kernels; on machines without
+// AVX-512 the others use own register-tiled kernels (faster there than oneDNN 2.6's), unless the
+// environment sets TS_CPU_ONEDNN_CONV=1 (a diagnostic switch back to oneDNN for every conv).
 
 #include <memory>
 

@@ -792,8 +792,10 @@ __attribute__((always_inline)) inline void tileFma(const float* const* px, int64
     }
 }
 
-// One tile of P output pixels (same output row, consecutive columns from ow0) x 8*FB channels.
+// One tile of P output pixels (same output row, consecutive columns from ow0) x 8*FB filters.
 // Taps that fall into the padding read a row of zeros, so every tap runs the same inner loop.
+// (Splitting the channels into L1-sized weight chunks measured slower: shorter inner loops and
+// partial sums through memory cost more than the L2 weight traffic they save.)
 template <int P, int FB>
 __attribute__((always_inline)) inline void convTile(const ConvGeom& g, const float* x, const float* w, const float* b,
                                                     float* y, const float* zeros, int64_t n, int64_t oh, int64_t ow0,
@@ -933,9 +935,9 @@ TS_CLONES void tiledConvBackwardWeights(const ConvGeom& g, const float* x, const
                                         int64_t r0, int64_t r1)
 {
     const std::vector<float> zeros(static_cast<std::size_t>(g.C), 0.0f);
-    // Chunks of whole output rows, about 128 pixels: dy and the x rows they read stay in L2
-    // while every (tap, channel tile, filter block) passes over them.
-    const int64_t rowsPerChunk = std::max<int64_t>(1, 128 / std::max<int64_t>(1, g.OW));
+    // Chunks of whole output rows, about 48 pixels: the chunk's dy (48 x F floats) stays in L1
+    // while every (tap, channel tile, filter block) passes over it.
+    const int64_t rowsPerChunk = std::max<int64_t>(1, 48 / std::max<int64_t>(1, g.OW));
     std::vector<const float*> xp(static_cast<std::size_t>(rowsPerChunk * g.OW));
     for (int64_t c0 = r0; c0 < r1; c0 += rowsPerChunk) {
         const int64_t c1 = std::min(r1, c0 + rowsPerChunk);
@@ -970,14 +972,13 @@ TS_CLONES void tiledConvBackwardWeights(const ConvGeom& g, const float* x, const
 
 void globalAvgPoolForward(const float* x, float* y, int64_t HW, int64_t C, int64_t n0, int64_t n1)
 {
-    double stack[256];
-    double* acc = C <= 256 ? stack : new double[static_cast<std::size_t>(C)];
+    std::vector<double> sums(static_cast<std::size_t>(C));
+    double* acc = sums.data();
     for (int64_t n = n0; n < n1; ++n) {
         std::fill(acc, acc + C, 0.0);
         for (int64_t s = 0; s < HW; ++s) accumulateDouble(x + (n * HW + s) * C, acc, C);
         for (int64_t c = 0; c < C; ++c) y[n * C + c] = HW == 0 ? 0.0f : static_cast<float>(acc[c] / double(HW));
     }
-    if (acc != stack) delete[] acc;
 }
 
 void globalAvgPoolBackward(const float* dy, float* dx, int64_t HW, int64_t C, int64_t n0, int64_t n1)
