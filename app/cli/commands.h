@@ -1,9 +1,20 @@
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 namespace CLI { class App; }
+namespace ts {
+struct Error;
+struct FitResult;
+struct PreparedRun;
+struct RunConfig;
+class TrainListener;
+template <typename T> class Result;
+namespace telemetry { class EventBus; }
+}
 
 namespace tscli {
 
@@ -29,6 +40,14 @@ struct TrainOptions {
     std::string backend;
     bool json = false;
     bool quiet = false;
+    // Run store: every run is recorded into the default database unless --no-record.
+    std::string db;
+    bool noRecord = false;
+    std::string runName;
+    std::vector<std::string> tags;
+    // Telemetry: write the run's Chrome trace (per-layer spans with traceLayers).
+    std::string trace;
+    bool traceLayers = false;
 };
 
 struct BenchOptions {
@@ -44,7 +63,60 @@ struct BenchOptions {
     bool json = false;
 };
 
+// trainstudio-cli runs list|show|compare|delete|export|rename|tag (runs_command.cpp).
+struct RunsOptions {
+    std::string action;                 // the sub-subcommand given
+    std::string db;
+    bool json = false;
+    std::vector<std::string> runs;      // run ids, id prefixes or names
+    std::string run;                    // the one run of show/export/rename/tag
+    std::string status, name, tag, strategy, model;  // list filters
+    int limit = 0;
+    std::string metric = "loss";        // compare
+    int buckets = 0;
+    bool keepFiles = false;             // delete
+    std::string csv, epochsCsv, trace, weights;  // export
+    std::string newName;                // rename
+    std::vector<std::string> addTags, removeTags;  // tag
+};
+
+// Records one `train` invocation into the run store (runs_command.cpp): the configuration
+// snapshot, then everything the trainer publishes on the telemetry bus (status transitions,
+// step and epoch metrics, step breakdowns, device samples, spans with --trace, errors), and the
+// final weights as a checkpoint.
+class TrainRecording {
+public:
+    virtual ~TrainRecording() = default;
+    // After prepareRun: creates the run, subscribes the store to `bus` and points the trainer's
+    // telemetry at it (a later setTelemetry for --trace must keep runId()).
+    virtual void begin(ts::PreparedRun& run, ts::telemetry::EventBus& bus) = 0;
+    // prepareRun failed: the run is recorded as failed with its error.
+    virtual void prepareFailed(const ts::RunConfig& config, const ts::Error& error) = 0;
+    // fit() returned: drains the bus into the store; completed, cancelled or failed.
+    virtual void fitDone(const ts::Result<ts::FitResult>& result) = 0;
+    // Keeps the final weights: `savedPath` (the --save-weights file) if given, else a file in the
+    // store's folder written from `run`'s trainer. Problems are warnings, never failures.
+    virtual void keepWeights(ts::PreparedRun& run, const std::string& savedPath, int64_t step) = 0;
+    // Another file the run wrote (kind "trace"): listed with the run, removed with it.
+    virtual void keepFile(const std::string& kind, const std::string& path) = 0;
+    virtual std::string runId() const = 0;
+    virtual std::string databasePath() const = 0;
+};
+// Null when --no-record; an error when the database cannot be opened.
+ts::Result<std::unique_ptr<TrainRecording>> openTrainRecording(const TrainOptions& o);
+
+// trainstudio-cli trace summary FILE [--json] (trace_command.cpp).
+struct TraceOptions {
+    std::string file;
+    bool json = false;
+    int top = 10;
+};
+void addTraceCommand(CLI::App& app, TraceOptions& o);
+int runTrace(const TraceOptions& o);
+
 void addTrainCommand(CLI::App& app, TrainOptions& o);
+void addRunsCommand(CLI::App& app, RunsOptions& o);
+int runRuns(const RunsOptions& o);
 void addBenchCommand(CLI::App& app, BenchOptions& o);
 int runTrain(const TrainOptions& o);
 int runValidate(const std::string& file, bool json);

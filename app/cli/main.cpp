@@ -2,6 +2,8 @@
 //   trainstudio-cli train [flags]      train a model (default: the seed's MLP on Fashion-MNIST)
 //   trainstudio-cli validate FILE      print the layer table or the model's problems
 //   trainstudio-cli bench [flags]      throughput next to PyTorch, as a ratio
+//   trainstudio-cli runs list|show|compare|delete|export   the recorded run history
+//   trainstudio-cli trace summary FILE  step-time breakdown, top spans, advice for a Chrome trace
 
 #include <unistd.h>
 
@@ -47,6 +49,10 @@ int main(int argc, char** argv)
     validate->add_flag("--json", validateJson, "print the analysis as JSON");
     tscli::BenchOptions bench;
     tscli::addBenchCommand(app, bench);
+    tscli::RunsOptions runs;
+    tscli::addRunsCommand(app, runs);
+    tscli::TraceOptions trace;
+    tscli::addTraceCommand(app, trace);
 
     try {
         app.parse(argc, argv);
@@ -56,5 +62,7 @@ int main(int argc, char** argv)
     if (app.got_subcommand("train")) return tscli::runTrain(train);
     if (app.got_subcommand("validate")) return tscli::runValidate(validateFile, validateJson);
     if (app.got_subcommand("bench")) return tscli::runBench(bench);
+    if (app.got_subcommand("runs")) return tscli::runRuns(runs);
+    if (app.got_subcommand("trace")) return tscli::runTrace(trace);
     return 2;
 }

@@ -12,6 +12,9 @@
 
 #include "commands.h"
 #include "embedded_models.h"
+#include "store/run_store.h"
+#include "telemetry/bus.h"
+#include "telemetry/trace_sink.h"
 #include "train/run_config.h"
 
 namespace tscli {
@@ -153,6 +156,12 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--backend", o.backend, "force a backend by name (reference, cpu)");
     c->add_flag("--json", o.json, "one JSON object per epoch, then one with \"final\": true");
     c->add_flag("--quiet", o.quiet, "print nothing but errors");
+    c->add_option("--db", o.db, "record the run into this run database (default: " + ts::store::defaultDatabasePath() + ")");
+    c->add_flag("--no-record", o.noRecord, "do not record the run in the run database");
+    c->add_option("--run-name", o.runName, "name of the recorded run (default: model name and time)");
+    c->add_option("--tag", o.tags, "tag the recorded run (repeatable)");
+    c->add_option("--trace", o.trace, "write the run's Chrome trace (Perfetto, chrome://tracing) to FILE");
+    c->add_flag("--trace-layers", o.traceLayers, "with --trace: a span per layer in forward and backward");
 }
 
 int runTrain(const TrainOptions& o)
@@ -230,14 +239,57 @@ int runTrain(const TrainOptions& o)
     if (!o.loadWeights.empty()) cfg.loadWeights = o.loadWeights;
     if (!o.saveWeights.empty()) cfg.saveWeights = o.saveWeights;
 
+    // Every run is recorded (unless --no-record): open the database before any work.
+    auto recordingOpened = openTrainRecording(o);
+    if (!recordingOpened.ok()) {
+        printError(recordingOpened.error());
+        return 2;
+    }
+    std::unique_ptr<TrainRecording> recording = std::move(recordingOpened).value();
+    // --trace: the trace sink subscribes to the run's telemetry bus (opened first: a bad path
+    // fails before any work).
+    ts::telemetry::EventBus bus;
+    std::unique_ptr<ts::telemetry::TraceFileSink> traceSink;
+    if (o.traceLayers && o.trace.empty()) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--trace-layers needs --trace FILE"));
+        return 2;
+    }
+    if (!o.trace.empty()) {
+        auto sink = ts::telemetry::TraceFileSink::create(bus, o.trace);
+        if (!sink.ok()) {
+            printError(sink.error());
+            return 2;
+        }
+        traceSink = std::move(sink).value();
+    }
     auto prepared = ts::prepareRun(cfg);
     if (!prepared.ok()) {
+        if (recording) recording->prepareFailed(cfg, prepared.error());
         printError(prepared.error());
         return 1;
     }
     ts::PreparedRun run = std::move(prepared).value();
     ConsoleListener listener(o.json, o.quiet, run.config.epochs);
+    if (recording) recording->begin(run, bus);  // the store records what the trainer publishes
+    if (traceSink) {
+        const std::string runId = recording ? recording->runId() : "run-" + std::to_string(::getpid()) + "-" +
+                                      std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+        traceSink->setMetadata("model", run.model.name);
+        traceSink->setMetadata("strategy", run.trainer->strategy().name());
+        traceSink->setMetadata("replicas", std::to_string(run.trainer->strategy().numReplicas()));
+        run.trainer->setTelemetry(&bus, runId, true, o.traceLayers);
+    }
     auto result = run.trainer->fit(*run.train, run.validation.get(), &listener);
+    if (recording) recording->fitDone(result);
+    if (traceSink) {
+        // Written even for a failed run: the timeline up to the failure is what one wants to see.
+        ts::Status st = traceSink->finish();
+        if (!st.ok()) printError(st.error());
+        else if (!o.quiet && !o.json)
+            std::printf("Trace written to %s (%zu spans%s)\n", o.trace.c_str(), traceSink->spans(),
+                        traceSink->dropped() ? (", " + std::to_string(traceSink->dropped()) + " events dropped").c_str() : "");
+        if (st.ok() && recording) recording->keepFile("trace", o.trace);
+    }
     if (!result.ok()) {
         printError(result.error());
         return 1;
@@ -249,6 +301,7 @@ int runTrain(const TrainOptions& o)
             return 1;
         }
     }
+    if (recording) recording->keepWeights(run, run.config.saveWeights, result->steps);
     const ts::FitResult& r = *result;
     if (o.json) {
         nlohmann::json j = {{"final", true}, {"epochs", r.epochs}, {"steps", r.steps}, {"loss", num(r.last.loss)},
@@ -256,6 +309,7 @@ int runTrain(const TrainOptions& o)
                             {"val_accuracy", num(r.last.valAccuracy)}, {"samples_per_sec", num(r.samplesPerSec)},
                             {"seconds", num(r.seconds)}, {"strategy", run.trainer->strategy().name()},
                             {"replicas", run.trainer->strategy().numReplicas()}};
+        if (recording) j["run_id"] = recording->runId();
         std::cout << j.dump() << "\n";
     } else if (!o.quiet) {
         std::printf("Trained %lld step(s) in %s: %s samples/s", static_cast<long long>(r.steps), fmtDuration(r.seconds).c_str(),
@@ -263,6 +317,7 @@ int runTrain(const TrainOptions& o)
         if (std::isfinite(r.last.valAccuracy)) std::printf(", test accuracy %.4f", r.last.valAccuracy);
         std::printf("\n");
         if (!run.config.saveWeights.empty()) std::printf("Weights written to %s\n", run.config.saveWeights.c_str());
+        if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
     }
     return 0;
 }

@@ -9,6 +9,8 @@
 #include "backend/registry.h"
 #include "distribute/communicator.h"
 #include "optim/optimizer.h"
+#include "telemetry/breakdown.h"
+#include "telemetry/tracer.h"
 
 namespace ts {
 namespace {
@@ -176,17 +178,32 @@ public:
             auto [b, e] = sliceOf(r, rows);
             rep.stats = {};
             Tensor grads = prog.gradientArena();
+            // Phases: replica 0's (the trainer's thread) make the step-time breakdown; every
+            // replica's become spans on its lane when tracing.
+            using telemetry::PhaseScope;
+            using telemetry::StepPart;
             if (e > b) {
                 float loss = 0;
                 int64_t correct = 0;
-                TS_TRY(prog.forward(batch.x.rows(b, e), true, seed + static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ull));
-                TS_TRY(prog.lossAndBackward(batch.y.rows(b, e), true, rows, &loss, &correct));
+                {
+                    PhaseScope phase(StepPart::Forward, "forward");
+                    TS_TRY(prog.forward(batch.x.rows(b, e), true, seed + static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ull));
+                }
+                {
+                    PhaseScope phase(StepPart::Backward, "backward");
+                    TS_TRY(prog.lossAndBackward(batch.y.rows(b, e), true, rows, &loss, &correct));
+                }
                 rep.stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
             } else if (grads.defined()) {
+                PhaseScope phase(StepPart::Backward, "backward");
                 TS_TRY(be.scale(0.f, grads));  // no rows for this replica: contribute nothing
             }
-            if (n > 1 && grads.defined()) TS_TRY(m_comm->allReduceSum(r, grads));
+            if (n > 1 && grads.defined()) {
+                PhaseScope phase(StepPart::Communication, "all-reduce");
+                TS_TRY(m_comm->allReduceSum(r, grads));
+            }
             if (grads.defined()) {
+                PhaseScope phase(StepPart::Optimizer, "optimizer update");
                 const int64_t total = grads.numel();
                 if (m_sharedParams) {
                     // Each replica updates its share of the one shared arena.
@@ -199,9 +216,12 @@ public:
             Tensor frozen = prog.nonTrainableArena();
             if (n > 1 && frozen.defined()) {
                 // BatchNorm moving statistics: the mean over replicas (TF's MirroredVariable MEAN).
+                PhaseScope phase(StepPart::Communication, "all-reduce (batch-norm statistics)");
                 TS_TRY(m_comm->allReduceSum(r, frozen));
                 TS_TRY(be.scale(1.f / static_cast<float>(n), frozen));
             }
+            // Replica threads hand their spans over every step, so none are left behind at the end.
+            if (r > 0 && telemetry::Tracer::enabled()) telemetry::Tracer::flushThread();
             return okStatus();
         }));
         StepStats total;
@@ -227,6 +247,7 @@ public:
             TS_TRY(rep.program->forward(batch.x.rows(b, e), false, 0));
             TS_TRY(rep.program->lossAndBackward(batch.y.rows(b, e), false, rows, &loss, &correct));
             rep.stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
+            if (r > 0 && telemetry::Tracer::enabled()) telemetry::Tracer::flushThread();
             return okStatus();
         }));
         StepStats total;
@@ -306,7 +327,10 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
             rep.backend->bindThread();
         } else {
             Backend* be = rep.backend.get();
-            rep.thread = std::make_unique<ReplicaThread>([be] { be->bindThread(); });
+            rep.thread = std::make_unique<ReplicaThread>([be, r] {
+                be->bindThread();
+                telemetry::Tracer::setThreadLane(telemetry::Lane{"local", be->device().toString(), "replica " + std::to_string(r)});
+            });
         }
     }
     Program* shared = nullptr;

@@ -5,6 +5,9 @@
 #include <random>
 #include <unordered_map>
 
+#include "telemetry/breakdown.h"
+#include "telemetry/tracer.h"
+
 namespace ts {
 
 Result<LossSpec> parseLoss(const std::string& name, bool fromLogits)
@@ -82,6 +85,8 @@ struct NodeRt {
     Tensor out, pre, grad, preGrad, scratch, workspace, mask;
     Tensor saveMean, saveInvStd, ones, zeros, dgammaScratch, dbetaScratch;
     Tensor cur;                 // this batch's output (may alias an input's output)
+    const char* forwardSpan = "forward/?";   // interned "forward/<layer id>" (detailed tracing)
+    const char* backwardSpan = "backward/?";
 };
 
 struct Program::Impl {
@@ -136,6 +141,8 @@ Status Program::build(const LossSpec& lossSpec, Program* shared)
         const NodeInfo& ni = g.nodes[i];
         NodeRt& rt = d.nodes[i];
         TS_ASSIGN(rt.kind, kindOf(ni.type));
+        rt.forwardSpan = telemetry::Tracer::intern("forward/" + ni.id);
+        rt.backwardSpan = telemetry::Tracer::intern("backward/" + ni.id);
         const auto& a = ni.attrs;
         auto actOf = [&](const std::string& name) -> Result<Activation> { return parseActivation(name); };
         switch (rt.kind) {
@@ -312,12 +319,15 @@ Status Program::forward(const Tensor& x, bool training, uint64_t seed)
         auto in = [&](int k) -> const Tensor& { return d.nodes[static_cast<std::size_t>(ni.inputs[static_cast<std::size_t>(k)])].cur; };
         auto param = [&](int k) -> Tensor& { return m_slots[static_cast<std::size_t>(rt.params[static_cast<std::size_t>(k)])].value; };
         const bool foldHere = static_cast<int>(i) == d.outputNode && d.fold != Impl::Fold::None;
+        TS_TRACE_SCOPE_DETAIL(rt.forwardSpan, "forward");
         switch (rt.kind) {
         case Kind::Input:
             if (d.hostMemory) {
                 rt.cur = x.reshaped(oshape);
             } else {
                 Tensor dst = view(d.xDev, n, ni.outputShape);
+                // Host-to-device counts as input time (TensorBoard's input-bound share).
+                telemetry::PhaseScope h2d(telemetry::StepPart::Input, "host-to-device");
                 TS_TRY(be.copyFromHost(x.raw(), dst));
                 rt.cur = dst;
             }
@@ -447,6 +457,7 @@ Status Program::lossAndBackward(const Tensor& y, bool backward, int64_t globalBa
     Tensor target = y;
     if (!d.hostMemory) {
         Tensor dst = d.yDev.rows(0, n).reshaped(y.shape());
+        telemetry::PhaseScope h2d(telemetry::StepPart::Input, "host-to-device");
         TS_TRY(be.copyFromHost(y.raw(), dst));
         target = dst;
     }
@@ -475,7 +486,10 @@ Status Program::lossAndBackward(const Tensor& y, bool backward, int64_t globalBa
             outRt.reached = true;
         }
     }
-    TS_TRY(be.loss(lp, d.logits, target, loss, dlogits));
+    {
+        TS_TRACE_SCOPE_DETAIL("loss", backward ? "backward" : "forward");
+        TS_TRY(be.loss(lp, d.logits, target, loss, dlogits));
+    }
     if (correct) {
         const bool binaryLogits = lp.kind == LossKind::BinaryCrossentropy && lp.fromLogits;
         if (lp.kind == LossKind::MeanSquaredError) *correct = 0;
@@ -498,6 +512,7 @@ Status Program::lossAndBackward(const Tensor& y, bool backward, int64_t globalBa
             continue;
         }
         if (foldHere && d.fold == Impl::Fold::Layer) continue;  // gradient already went to its input
+        TS_TRACE_SCOPE_DETAIL(rt.backwardSpan, "backward");
         Tensor dy = (foldHere && d.fold == Impl::Fold::Fused) ? Tensor() : view(rt.grad, n, ni.outputShape);
         auto inputNeedsGrad = [&](int k) {
             return d.nodes[static_cast<std::size_t>(ni.inputs[static_cast<std::size_t>(k)])].requiresGrad;

@@ -1,5 +1,6 @@
 #include "train/run_config.h"
 
+#include <algorithm>
 #include <filesystem>
 
 namespace ts {
@@ -17,6 +18,8 @@ nlohmann::json RunConfig::toJson() const
         {"load_weights", loadWeights}, {"save_weights", saveWeights}};
     if (!modelFile.empty()) j["model_file"] = modelFile;
     else j["model"] = modelToJson(model);
+    if (pipeline) j["pipeline"] = pipeline->toJson();
+    if (validationPipeline) j["validation_pipeline"] = validationPipeline->toJson();
     return j;
 }
 
@@ -63,13 +66,107 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
         c.loss = j.value("loss", std::string());
         c.loadWeights = j.value("load_weights", std::string());
         c.saveWeights = j.value("save_weights", std::string());
+        if (j.contains("pipeline") && !j["pipeline"].is_null()) {
+            TS_ASSIGN(PipelineSpec p, PipelineSpec::fromJson(j["pipeline"], source + ": pipeline"));
+            c.pipeline = std::move(p);
+        }
+        if (j.contains("validation_pipeline") && !j["validation_pipeline"].is_null()) {
+            TS_ASSIGN(PipelineSpec p, PipelineSpec::fromJson(j["validation_pipeline"], source + ": validation_pipeline"));
+            c.validationPipeline = std::move(p);
+        }
     } catch (const nlohmann::json::exception& e) {
         return makeError(ErrorCode::ParseError, source + ": " + e.what());
     }
     return c;
 }
 
-Result<PreparedRun> prepareRun(const RunConfig& cfgIn)
+namespace {
+
+// A pipeline for training or validation: batch(batchSize) appended (before trailing prefetches)
+// when it has none, built, and its first batch checked against the model.
+Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batchSize, const GraphAnalysis& analysis,
+                                                const Shape& inShape, const PipelineOptions& options, const std::string& what)
+{
+    if (spec.batchSize() == 0) {
+        std::size_t at = spec.ops.size();
+        while (at > 0 && spec.ops[at - 1].kind == TransformKind::Prefetch) --at;
+        spec.ops.insert(spec.ops.begin() + static_cast<std::ptrdiff_t>(at), TransformSpec::batch(batchSize));
+    }
+    PipelineOptions po = options;
+    po.featureShape = inShape;
+    TS_ASSIGN(std::unique_ptr<Pipeline> p, Pipeline::create(spec, po));
+    // Read the first batch now: a missing file, a wrong shape or out-of-range labels are reported
+    // before any training, naming the pipeline.
+    auto first = p->peek();
+    if (!first.ok()) {
+        Error e = first.takeError();
+        e.message = what + ": " + e.message;
+        return e;
+    }
+    if (analysis.outputNodes.size() == 1) {
+        const NodeInfo& out = analysis.nodes[static_cast<std::size_t>(analysis.outputNodes[0])];
+        const Tensor& y = first->y;
+        if (out.outputShape.rank() == 1 && y.dtype() == DType::I32) {
+            const int32_t* l = y.data<int32_t>();
+            const int32_t top = *std::max_element(l, l + y.numel());
+            if (top >= out.outputShape[0])
+                return makeError(ErrorCode::ShapeMismatch,
+                                 what + ": label " + std::to_string(top) + " needs at least " + std::to_string(top + 1) +
+                                     " classes but output node '" + out.id + "' produces " +
+                                     std::to_string(out.outputShape[0]),
+                                 "set the last Dense layer's units to the number of classes");
+        } else if (out.outputShape.rank() == 1 && y.shape().rank() == 2 && y.shape()[1] != out.outputShape[0]) {
+            return makeError(ErrorCode::ShapeMismatch,
+                             what + ": targets have " + std::to_string(y.shape()[1]) + " values per example but output node '" +
+                                 out.id + "' produces " + std::to_string(out.outputShape[0]),
+                             "match one_hot's depth to the model's output");
+        }
+    }
+    return p;
+}
+
+std::string idxFile(const std::string& dir, const std::string& base)
+{
+    std::error_code ec;
+    const std::filesystem::path gz = std::filesystem::path(dir) / (base + ".gz");
+    return std::filesystem::is_regular_file(gz, ec) ? gz.string() : (std::filesystem::path(dir) / base).string();
+}
+
+Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const LossSpec& loss, const Shape& inShape,
+                        const PipelineOptions& options)
+{
+    RunConfig& cfg = run.config;
+    PipelineSpec& spec = *cfg.pipeline;
+    if (spec.batchSize() > 0) cfg.batchSize = spec.batchSize();
+    TS_TRY(checkModelFitsLabels(analysis, loss, 0, "the input pipeline"));
+    TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, inShape, options, "training pipeline"));
+    if (cfg.validationPipeline) {
+        PipelineOptions vo = options;
+        vo.lane.thread = "validation input";
+        TS_ASSIGN(run.validationPipeline, buildPipeline(*cfg.validationPipeline, std::max<int64_t>(cfg.batchSize, 1000),
+                                                        analysis, inShape, vo, "validation pipeline"));
+    } else if (cfg.validate && spec.source.kind == SourceKind::Idx && spec.source.paths.empty()) {
+        // The idx folder's test split, scaled to [0, 1] like normalise's default.
+        const std::string& dir = spec.source.dir;
+        TS_ASSIGN(InMemoryDataset test, loadIdxDataset(idxFile(dir, "t10k-images-idx3-ubyte"),
+                                                       idxFile(dir, "t10k-labels-idx1-ubyte"), /*flatten=*/true));
+        auto data = std::make_shared<IdxFolder>();
+        data->test = std::move(test);
+        run.data = std::move(data);
+        InMemoryBatchOptions vo;
+        vo.batchSize = std::min<int64_t>(std::max<int64_t>(cfg.batchSize, 1000), run.data->test.size());
+        vo.shuffle = false;
+        vo.limit = cfg.validationLimit;
+        vo.featureShape = inShape;
+        if (cfg.validationLimit > 0) vo.batchSize = std::min(vo.batchSize, cfg.validationLimit);
+        TS_ASSIGN(run.validation, InMemoryBatchSource::create(run.data->test, vo));
+    }
+    return okStatus();
+}
+
+} // namespace
+
+Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pipelineOptions)
 {
     PreparedRun run;
     run.config = cfgIn;
@@ -96,16 +193,6 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn)
         return makeError(ErrorCode::Unsupported, "the model needs exactly one Input node");
     const Shape inShape = analysis.nodes[static_cast<std::size_t>(analysis.inputNodes[0])].outputShape;
 
-    const std::string dir = cfg.dataDir.empty() ? defaultFashionMnistDir() : cfg.dataDir;
-    TS_ASSIGN(IdxFolder folder, loadIdxFolder(dir, /*flatten=*/true));
-    run.data = std::make_shared<IdxFolder>(std::move(folder));
-    const int64_t perExample = run.data->train.x.shape().product(1, run.data->train.x.shape().rank());
-    if (perExample != inShape.numel())
-        return makeError(ErrorCode::ShapeMismatch,
-                         "the data in " + dir + " has " + std::to_string(perExample) +
-                             " values per example but the model's Input expects " + inShape.toString(),
-                         "set the Input shape to (" + std::to_string(perExample) + ") or (28, 28, 1) for images");
-
     TrainConfig tc;
     tc.epochs = cfg.epochs;
     tc.maxSteps = cfg.maxSteps;
@@ -115,29 +202,43 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn)
     tc.loss = cfg.loss;
     tc.strategy = cfg.strategy;
     TS_ASSIGN(LossSpec loss, parseLoss(cfg.loss.empty() ? run.model.compile.loss : cfg.loss, run.model.compile.fromLogits));
-    TS_TRY(checkModelFitsLabels(analysis, loss, run.data->train.numClasses, dir));
+    if (cfg.pipeline) {
+        TS_TRY(preparePipelines(run, analysis, loss, inShape, pipelineOptions));
+    } else {
+        const std::string dir = cfg.dataDir.empty() ? defaultFashionMnistDir() : cfg.dataDir;
+        TS_ASSIGN(IdxFolder folder, loadIdxFolder(dir, /*flatten=*/true));
+        run.data = std::make_shared<IdxFolder>(std::move(folder));
+        const int64_t perExample = run.data->train.x.shape().product(1, run.data->train.x.shape().rank());
+        if (perExample != inShape.numel())
+            return makeError(ErrorCode::ShapeMismatch,
+                             "the data in " + dir + " has " + std::to_string(perExample) +
+                                 " values per example but the model's Input expects " + inShape.toString(),
+                             "set the Input shape to (" + std::to_string(perExample) + ") or (28, 28, 1) for images");
 
-    InMemoryBatchOptions to;
-    to.batchSize = cfg.batchSize;
-    to.shuffle = cfg.shuffle;
-    to.seed = cfg.seed;
-    to.limit = cfg.limit;
-    to.featureShape = inShape;
-    auto trainSrc = InMemoryBatchSource::create(run.data->train, to);
-    if (!trainSrc.ok()) {
-        Error e = trainSrc.takeError();
-        e.message = "training data (" + dir + "): " + e.message;
-        return e;
-    }
-    run.train = std::move(trainSrc).value();
-    if (cfg.validate) {
-        InMemoryBatchOptions vo;
-        vo.batchSize = std::min<int64_t>(std::max<int64_t>(cfg.batchSize, 1000), run.data->test.size());
-        vo.shuffle = false;
-        vo.limit = cfg.validationLimit;
-        vo.featureShape = inShape;
-        if (cfg.validationLimit > 0) vo.batchSize = std::min(vo.batchSize, cfg.validationLimit);
-        TS_ASSIGN(run.validation, InMemoryBatchSource::create(run.data->test, vo));
+        TS_TRY(checkModelFitsLabels(analysis, loss, run.data->train.numClasses, dir));
+
+        InMemoryBatchOptions to;
+        to.batchSize = cfg.batchSize;
+        to.shuffle = cfg.shuffle;
+        to.seed = cfg.seed;
+        to.limit = cfg.limit;
+        to.featureShape = inShape;
+        auto trainSrc = InMemoryBatchSource::create(run.data->train, to);
+        if (!trainSrc.ok()) {
+            Error e = trainSrc.takeError();
+            e.message = "training data (" + dir + "): " + e.message;
+            return e;
+        }
+        run.train = std::move(trainSrc).value();
+        if (cfg.validate) {
+            InMemoryBatchOptions vo;
+            vo.batchSize = std::min<int64_t>(std::max<int64_t>(cfg.batchSize, 1000), run.data->test.size());
+            vo.shuffle = false;
+            vo.limit = cfg.validationLimit;
+            vo.featureShape = inShape;
+            if (cfg.validationLimit > 0) vo.batchSize = std::min(vo.batchSize, cfg.validationLimit);
+            TS_ASSIGN(run.validation, InMemoryBatchSource::create(run.data->test, vo));
+        }
     }
     if (cfg.strategy.kind == "mirrored" && !cfg.strategy.devices.empty() &&
         cfg.batchSize < static_cast<int64_t>(cfg.strategy.devices.size()))

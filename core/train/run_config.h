@@ -9,14 +9,23 @@
 //  "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:1"], "threads": 0, "backend": ""},
 //  "epochs": 10, "max_steps": 0, "batch_size": 256, "seed": 0,
 //  "optimizer": {"type": "adam", "learning_rate": 0.001},   // null: the model's compile settings
-//  "schedule": null, "loss": "", "load_weights": "", "save_weights": ""}
+//  "schedule": null, "loss": "", "load_weights": "", "save_weights": "",
+//  "pipeline": {...},                 // optional: a tf.data-style input pipeline (data/pipeline_config.h)
+//  "validation_pipeline": {...}}      // optional: its validation counterpart
+//
+// With "pipeline", training batches come from that pipeline instead of "data" (which then only
+// names the default validation set: the idx test split when the pipeline reads an idx folder).
+// A pipeline without a batch transformation gets batch(batch_size) appended; one with a batch
+// sets the run's batch size.
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
+#include "data/pipeline.h"
 #include "train/trainer.h"
 
 namespace ts {
@@ -38,6 +47,8 @@ struct RunConfig {
     std::string loss;
     StrategyConfig strategy;
     std::string loadWeights, saveWeights;
+    std::optional<PipelineSpec> pipeline;            // "pipeline": training input
+    std::optional<PipelineSpec> validationPipeline;  // "validation_pipeline"
 
     nlohmann::json toJson() const;
     static Result<RunConfig> fromJson(const nlohmann::json& j, const std::string& source);
@@ -50,10 +61,24 @@ struct PreparedRun {
     std::shared_ptr<IdxFolder> data;
     std::unique_ptr<InMemoryBatchSource> train;
     std::unique_ptr<InMemoryBatchSource> validation;  // null if validate is off
+    // With a "pipeline" section: the training pipeline (then `train` is null, and `data` holds at
+    // most the idx test split used for validation) and the validation pipeline (if
+    // "validation_pipeline" is given; else `validation` serves the idx test split, if any).
+    std::unique_ptr<Pipeline> pipeline;
+    std::unique_ptr<Pipeline> validationPipeline;
+
+    // What to hand to Trainer::fit: the pipeline if there is one, else the in-memory sources.
+    BatchSource* trainSource() { return pipeline ? static_cast<BatchSource*>(pipeline.get()) : train.get(); }
+    BatchSource* validationSource()
+    {
+        return validationPipeline ? static_cast<BatchSource*>(validationPipeline.get()) : validation.get();
+    }
 };
 
 // Loads the model and data, checks that they fit, builds the strategy and initialises (or
 // loads) the weights. Every error names the file/node/flag to fix.
-Result<PreparedRun> prepareRun(const RunConfig& config);
+// `pipelineOptions` (bus, run id, lane) go to the pipelines; their featureShape is set to the
+// model's input shape.
+Result<PreparedRun> prepareRun(const RunConfig& config, const PipelineOptions& pipelineOptions = {});
 
 } // namespace ts

@@ -3,11 +3,24 @@
 #include <chrono>
 
 #include "io/safetensors.h"
+#include "telemetry/breakdown.h"
+#include "telemetry/bus.h"
+#include "telemetry/sampler.h"
+#include "telemetry/tracer.h"
 
 namespace ts {
 namespace {
 using Clock = std::chrono::steady_clock;
 double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The tracer is process-wide: one run at a time may own it.
+std::atomic<bool> g_traceOwned{false};
+
+const telemetry::Lane& trainerLane()
+{
+    static const telemetry::Lane lane{"local", "", "trainer"};
+    return lane;
+}
 }
 
 Status checkModelFitsLabels(const GraphAnalysis& graph, const LossSpec& loss, int64_t numClasses,
@@ -59,8 +72,104 @@ void Trainer::cancel()
     m_strategy->cancel();
 }
 
+void Trainer::setTelemetry(telemetry::EventBus* bus, std::string runId, bool trace, bool traceLayers)
+{
+    m_config.bus = bus;
+    m_config.runId = std::move(runId);
+    m_config.trace = trace;
+    m_config.traceLayers = traceLayers;
+}
+
 Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, TrainListener* listener)
 {
+    using namespace telemetry;
+    EventBus* bus = m_config.bus;
+    if (m_config.trace && !bus)
+        return makeError(ErrorCode::InvalidArgument, "tracing a run needs a telemetry bus",
+                         "set TrainConfig::bus (trainstudio-cli does this for --trace)");
+    auto stamp = [&] {
+        Stamp s;
+        s.runId = m_config.runId;
+        s.step = m_step;
+        s.wallTimeUs = wallNowMicros();
+        s.lane = trainerLane();
+        return s;
+    };
+    auto log = [&](LogLevel level, std::string message) {
+        LogEvent e;
+        e.stamp = stamp();
+        e.level = level;
+        e.message = std::move(message);
+        bus->publish(Event(std::move(e)));
+    };
+    std::unique_ptr<DeviceSampler> sampler;
+    std::unique_ptr<TraceCollector> collector;
+    m_tracing = false;
+    if (bus) {
+        RunStateEvent running;
+        running.stamp = stamp();
+        running.state = RunState::Running;
+        bus->publish(Event(std::move(running)));
+        if (m_config.trace) {
+            bool expected = false;
+            if (g_traceOwned.compare_exchange_strong(expected, true)) {
+                m_tracing = true;
+                Tracer::instance().beginSession();  // fences off leftovers of an earlier traced run
+                Tracer::setStep(m_step);
+                Tracer::setThreadLane(Lane{"local", m_strategy->primary().backend().device().toString(), "replica 0"});
+                Tracer::setLevel(m_config.traceLayers ? TraceLevel::Detailed : TraceLevel::Spans);
+                collector = std::make_unique<TraceCollector>(*bus, m_config.runId);
+            } else {
+                log(LogLevel::Warning, "another run in this process is being traced; this run records no spans");
+            }
+        }
+        if (m_config.sampleHz > 0) {
+            SamplerOptions so;
+            so.hz = m_config.sampleHz;
+            so.runId = m_config.runId;
+            so.step = &m_currentStep;
+            sampler = std::make_unique<DeviceSampler>(so);
+            const Backend* be = &m_strategy->primary().backend();
+            sampler->addProbe(Lane{"local", be->device().toString(), "sampler"}, [be] { return be->sample(); });
+            Status st = sampler->start(*bus);
+            if (!st.ok()) {
+                log(LogLevel::Warning, "device sampling is off: " + st.error().message);
+                sampler.reset();
+            }
+        }
+    }
+    auto result = fitLoop(train, validation, listener);
+    if (sampler) sampler->stop();
+    if (m_tracing) {
+        Tracer::setLevel(TraceLevel::Off);
+        collector->stop();  // publishes everything recorded, this thread's buffer included
+        m_tracing = false;
+        g_traceOwned = false;
+    }
+    if (bus) {
+        RunStateEvent end;
+        end.stamp = stamp();
+        if (!result.ok()) {
+            ErrorEvent err;
+            err.stamp = end.stamp;
+            err.message = result.error().message;
+            err.hint = result.error().hint;
+            err.where = "training " + (m_modelName.empty() ? std::string("the model") : "model '" + m_modelName + "'");
+            bus->publish(Event(std::move(err)));
+            end.state = result.error().code == ErrorCode::Cancelled ? RunState::Cancelled : RunState::Failed;
+            end.message = result.error().message;
+        } else {
+            end.state = result->cancelled ? RunState::Cancelled : RunState::Completed;
+        }
+        bus->publish(Event(std::move(end)));
+    }
+    return result;
+}
+
+Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, TrainListener* listener)
+{
+    using namespace telemetry;
+    EventBus* bus = m_config.bus;
     FitResult result;
     if (listener) listener->onStart(*m_strategy);
     const int64_t epochs = m_config.epochs > 0 ? m_config.epochs : 1;
@@ -79,12 +188,26 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
             if (m_cancel) { stop = true; break; }
             if (m_config.maxSteps > 0 && m_step >= m_config.maxSteps) { stop = true; break; }
             const auto t0 = Clock::now();
-            auto next = train.next();
+            const int64_t stepStartNs = nowNs();
+            PhaseAccount::reset();
+            m_currentStep.store(m_step + 1, std::memory_order_relaxed);
+            if (m_tracing) Tracer::setStep(m_step + 1);
+            auto next = [&] {
+                PhaseScope input(StepPart::Input, "input wait");
+                auto n = train.next();
+                if (m_tracing && n.ok() && !n->has_value()) Tracer::setStep(m_step);  // the epoch ended: no new step
+                return n;
+            }();
             if (!next.ok()) {
                 if (next.error().code == ErrorCode::Cancelled && m_cancel) { stop = true; break; }
                 return next.takeError();
             }
-            if (!next->has_value()) { completed = true; break; }
+            if (!next->has_value()) {
+                // No step after all (end of epoch): later spans (validation) belong to the last step.
+                m_currentStep.store(m_step, std::memory_order_relaxed);
+                completed = true;
+                break;
+            }
             const Batch& batch = **next;
             const double wait = secondsSince(t0);
             const float lr = m_schedule.at(m_step);
@@ -95,6 +218,10 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
                 e.message = "epoch " + std::to_string(epoch) + ", step " + std::to_string(s) + ": " + e.message;
                 return e;
             }
+            const int64_t stepEndNs = nowNs();
+#if defined(TS_TRACING) && TS_TRACING
+            if (m_tracing) Tracer::recordSpan("step", "step", stepStartNs, stepEndNs);
+#endif
             ++m_step;
             ++ev.steps;
             lossSum += st->lossSum;
@@ -106,7 +233,7 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
                                  "the loss became " + std::to_string(st->lossSum) + " at epoch " + std::to_string(epoch) +
                                      ", step " + std::to_string(s),
                                  "lower the learning rate, or check the data for NaN/Inf values");
-            if (listener) {
+            if (listener || bus) {
                 StepEvent se;
                 se.step = m_step;
                 se.epoch = epoch;
@@ -119,7 +246,21 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
                 se.stepSeconds = secondsSince(t0);
                 se.inputWaitSeconds = wait;
                 se.batchSize = batch.size();
-                listener->onStep(se);
+                if (bus) {
+                    Stamp st{m_config.runId, m_step, wallMicros(stepEndNs), trainerLane()};
+                    StepBreakdownEvent b = makeBreakdown(stepEndNs - stepStartNs, PhaseAccount::current());
+                    b.stamp = st;
+                    bus->publish(Event(std::move(b)));
+                    StepMetricsEvent m;
+                    m.stamp = std::move(st);
+                    m.epoch = epoch;
+                    m.loss = se.loss;
+                    m.metrics.emplace("accuracy", se.accuracy);
+                    m.samplesPerSec = se.samplesPerSec;
+                    m.learningRate = lr;
+                    bus->publish(Event(std::move(m)));
+                }
+                if (listener) listener->onStep(se);
             }
         }
         ev.seconds = secondsSince(epochStart);
@@ -130,6 +271,7 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
         trainSeconds += ev.seconds;
         trainSamples += seen;
         if (validation && !m_cancel) {
+            TS_TRACE_SCOPE("validation", "validation");
             auto v = evaluate(*validation);
             if (!v.ok()) {
                 if (!(v.error().code == ErrorCode::Cancelled && m_cancel)) return v.takeError();
@@ -140,6 +282,17 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
         }
         if (completed) result.epochs = epoch;
         result.last = ev;
+        if (bus) {
+            EpochMetricsEvent em;
+            em.stamp = Stamp{m_config.runId, m_step, wallNowMicros(), trainerLane()};
+            em.epoch = epoch;
+            em.metrics = {{"loss", ev.loss}, {"accuracy", ev.accuracy}};
+            if (std::isfinite(ev.valLoss)) em.metrics["val_loss"] = ev.valLoss;
+            if (std::isfinite(ev.valAccuracy)) em.metrics["val_accuracy"] = ev.valAccuracy;
+            em.seconds = ev.seconds;
+            em.samplesPerSec = ev.samplesPerSec;
+            bus->publish(Event(std::move(em)));
+        }
         if (listener) listener->onEpoch(ev);
         if (stop) break;
     }
@@ -175,6 +328,7 @@ Result<EvalResult> Trainer::evaluate(BatchSource& data)
 
 Status Trainer::saveWeights(const std::string& path)
 {
+    TS_TRACE_SCOPE("checkpoint", "checkpoint");
     TS_ASSIGN(auto params, m_strategy->exportParameters());
     std::map<std::string, std::string> meta = {{"format", "trainstudio"}, {"model", m_modelName},
                                                {"step", std::to_string(m_step)}};

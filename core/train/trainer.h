@@ -7,6 +7,11 @@
 //    bus copies value structs and returns).
 //  - Errors (bad data, backend failures) end fit() with an Error naming where it happened;
 //    everything reported to the listener before that stays valid.
+//  - Telemetry (optional, TrainConfig::bus): fit() publishes RunStateEvent (running, then
+//    completed / cancelled / failed), StepMetricsEvent and StepBreakdownEvent every step,
+//    EpochMetricsEvent, ErrorEvent on failure, DeviceSampleEvents from a sampler thread, and with
+//    `trace` the tracer's SpanEvents from a collector thread. Publishing never blocks (see
+//    telemetry/bus.h); the listener API is unchanged and works with or without a bus.
 
 #include <atomic>
 #include <cmath>
@@ -22,6 +27,10 @@
 #include "model/spec.h"
 #include "optim/optimizer.h"
 
+namespace ts::telemetry {
+class EventBus;
+}
+
 namespace ts {
 
 struct TrainConfig {
@@ -33,6 +42,14 @@ struct TrainConfig {
     std::string loss;            // empty: the model's compile loss
     int fromLogits = -1;         // -1: the model's setting
     StrategyConfig strategy;
+    // Telemetry: events go to `bus` (may be null) stamped with runId. `trace` records spans
+    // (input wait, forward, backward, all-reduce, optimizer, checkpoint; per layer with
+    // traceLayers) and needs a bus. Device samples at sampleHz while fit() runs (0: none).
+    telemetry::EventBus* bus = nullptr;
+    std::string runId;
+    bool trace = false;
+    bool traceLayers = false;
+    double sampleHz = 10;
 };
 
 struct StepEvent {
@@ -96,12 +113,17 @@ public:
     const LossSpec& loss() const { return m_loss; }
     float baseLearningRate() const { return m_baseLr; }
     int64_t globalStep() const { return m_step; }
+    // Sets TrainConfig's telemetry fields after create() (prepareRun builds the Trainer).
+    void setTelemetry(telemetry::EventBus* bus, std::string runId, bool trace, bool traceLayers = false);
+    // The step in progress (1-based; 0 before the first), for samplers on other threads.
+    const std::atomic<int64_t>& stepCounter() const { return m_currentStep; }
 
     Status saveWeights(const std::string& path);
     Status loadWeights(const std::string& path);
 
 private:
     Trainer() = default;
+    Result<FitResult> fitLoop(BatchSource& train, BatchSource* validation, TrainListener* listener);
     std::shared_ptr<const GraphAnalysis> m_graph;
     std::unique_ptr<Strategy> m_strategy;
     TrainConfig m_config;
@@ -110,6 +132,8 @@ private:
     float m_baseLr = 1e-3f;
     int64_t m_step = 0;
     std::atomic<bool> m_cancel{false};
+    std::atomic<int64_t> m_currentStep{0};
+    bool m_tracing = false;  // this fit() owns the process's tracer
     std::string m_modelName;
 };
 

@@ -1,0 +1,406 @@
+#include "data/pipeline.h"
+
+#include <array>
+#include <chrono>
+
+#include "data/stages.h"
+#include "data/transforms.h"
+#include "telemetry/bus.h"
+
+namespace ts {
+
+using namespace pipeline_detail;
+
+namespace {
+
+double nowSeconds() { return static_cast<double>(nowNs()) * 1e-9; }
+
+int64_t wallTimeUs()
+{
+    return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+} // namespace
+
+Pipeline::~Pipeline() { stopChain(); }
+
+Result<std::unique_ptr<Pipeline>> Pipeline::create(const PipelineSpec& spec, const PipelineOptions& options)
+{
+    TS_TRY(spec.validate("pipeline"));
+    std::unique_ptr<Pipeline> p(new Pipeline);
+    p->m_spec = spec;
+    p->m_options = options;
+    p->m_shared = std::make_shared<Shared>();
+    p->m_shared->seed = spec.seed;
+    p->m_shared->deterministic = spec.deterministic;
+    p->m_shared->skipBad = spec.skipBadRecords;
+    const int cpu = spec.autotune.cpuBudget > 0 ? spec.autotune.cpuBudget : defaultCpuBudget();
+    const int64_t ram = spec.autotune.ramBudgetBytes > 0 ? spec.autotune.ramBudgetBytes : defaultRamBudget();
+
+    const TransformSpec* interleave = !spec.ops.empty() && spec.ops[0].kind == TransformKind::Interleave ? &spec.ops[0] : nullptr;
+    TS_ASSIGN(std::unique_ptr<Stage> source, makeSourceStage(spec.source, interleave, cpu));
+    p->m_stages.push_back(std::move(source));
+    auto link = [&](std::unique_ptr<Stage> s) {
+        s->input = p->m_stages.back().get();
+        p->m_stages.push_back(std::move(s));
+    };
+    // Seeds of shuffles and random maps without their own: derived from the pipeline's seed and
+    // the transformation's position, so editing one transformation does not reseed the others.
+    auto seedOf = [&](const TransformSpec& op, std::size_t index) {
+        return op.seed ? *op.seed : mixSeed(spec.seed ^ mixSeed(0xD1B54A32D192ED03ull * (index + 1)));
+    };
+
+    bool userDecodes = false;
+    for (const auto& op : spec.ops)
+        if (op.kind == TransformKind::Map && op.fn.builtin && op.fn.name == "decode_image") userDecodes = true;
+    if (spec.source.kind == SourceKind::ImageFolder && !userDecodes) {
+        // Image folders list files; decoding is a parallel map right after the source, unless the
+        // transformations place decode_image themselves (e.g. after shard, to decode only a shard).
+        const TransformSpec decode = TransformSpec::map(decodeImageFn(spec.source.height, spec.source.width, spec.source.channels), kAutotune);
+        link(makeMapStage(decode, 0, spec.deterministic, cpu));
+    }
+    for (std::size_t i = 0; i < spec.ops.size(); ++i) {
+        const TransformSpec& op = spec.ops[i];
+        switch (op.kind) {
+        case TransformKind::Interleave: break;  // part of the source stage
+        case TransformKind::Map: link(makeMapStage(op, seedOf(op, i), spec.deterministic, cpu)); break;
+        case TransformKind::Shuffle: link(makeShuffleStage(op, seedOf(op, i))); break;
+        case TransformKind::Batch:
+            link(makeBatchStage(op));
+            p->m_hasBatch = true;
+            break;
+        case TransformKind::Prefetch: link(makePrefetchStage(op)); break;
+        case TransformKind::Cache: link(makeCacheStage(op)); break;
+        case TransformKind::Repeat: link(makeRepeatStage(op)); break;
+        case TransformKind::Take: link(makeTakeStage(op)); break;
+        case TransformKind::Skip: link(makeSkipStage(op)); break;
+        case TransformKind::Shard: link(makeShardStage(op)); break;
+        }
+    }
+    bool tunable = false;
+    for (const auto& s : p->m_stages) tunable = tunable || s->parallelism.autotuned || s->buffer.autotuned;
+    if (spec.autotune.enabled && tunable) p->m_tuner = std::make_unique<Autotuner>(cpu, ram);
+    p->m_windowStart = p->snapshot();
+    p->m_tuneStart = p->m_windowStart;
+    return p;
+}
+
+void Pipeline::stopChain()
+{
+    std::shared_ptr<ChainControl> chain;
+    std::unique_ptr<Iterator> root;
+    {
+        std::lock_guard<std::mutex> lock(m_chainMutex);
+        chain = std::move(m_chain);
+        root = std::move(m_root);
+    }
+    if (chain) chain->requestStop();
+    root.reset();  // joins every worker thread of the chain (they all see the stop)
+}
+
+Status Pipeline::startEpoch(int64_t epoch)
+{
+    if (m_cancelled.load()) return makeError(ErrorCode::Cancelled, "the input pipeline was cancelled");
+    stopChain();
+    auto chain = std::make_shared<ChainControl>();
+    IterContext ctx;
+    ctx.epoch = epoch;
+    ctx.iteration = static_cast<uint64_t>(epoch);
+    ctx.chain = chain.get();
+    ctx.shared = m_shared.get();
+    auto root = m_stages.back()->makeIterator(ctx);
+    if (!root.ok()) {
+        chain->requestStop();
+        return root.takeError();
+    }
+    {
+        std::lock_guard<std::mutex> lock(m_chainMutex);
+        m_chain = chain;
+        m_root = std::move(root).value();
+        if (m_cancelled.load()) m_chain->requestStop();  // cancel() ran while we built the chain
+    }
+    m_epoch = epoch;
+    m_started = true;
+    m_failed.reset();
+    m_openStart = -1;  // a step never spans two epochs (validation runs in between)
+    return okStatus();
+}
+
+Result<std::optional<Element>> Pipeline::pull()
+{
+    if (m_cancelled.load()) return makeError(ErrorCode::Cancelled, "the input pipeline was cancelled");
+    if (!m_started) TS_TRY(startEpoch(0));
+    if (m_failed) return *m_failed;
+    if (!m_root)
+        return makeError(ErrorCode::InvalidArgument, "the input pipeline has no epoch to serve: startEpoch() failed",
+                         "fix the error startEpoch() returned, then start the epoch again");
+    const double start = nowSeconds();
+    if (m_openStart >= 0) {
+        {
+            std::lock_guard<std::mutex> lock(m_statsMutex);
+            ++m_steps;
+            m_waitTotal += m_openWait;
+            m_stepTotal += start - m_openStart;
+        }
+        m_openStart = -1;
+        if (m_steps - m_windowStart.steps >= m_spec.windowSteps) closeWindow();
+        maybeTune();
+    }
+    Next r = m_root->next();
+    const double end = nowSeconds();
+    if (!r.ok()) {
+        if (m_cancelled.load()) return makeError(ErrorCode::Cancelled, "the input pipeline was cancelled");
+        m_failed = r.error();
+        return r.takeError();
+    }
+    if (!r->has_value()) return std::optional<Element>();
+    {
+        std::lock_guard<std::mutex> lock(m_statsMutex);
+        ++m_served;
+        m_lastStep = StepRecord{m_served, end - start};
+    }
+    m_openStart = start;
+    m_openWait = end - start;
+    return r;
+}
+
+Result<std::optional<Element>> Pipeline::nextElement() { return pull(); }
+
+namespace {
+
+Result<Batch> toBatch(Element&& e, const Shape& featureShape)
+{
+    if (!e.x.defined())
+        return makeError(ErrorCode::InvalidArgument, "the pipeline produced a batch without features",
+                         "image_folder sources need map decode_image before batch");
+    if (e.x.dtype() != DType::F32)
+        return makeError(ErrorCode::InvalidArgument,
+                         std::string("the pipeline's batches hold ") + dtypeName(e.x.dtype()) + " features " +
+                             e.x.shape().toString() + "; training needs f32",
+                         "add {\"op\": \"map\", \"fn\": \"normalise\"} (u8 pixels to [0, 1]) or {\"op\": \"map\", \"fn\": "
+                         "\"cast\", \"dtype\": \"f32\"} before batch");
+    if (e.x.shape().rank() < 2)
+        return makeError(ErrorCode::InvalidArgument,
+                         "the pipeline's elements " + e.x.shape().toString() + " are not batches",
+                         "add {\"op\": \"batch\", \"size\": 256}");
+    const int64_t b = e.x.shape()[0];
+    if (!e.y.defined())
+        return makeError(ErrorCode::InvalidArgument, "the pipeline's batches have no labels",
+                         "give the source a label array / column");
+    if (e.y.dtype() == DType::I32 && e.y.shape().rank() == 2 && e.y.shape()[1] == 1) e.y = e.y.reshaped(Shape{b});
+    const bool ids = e.y.dtype() == DType::I32 && e.y.shape().rank() == 1;
+    const bool rows = e.y.dtype() == DType::F32 && e.y.shape().rank() == 2;
+    if (!ids && !rows)
+        return makeError(ErrorCode::InvalidArgument,
+                         std::string("the pipeline's labels are ") + dtypeName(e.y.dtype()) + " " + e.y.shape().toString() +
+                             "; training takes i32 class ids (B) or f32 rows (B, C)",
+                         "use one_hot for f32 targets, or cast labels to i32 class ids");
+    if (featureShape.rank() > 0) {
+        if (e.x.numel() != b * featureShape.numel())
+            return makeError(ErrorCode::ShapeMismatch,
+                             "the pipeline's batch x has shape " + e.x.shape().toString() + " but the model's input is " +
+                                 featureShape.toString(),
+                             "resize or reshape the elements (map reshape / decode_image size) to the model's Input shape");
+        std::vector<int64_t> dims{b};
+        dims.insert(dims.end(), featureShape.dims().begin(), featureShape.dims().end());
+        e.x = e.x.reshaped(Shape(dims));
+    }
+    return Batch{std::move(e.x), std::move(e.y)};
+}
+
+} // namespace
+
+Result<std::optional<Batch>> Pipeline::next()
+{
+    if (!m_hasBatch)
+        return makeError(ErrorCode::InvalidArgument, "the input pipeline has no batch transformation",
+                         "add {\"op\": \"batch\", \"size\": 256} (nextElement() serves single elements)");
+    TS_ASSIGN(std::optional<Element> e, pull());
+    if (!e) return std::optional<Batch>();
+    auto b = toBatch(std::move(*e), m_options.featureShape);
+    if (!b.ok()) {
+        m_failed = b.error();
+        return b.takeError();
+    }
+    return std::optional<Batch>(std::move(b).value());
+}
+
+Result<Batch> Pipeline::peek()
+{
+    if (!m_hasBatch)
+        return makeError(ErrorCode::InvalidArgument, "the input pipeline has no batch transformation",
+                         "add {\"op\": \"batch\", \"size\": 256}");
+    // Peeking must not count: remember the counters and take the peek's share back out.
+    std::vector<std::array<int64_t, 4>> before;
+    for (const auto& s : m_stages)
+        before.push_back({s->counters.produced.load(), s->counters.busyNs.load(), s->counters.blockedNs.load(),
+                          s->counters.bytes.load()});
+    auto chain = std::make_shared<ChainControl>();
+    IterContext ctx;
+    ctx.chain = chain.get();
+    ctx.shared = m_shared.get();
+    Next r = [&]() -> Next {
+        TS_ASSIGN(IteratorPtr root, m_stages.back()->makeIterator(ctx));
+        Next first = root->next();
+        chain->requestStop();
+        return first;
+    }();
+    chain->requestStop();
+    for (std::size_t i = 0; i < m_stages.size(); ++i) {
+        Counters& c = m_stages[i]->counters;
+        c.produced -= c.produced.load() - before[i][0];
+        c.busyNs -= c.busyNs.load() - before[i][1];
+        c.blockedNs -= c.blockedNs.load() - before[i][2];
+        c.bytes -= c.bytes.load() - before[i][3];
+    }
+    if (!r.ok()) return r.takeError();
+    if (!r->has_value()) return makeError(ErrorCode::InvalidArgument, "the input pipeline produced no batch", "check the source and take/skip/shard counts");
+    return toBatch(std::move(**r), m_options.featureShape);
+}
+
+int64_t Pipeline::batchesPerEpoch() const
+{
+    const int64_t n = m_stages.back()->cardinality();
+    return n >= 0 ? n : -1;
+}
+
+int64_t Pipeline::examplesPerEpoch() const
+{
+    for (auto it = m_stages.rbegin(); it != m_stages.rend(); ++it)
+        if ((*it)->kind == "batch") {
+            const int64_t n = (*it)->input->cardinality();
+            return n >= 0 ? n : -1;
+        }
+    const int64_t n = m_stages.back()->cardinality();
+    return n >= 0 ? n : -1;
+}
+
+void Pipeline::cancel()
+{
+    m_cancelled.store(true);
+    std::lock_guard<std::mutex> lock(m_chainMutex);
+    if (m_chain) m_chain->requestStop();
+}
+
+PipelineSnapshot Pipeline::snapshot() const
+{
+    PipelineSnapshot s;
+    s.timeSeconds = nowSeconds();
+    {
+        std::lock_guard<std::mutex> lock(m_statsMutex);
+        s.steps = m_steps;
+        s.waitSeconds = m_waitTotal;
+        s.stepSeconds = m_stepTotal;
+    }
+    s.stages.reserve(m_stages.size());
+    for (const auto& st : m_stages) {
+        const Counters& c = st->counters;
+        StageStats x;
+        x.name = st->name;
+        x.kind = st->kind;
+        x.async = st->async;
+        x.produced = c.produced.load(std::memory_order_relaxed);
+        x.busySeconds = static_cast<double>(c.busyNs.load(std::memory_order_relaxed)) * 1e-9;
+        x.blockedSeconds = static_cast<double>(c.blockedNs.load(std::memory_order_relaxed)) * 1e-9;
+        x.skipped = c.skipped.load(std::memory_order_relaxed);
+        x.bytesProduced = c.bytes.load(std::memory_order_relaxed);
+        x.queueDepth = c.queueDepth.load(std::memory_order_relaxed);
+        x.queueCapacity = st->buffer.present ? st->buffer.get() : c.queueCapacity.load(std::memory_order_relaxed);
+        x.parallelism = st->parallelism.present ? static_cast<int>(st->parallelism.get()) : c.parallelism.load();
+        s.stages.push_back(std::move(x));
+    }
+    return s;
+}
+
+std::optional<PipelineWindow> Pipeline::lastWindow() const
+{
+    std::lock_guard<std::mutex> lock(m_statsMutex);
+    return m_lastWindow;
+}
+
+PipelineWindow Pipeline::windowSince(const PipelineSnapshot& since) const { return analyseWindow(since, snapshot()); }
+
+StepRecord Pipeline::lastStep() const
+{
+    std::lock_guard<std::mutex> lock(m_statsMutex);
+    return m_lastStep;
+}
+
+void Pipeline::closeWindow()
+{
+    const PipelineSnapshot now = snapshot();
+    PipelineWindow w = analyseWindow(m_windowStart, now);
+    m_windowStart = now;
+    if (m_options.bus) {
+        telemetry::Stamp stamp;
+        stamp.runId = m_options.runId;
+        stamp.step = w.lastStep + m_options.stepOffset;
+        stamp.wallTimeUs = wallTimeUs();
+        stamp.lane = m_options.lane;
+        for (auto& e : pipelineSampleEvents(w, stamp)) m_options.bus->publish(telemetry::Event(std::move(e)));
+        if (auto f = inputBoundFinding(w, stamp)) m_options.bus->publish(telemetry::Event(std::move(*f)));
+    }
+    std::lock_guard<std::mutex> lock(m_statsMutex);
+    m_lastWindow = std::move(w);
+}
+
+void Pipeline::maybeTune()
+{
+    if (!m_tuner) return;
+    const double now = nowSeconds();
+    if (now - m_tuneStart.timeSeconds < m_spec.autotune.intervalSeconds) return;
+    PipelineSnapshot snap = snapshot();
+    if (snap.steps <= m_tuneStart.steps) return;
+    std::vector<TuningKnob> knobs;
+    std::vector<Knob*> targets;
+    for (std::size_t i = 0; i < m_stages.size(); ++i) {
+        Stage& s = *m_stages[i];
+        if (s.parallelism.autotuned) {
+            knobs.push_back({static_cast<int>(i), TuningKnob::Kind::Parallelism, s.parallelism.get(), 1, s.parallelism.maxValue});
+            targets.push_back(&s.parallelism);
+        }
+        if (s.buffer.autotuned) {
+            knobs.push_back({static_cast<int>(i), TuningKnob::Kind::BufferSize, s.buffer.get(), 1, s.buffer.maxValue});
+            targets.push_back(&s.buffer);
+        }
+    }
+    const std::vector<int64_t> values = m_tuner->tune(m_tuneStart, snap, knobs);
+    bool changed = false;
+    for (std::size_t i = 0; i < values.size(); ++i)
+        if (values[i] != knobs[i].value) {
+            targets[i]->value.store(values[i]);
+            changed = true;
+        }
+    m_tuneStart = std::move(snap);
+    if (changed) {
+        std::lock_guard<std::mutex> lock(m_chainMutex);
+        if (m_chain) m_chain->wakeAll();  // parked workers and full buffers re-check their limits
+    }
+}
+
+std::vector<KnobState> Pipeline::knobs() const
+{
+    std::vector<KnobState> out;
+    for (const auto& s : m_stages) {
+        if (s->parallelism.present) out.push_back({s->name, "parallelism", s->parallelism.get(), s->parallelism.autotuned});
+        if (s->buffer.present) out.push_back({s->name, "buffer_size", s->buffer.get(), s->buffer.autotuned});
+    }
+    return out;
+}
+
+std::vector<std::string> Pipeline::stageNames() const
+{
+    std::vector<std::string> out;
+    for (const auto& s : m_stages) out.push_back(s->name);
+    return out;
+}
+
+int64_t Pipeline::badRecords() const { return m_shared->badCount.load(); }
+
+std::vector<std::string> Pipeline::badRecordMessages() const
+{
+    std::lock_guard<std::mutex> lock(m_shared->badMutex);
+    return m_shared->badMessages;
+}
+
+} // namespace ts

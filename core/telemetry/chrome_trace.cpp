@@ -1,0 +1,775 @@
+#include "telemetry/chrome_trace.h"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <sstream>
+
+namespace ts::telemetry {
+namespace {
+
+constexpr const char* kProducer = "TrainStudio 0.1.0";
+
+void appendEscaped(std::string& out, std::string_view s)
+{
+    out += '"';
+    for (unsigned char c : s) {
+        switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        default:
+            if (c < 0x20) {
+                char buf[8];
+                std::snprintf(buf, sizeof buf, "\\u%04x", c);
+                out += buf;
+            } else {
+                out += static_cast<char>(c);
+            }
+        }
+    }
+    out += '"';
+}
+
+void appendNumber(std::string& out, double v)
+{
+    if (!std::isfinite(v)) {
+        out += "null";
+        return;
+    }
+    char buf[32];
+    auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out.append(buf, r.ptr);
+}
+
+std::string laneKey(const Lane& l) { return l.worker + '\x1f' + l.device + '\x1f' + l.thread; }
+
+std::string threadLabel(const Lane& l)
+{
+    if (l.device.empty()) return l.thread.empty() ? "main" : l.thread;
+    if (l.thread.empty()) return l.device;
+    return l.device + " " + l.thread;
+}
+
+double mib(uint64_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0); }
+
+} // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Writer
+
+Result<std::unique_ptr<ChromeTraceWriter>> ChromeTraceWriter::create(const std::string& path)
+{
+    std::unique_ptr<ChromeTraceWriter> w(new ChromeTraceWriter());
+    w->m_path = path;
+    w->m_tmpPath = path + ".part";
+    std::ofstream probe(w->m_tmpPath, std::ios::binary | std::ios::trunc);
+    if (!probe)
+        return makeError(ErrorCode::IoError, "cannot write the trace file " + path,
+                         "check that the folder exists and is writable");
+    return w;
+}
+
+ChromeTraceWriter::~ChromeTraceWriter()
+{
+    if (!m_finished && !m_tmpPath.empty()) {
+        std::error_code ec;
+        std::filesystem::remove(m_tmpPath, ec);
+    }
+}
+
+uint32_t ChromeTraceWriter::intern(const std::string& s)
+{
+    auto [it, inserted] = m_stringIndex.emplace(s, static_cast<uint32_t>(m_strings.size()));
+    if (inserted) m_strings.push_back(s);
+    return it->second;
+}
+
+uint32_t ChromeTraceWriter::laneIndex(const Lane& lane)
+{
+    auto [it, inserted] = m_laneIndex.emplace(laneKey(lane), static_cast<uint32_t>(m_lanes.size()));
+    if (inserted) m_lanes.push_back(lane);
+    return it->second;
+}
+
+void ChromeTraceWriter::addSpan(const SpanEvent& span)
+{
+    if (span.category == "counter") {
+        TraceCounter c;
+        c.lane = span.stamp.lane;
+        c.name = span.name;
+        c.timeUs = span.startUs;
+        auto it = span.args.find("value");
+        double v = 0;
+        if (it != span.args.end()) {
+            const char* b = it->second.data();
+            std::from_chars(b, b + it->second.size(), v);
+        }
+        c.values["value"] = v;
+        addCounter(c);
+        return;
+    }
+    Rec r{intern(span.name), intern(span.category), laneIndex(span.stamp.lane), span.startUs,
+          std::max<int64_t>(0, span.durationUs), span.stamp.step, -1};
+    if (!span.args.empty()) {
+        r.args = static_cast<int32_t>(m_args.size());
+        m_args.push_back(span.args);
+    }
+    m_spans.push_back(r);
+}
+
+void ChromeTraceWriter::addInstant(const SpanEvent& instant)
+{
+    Rec r{intern(instant.name), intern(instant.category), laneIndex(instant.stamp.lane), instant.startUs, 0,
+          instant.stamp.step, -1};
+    if (!instant.args.empty()) {
+        r.args = static_cast<int32_t>(m_args.size());
+        m_args.push_back(instant.args);
+    }
+    m_instants.push_back(r);
+}
+
+void ChromeTraceWriter::addCounter(const TraceCounter& counter)
+{
+    laneIndex(counter.lane);
+    m_counters.push_back(counter);
+}
+
+void ChromeTraceWriter::setMetadata(const std::string& key, const std::string& value) { m_metadata[key] = value; }
+
+void ChromeTraceWriter::add(const Event& e)
+{
+    const Stamp& st = stampOf(e);
+    if (!st.runId.empty() && !m_metadata.count("run_id")) m_metadata["run_id"] = st.runId;
+    if (const auto* s = std::get_if<SpanEvent>(&e)) {
+        addSpan(*s);
+    } else if (const auto* d = std::get_if<DeviceSampleEvent>(&e)) {
+        const std::string who = d->stamp.lane.device.empty() ? "host" : d->stamp.lane.device;
+        Lane lane = d->stamp.lane;
+        auto counter = [&](std::string name, std::map<std::string, double> values) {
+            TraceCounter c{lane, std::move(name), d->stamp.wallTimeUs, std::move(values)};
+            addCounter(c);
+        };
+        if (d->utilisation >= 0) {
+            std::map<std::string, double> v{{"all", d->utilisation * 100.0}};
+            for (std::size_t i = 0; i < d->perCore.size(); ++i) v["cpu" + std::to_string(i)] = d->perCore[i] * 100.0;
+            counter(who + " utilisation %", std::move(v));
+        }
+        if (d->processCpu >= 0) counter("process CPU (cores)", {{"value", d->processCpu}});
+        if (d->memoryUsed > 0 || d->memoryTotal > 0)
+            counter(who + (d->stamp.lane.device.empty() ? " process RSS (MiB)" : " memory used (MiB)"),
+                    {{"value", mib(d->memoryUsed)}});
+        if (d->temperatureC >= 0) counter(who + " temperature (C)", {{"value", d->temperatureC}});
+        if (d->powerW >= 0) counter(who + " power (W)", {{"value", d->powerW}});
+    } else if (const auto* m = std::get_if<StepMetricsEvent>(&e)) {
+        addCounter({m->stamp.lane, "loss", m->stamp.wallTimeUs, {{"loss", m->loss}}});
+        if (m->samplesPerSec > 0) addCounter({m->stamp.lane, "samples/s", m->stamp.wallTimeUs, {{"value", m->samplesPerSec}}});
+        if (m->learningRate > 0) addCounter({m->stamp.lane, "learning rate", m->stamp.wallTimeUs, {{"value", m->learningRate}}});
+    } else if (const auto* r = std::get_if<RunStateEvent>(&e)) {
+        SpanEvent i;
+        i.stamp = r->stamp;
+        i.name = std::string("run ") + runStateName(r->state);
+        i.category = "run";
+        i.startUs = r->stamp.wallTimeUs;
+        if (!r->message.empty()) i.args["message"] = r->message;
+        addInstant(i);
+    } else if (const auto* er = std::get_if<ErrorEvent>(&e)) {
+        SpanEvent i;
+        i.stamp = er->stamp;
+        i.name = "error";
+        i.category = "error";
+        i.startUs = er->stamp.wallTimeUs;
+        i.args = {{"message", er->message}, {"hint", er->hint}, {"where", er->where}};
+        addInstant(i);
+    }
+}
+
+Status ChromeTraceWriter::finish()
+{
+    if (m_finished) return makeError(ErrorCode::InvalidArgument, "the trace " + m_path + " was already written");
+    m_finished = true;
+    // Processes: one per worker, numbered in order of appearance.
+    std::map<std::string, int> pidOf;
+    std::vector<std::string> workers;
+    for (const Lane& l : m_lanes)
+        if (pidOf.emplace(l.worker, static_cast<int>(workers.size()) + 1).second) workers.push_back(l.worker);
+
+    // Per lane: spans sorted by start (longer first), each placed on the first sub-track where it
+    // nests or follows; a span that would overlap without nesting opens another sub-track.
+    std::vector<std::vector<uint32_t>> byLane(m_lanes.size());
+    for (uint32_t i = 0; i < m_spans.size(); ++i) byLane[m_spans[i].lane].push_back(i);
+    std::vector<uint32_t> subOf(m_spans.size(), 0);
+    std::vector<uint32_t> subCount(m_lanes.size(), 1);
+    for (std::size_t l = 0; l < m_lanes.size(); ++l) {
+        auto& idx = byLane[l];
+        std::stable_sort(idx.begin(), idx.end(), [&](uint32_t a, uint32_t b) {
+            const Rec& x = m_spans[a];
+            const Rec& y = m_spans[b];
+            if (x.startUs != y.startUs) return x.startUs < y.startUs;
+            return x.durationUs > y.durationUs;
+        });
+        std::vector<std::vector<int64_t>> stacks(1);
+        for (uint32_t i : idx) {
+            const Rec& r = m_spans[i];
+            const int64_t end = r.startUs + r.durationUs;
+            std::size_t k = 0;
+            for (;; ++k) {
+                if (k == stacks.size()) stacks.emplace_back();
+                auto& st = stacks[k];
+                while (!st.empty() && st.back() <= r.startUs) st.pop_back();
+                if (st.empty() || end <= st.back()) {
+                    st.push_back(end);
+                    break;
+                }
+            }
+            subOf[i] = static_cast<uint32_t>(k);
+        }
+        subCount[l] = static_cast<uint32_t>(stacks.size());
+    }
+    // Threads: a tid per (lane, sub-track), numbered within the process.
+    std::vector<std::vector<int>> tidOf(m_lanes.size());
+    std::map<int, int> nextTid;
+    for (std::size_t l = 0; l < m_lanes.size(); ++l) {
+        const int pid = pidOf[m_lanes[l].worker];
+        for (uint32_t k = 0; k < subCount[l]; ++k) tidOf[l].push_back(++nextTid[pid]);
+    }
+
+    std::string out;
+    out.reserve(256 + m_spans.size() * 160);
+    out += "{\"traceEvents\":[\n";
+    bool first = true;
+    auto begin = [&] {
+        if (!first) out += ",\n";
+        first = false;
+    };
+    for (const std::string& w : workers) {
+        const int pid = pidOf[w];
+        begin();
+        out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":0,\"args\":{\"name\":";
+        appendEscaped(out, w);
+        out += "}}";
+        begin();
+        out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) +
+               ",\"tid\":0,\"args\":{\"sort_index\":" + std::to_string(pid) + "}}";
+    }
+    for (std::size_t l = 0; l < m_lanes.size(); ++l) {
+        const Lane& lane = m_lanes[l];
+        const int pid = pidOf[lane.worker];
+        for (uint32_t k = 0; k < subCount[l]; ++k) {
+            const int tid = tidOf[l][k];
+            std::string label = threadLabel(lane);
+            if (k > 0) label += " (overlap " + std::to_string(k) + ")";
+            begin();
+            out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(tid) +
+                   ",\"args\":{\"name\":";
+            appendEscaped(out, label);
+            // Our own lane fields, so that re-import restores lanes exactly (viewers ignore them).
+            out += ",\"ts_worker\":";
+            appendEscaped(out, lane.worker);
+            out += ",\"ts_device\":";
+            appendEscaped(out, lane.device);
+            out += ",\"ts_thread\":";
+            appendEscaped(out, lane.thread);
+            out += "}}";
+            begin();
+            out += "{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":" +
+                   std::to_string(tid) + ",\"args\":{\"sort_index\":" + std::to_string(tid) + "}}";
+        }
+    }
+    auto appendArgs = [&](const Rec& r) {
+        out += ",\"args\":{\"step\":" + std::to_string(r.step);
+        if (r.args >= 0)
+            for (const auto& [k, v] : m_args[static_cast<std::size_t>(r.args)]) {
+                if (k == "step") continue;
+                out += ',';
+                appendEscaped(out, k);
+                out += ':';
+                appendEscaped(out, v);
+            }
+        out += '}';
+    };
+    for (std::size_t l = 0; l < m_lanes.size(); ++l) {
+        const int pid = pidOf[m_lanes[l].worker];
+        for (uint32_t i : byLane[l]) {
+            const Rec& r = m_spans[i];
+            begin();
+            out += "{\"ph\":\"X\",\"name\":";
+            appendEscaped(out, m_strings[r.name]);
+            out += ",\"cat\":";
+            appendEscaped(out, m_strings[r.category]);
+            out += ",\"ts\":" + std::to_string(r.startUs) + ",\"dur\":" + std::to_string(r.durationUs) +
+                   ",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(tidOf[l][subOf[i]]);
+            appendArgs(r);
+            out += '}';
+        }
+    }
+    for (const Rec& r : m_instants) {
+        begin();
+        out += "{\"ph\":\"i\",\"s\":\"t\",\"name\":";
+        appendEscaped(out, m_strings[r.name]);
+        out += ",\"cat\":";
+        appendEscaped(out, m_strings[r.category]);
+        out += ",\"ts\":" + std::to_string(r.startUs) + ",\"pid\":" + std::to_string(pidOf[m_lanes[r.lane].worker]) +
+               ",\"tid\":" + std::to_string(tidOf[r.lane][0]);
+        appendArgs(r);
+        out += '}';
+    }
+    for (const TraceCounter& c : m_counters) {
+        const uint32_t l = m_laneIndex.at(laneKey(c.lane));
+        begin();
+        out += "{\"ph\":\"C\",\"name\":";
+        appendEscaped(out, c.name);
+        out += ",\"ts\":" + std::to_string(c.timeUs) + ",\"pid\":" + std::to_string(pidOf[c.lane.worker]) +
+               ",\"tid\":" + std::to_string(tidOf[l][0]) + ",\"args\":{";
+        bool firstArg = true;
+        for (const auto& [k, v] : c.values) {
+            if (!std::isfinite(v)) continue;
+            if (!firstArg) out += ',';
+            firstArg = false;
+            appendEscaped(out, k);
+            out += ':';
+            appendNumber(out, v);
+        }
+        out += "}}";
+    }
+    out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":";
+    appendEscaped(out, kProducer);
+    for (const auto& [k, v] : m_metadata) {
+        if (k == "producer") continue;
+        out += ',';
+        appendEscaped(out, k);
+        out += ':';
+        appendEscaped(out, v);
+    }
+    out += "}}\n";
+
+    if (m_path.empty()) {
+        m_memory = std::move(out);
+        return okStatus();
+    }
+    {
+        std::ofstream f(m_tmpPath, std::ios::binary | std::ios::trunc);
+        if (!f) return makeError(ErrorCode::IoError, "cannot write the trace file " + m_tmpPath);
+        f.write(out.data(), static_cast<std::streamsize>(out.size()));
+        f.flush();
+        if (!f) return makeError(ErrorCode::IoError, "writing the trace file " + m_tmpPath + " failed", "check free disk space");
+    }
+    std::error_code ec;
+    std::filesystem::rename(m_tmpPath, m_path, ec);
+    if (ec) return makeError(ErrorCode::IoError, "cannot move " + m_tmpPath + " to " + m_path + ": " + ec.message());
+    return okStatus();
+}
+
+namespace {
+void fill(ChromeTraceWriter& w, const Trace& t)
+{
+    for (const auto& [k, v] : t.metadata) w.setMetadata(k, v);
+    for (const auto& s : t.spans) w.addSpan(s);
+    for (const auto& i : t.instants) w.addInstant(i);
+    for (const auto& c : t.counters) w.addCounter(c);
+}
+} // namespace
+
+Status writeChromeTrace(const Trace& trace, const std::string& path)
+{
+    TS_ASSIGN(auto w, ChromeTraceWriter::create(path));
+    fill(*w, trace);
+    return w->finish();
+}
+
+nlohmann::json toChromeJson(const Trace& trace)
+{
+    ChromeTraceWriter w;
+    fill(w, trace);
+    (void)w.finish();  // in memory: cannot fail
+    return nlohmann::json::parse(w.m_memory);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reader
+
+namespace {
+
+bool numberOf(const nlohmann::json& j, double* out)
+{
+    if (j.is_number()) {
+        *out = j.get<double>();
+        return std::isfinite(*out);
+    }
+    if (j.is_string()) {
+        const std::string& s = j.get_ref<const std::string&>();
+        if (s.empty()) return false;
+        char* end = nullptr;
+        *out = std::strtod(s.c_str(), &end);
+        return end && *end == '\0' && std::isfinite(*out);
+    }
+    return false;
+}
+
+// pid/tid may be numbers or strings ("CPU functions", "stream 7"); keep them as text.
+std::string idOf(const nlohmann::json& e, const char* key)
+{
+    auto it = e.find(key);
+    if (it == e.end() || it->is_null()) return "";
+    if (it->is_string()) return it->get<std::string>();
+    if (it->is_number_integer()) return std::to_string(it->get<int64_t>());
+    if (it->is_number()) {
+        double d = it->get<double>();
+        if (d == std::floor(d)) return std::to_string(static_cast<int64_t>(d));
+    }
+    return it->dump();
+}
+
+std::string argText(const nlohmann::json& v)
+{
+    if (v.is_string()) return v.get<std::string>();
+    return v.dump();
+}
+
+// "GPU 0", "/device:GPU:1", "/device:TPU:0" -> "gpu:0" ...; "" when the name names no device.
+std::string deviceFromName(const std::string& name)
+{
+    for (const char* kind : {"GPU", "TPU"}) {
+        auto p = name.find(kind);
+        if (p == std::string::npos) continue;
+        std::size_t q = p + 3;
+        while (q < name.size() && (name[q] == ' ' || name[q] == ':')) ++q;
+        std::size_t r = q;
+        while (r < name.size() && std::isdigit(static_cast<unsigned char>(name[r]))) ++r;
+        if (r > q) {
+            std::string k = kind;
+            std::transform(k.begin(), k.end(), k.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+            return k + ":" + name.substr(q, r - q);
+        }
+    }
+    return "";
+}
+
+struct Open {
+    std::string name, category;
+    double ts = 0;
+    nlohmann::json args;
+    std::size_t index = 0;
+};
+
+struct PendingSpan {
+    SpanEvent span;
+    std::string pid, tid;
+};
+
+std::string where(const std::string& source, std::size_t index, const std::string& ph)
+{
+    return source + ": event " + std::to_string(index) + (ph.empty() ? "" : " (ph \"" + ph + "\")");
+}
+
+std::pair<std::size_t, std::size_t> lineColumn(const std::string& text, std::size_t byte)
+{
+    std::size_t line = 1, col = 1;
+    for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
+        if (text[i] == '\n') {
+            ++line;
+            col = 1;
+        } else {
+            ++col;
+        }
+    }
+    return {line, col};
+}
+
+} // namespace
+
+Result<Trace> parseChromeTrace(const nlohmann::json& doc, const std::string& source)
+{
+    Trace t;
+    t.source = source;
+    const nlohmann::json* events = nullptr;
+    if (doc.is_array()) {
+        events = &doc;
+    } else if (doc.is_object()) {
+        auto it = doc.find("traceEvents");
+        if (it == doc.end() || !it->is_array())
+            return makeError(ErrorCode::ParseError,
+                             source + ": not a Chrome trace: the object has no \"traceEvents\" array",
+                             "export a Chrome trace (Trace Event Format) from the profiler, e.g. torch.profiler's "
+                             "export_chrome_trace()");
+        events = &*it;
+        for (auto m = doc.begin(); m != doc.end(); ++m) {
+            if (m.key() == "traceEvents") continue;
+            if (m.key() == "otherData" && m->is_object()) {
+                for (auto o = m->begin(); o != m->end(); ++o) t.metadata[o.key()] = argText(*o);
+            } else if (m.key() == "deviceProperties" && m->is_array()) {
+                std::string names;
+                for (const auto& d : *m)
+                    if (d.is_object() && d.contains("name")) names += (names.empty() ? "" : ", ") + argText(d["name"]);
+                t.metadata["deviceProperties"] = names;
+            } else if (m->is_primitive()) {
+                t.metadata[m.key()] = argText(*m);
+            }
+        }
+    } else {
+        return makeError(ErrorCode::ParseError,
+                         source + ": not a Chrome trace: expected an array of events or an object with \"traceEvents\"");
+    }
+    t.eventCount = static_cast<int64_t>(events->size());
+
+    std::map<std::string, std::string> processName, processLabel;
+    std::map<std::pair<std::string, std::string>, std::string> threadName;
+    std::map<std::pair<std::string, std::string>, Lane> ownLane;  // our ts_* thread args
+    std::map<std::pair<std::string, std::string>, std::vector<Open>> open;
+    std::vector<PendingSpan> spans, instants;
+    struct PendingCounter {
+        TraceCounter counter;
+        std::string pid, tid;
+    };
+    std::vector<PendingCounter> counters;
+    double maxTs = 0;
+    bool sawPyTorchStep = false, sawHorovod = false;
+
+    auto toSpan = [](const std::string& name, const std::string& cat, double ts, double dur, const nlohmann::json* args) {
+        SpanEvent s;
+        s.name = name;
+        s.category = cat;
+        s.startUs = std::llround(ts);
+        s.durationUs = std::max<int64_t>(0, std::llround(ts + dur) - s.startUs);
+        s.stamp.wallTimeUs = s.startUs;
+        if (args && args->is_object())
+            for (auto a = args->begin(); a != args->end(); ++a) s.args[a.key()] = argText(*a);
+        return s;
+    };
+
+    for (std::size_t i = 0; i < events->size(); ++i) {
+        const nlohmann::json& e = (*events)[i];
+        if (e.is_object() && e.empty()) {  // TensorBoard's trace viewer ends traceEvents with {}
+            ++t.ignored["{}"];
+            continue;
+        }
+        if (!e.is_object())
+            return makeError(ErrorCode::ParseError, where(source, i, "") + ": not a JSON object",
+                             "every entry of traceEvents must be an object with at least \"ph\"");
+        auto phIt = e.find("ph");
+        if (phIt == e.end() || !phIt->is_string() || phIt->get_ref<const std::string&>().empty())
+            return makeError(ErrorCode::ParseError, where(source, i, "") + ": no \"ph\" (phase) string",
+                             "each event needs \"ph\": \"X\", \"B\", \"E\", \"i\", \"C\" or \"M\"");
+        const std::string ph = phIt->get<std::string>();
+        const std::string name = e.contains("name") ? argText(e["name"]) : std::string();
+        const std::string cat = e.contains("cat") ? argText(e["cat"]) : std::string();
+        const nlohmann::json* args = e.contains("args") ? &e["args"] : nullptr;
+        auto needTs = [&](double* ts) -> Status {
+            auto it = e.find("ts");
+            if (it == e.end() || !numberOf(*it, ts))
+                return makeError(ErrorCode::ParseError, where(source, i, ph) + ": no numeric \"ts\"",
+                                 "timestamps are microseconds, as numbers");
+            maxTs = std::max(maxTs, *ts);
+            return okStatus();
+        };
+        const std::string pid = idOf(e, "pid"), tid = idOf(e, "tid");
+
+        if (ph == "X") {
+            double ts = 0, dur = 0;
+            TS_TRY(needTs(&ts));
+            auto d = e.find("dur");
+            if (d == e.end() || !numberOf(*d, &dur))
+                return makeError(ErrorCode::ParseError, where(source, i, ph) + ": no numeric \"dur\"",
+                                 "complete (X) events need a duration in microseconds");
+            if (dur < 0)
+                return makeError(ErrorCode::ParseError, where(source, i, ph) + ": negative \"dur\" " + std::to_string(dur));
+            maxTs = std::max(maxTs, ts + dur);
+            spans.push_back({toSpan(name, cat, ts, dur, args), pid, tid});
+        } else if (ph == "B") {
+            double ts = 0;
+            TS_TRY(needTs(&ts));
+            open[{pid, tid}].push_back({name, cat, ts, args ? *args : nlohmann::json(), i});
+        } else if (ph == "E") {
+            double ts = 0;
+            TS_TRY(needTs(&ts));
+            auto& stack = open[{pid, tid}];
+            if (stack.empty())
+                return makeError(ErrorCode::ParseError,
+                                 where(source, i, ph) + ": an end event with no open \"B\" on pid " + pid + ", tid " + tid,
+                                 "B and E events pair up per pid and tid, innermost first");
+            Open b = std::move(stack.back());
+            stack.pop_back();
+            if (ts < b.ts)
+                return makeError(ErrorCode::ParseError, where(source, i, ph) + ": ends at " + std::to_string(ts) +
+                                                            " before its B (event " + std::to_string(b.index) + ") begins");
+            if (args && args->is_object())
+                for (auto a = args->begin(); a != args->end(); ++a) b.args[a.key()] = *a;  // Chrome merges E's args
+            spans.push_back({toSpan(b.name, b.category, b.ts, ts - b.ts, &b.args), pid, tid});
+        } else if (ph == "i" || ph == "I") {
+            double ts = 0;
+            TS_TRY(needTs(&ts));
+            instants.push_back({toSpan(name, cat, ts, 0, args), pid, tid});
+        } else if (ph == "C") {
+            double ts = 0;
+            TS_TRY(needTs(&ts));
+            TraceCounter c;
+            c.name = name;
+            if (e.contains("id")) c.name += " " + argText(e["id"]);
+            c.timeUs = std::llround(ts);
+            if (args && args->is_object())
+                for (auto a = args->begin(); a != args->end(); ++a) {
+                    double v = 0;
+                    if (numberOf(*a, &v)) c.values[a.key()] = v;
+                }
+            counters.push_back({std::move(c), pid, tid});
+        } else if (ph == "M") {
+            const std::string value = args && args->is_object() && args->contains("name") ? argText((*args)["name"]) : "";
+            if (name == "process_name") {
+                processName[pid] = value;
+            } else if (name == "process_labels") {
+                if (args && args->is_object() && args->contains("labels")) processLabel[pid] = argText((*args)["labels"]);
+            } else if (name == "thread_name") {
+                threadName[{pid, tid}] = value;
+                if (args && args->is_object() && args->contains("ts_worker"))
+                    ownLane[{pid, tid}] = Lane{argText((*args)["ts_worker"]),
+                                               args->contains("ts_device") ? argText((*args)["ts_device"]) : "",
+                                               args->contains("ts_thread") ? argText((*args)["ts_thread"]) : ""};
+            }
+        } else {
+            ++t.ignored[ph];
+        }
+        if (name.rfind("ProfilerStep#", 0) == 0) sawPyTorchStep = true;
+        if (name == "NEGOTIATE_ALLREDUCE" || name == "NCCL_ALLREDUCE" || name == "MPI_ALLREDUCE" ||
+            name == "NEGOTIATE_ALLGATHER" || name == "NEGOTIATE_BROADCAST")
+            sawHorovod = true;
+    }
+    for (auto& [key, stack] : open) {
+        for (auto& b : stack) {
+            t.warnings.push_back(where(source, b.index, "B") + " \"" + b.name +
+                                 "\" has no matching E; closed at the end of the trace");
+            SpanEvent s = toSpan(b.name, b.category, b.ts, std::max(0.0, maxTs - b.ts), &b.args);
+            s.args["unterminated"] = "true";
+            spans.push_back({std::move(s), key.first, key.second});
+        }
+    }
+
+    // Format, for the summary's heuristics and the user.
+    const auto producer = t.metadata.find("producer");
+    const bool ours = producer != t.metadata.end() && producer->second.rfind("TrainStudio", 0) == 0;
+    bool tensorflow = false;
+    for (const auto& [pid, pname] : processName)
+        if (pname.rfind("/device:", 0) == 0 || pname.rfind("/host:", 0) == 0 || pname.rfind("/job:", 0) == 0) tensorflow = true;
+    for (const auto& [key, tname] : threadName)
+        if (tname == "Steps" || tname == "TensorFlow Ops" || tname == "TensorFlow Name Scope") tensorflow = true;
+    if (ours) t.format = "trainstudio";
+    else if (t.metadata.count("schemaVersion") || t.metadata.count("deviceProperties")) t.format = "pytorch";
+    else if (sawPyTorchStep) t.format = doc.is_array() ? "pytorch-legacy" : "pytorch";
+    else if (tensorflow) t.format = "tensorflow";
+    else if (sawHorovod) t.format = "horovod";
+    else t.format = "chrome";
+
+    auto laneOf = [&](const std::string& pid, const std::string& tid) {
+        auto own = ownLane.find({pid, tid});
+        if (own != ownLane.end()) return own->second;
+        Lane l;
+        auto pn = processName.find(pid);
+        const bool numericPid = !pid.empty() && std::all_of(pid.begin(), pid.end(), [](unsigned char c) { return std::isdigit(c); });
+        l.worker = pn != processName.end() && !pn->second.empty() ? pn->second : (numericPid ? "pid " + pid : pid);
+        auto label = processLabel.find(pid);
+        l.device = deviceFromName(label != processLabel.end() ? label->second : l.worker);
+        auto tn = threadName.find({pid, tid});
+        const bool numericTid = !tid.empty() && std::all_of(tid.begin(), tid.end(), [](unsigned char c) { return std::isdigit(c); });
+        l.thread = tn != threadName.end() && !tn->second.empty() ? tn->second : (numericTid ? "tid " + tid : tid);
+        return l;
+    };
+    auto finishSpan = [&](PendingSpan& p) {
+        p.span.stamp.lane = laneOf(p.pid, p.tid);
+        if (ours) {
+            auto rid = t.metadata.find("run_id");
+            if (rid != t.metadata.end()) p.span.stamp.runId = rid->second;
+            auto st = p.span.args.find("step");
+            if (st != p.span.args.end()) {
+                p.span.stamp.step = std::strtoll(st->second.c_str(), nullptr, 10);
+                p.span.args.erase(st);
+            }
+        }
+        return std::move(p.span);
+    };
+    t.spans.reserve(spans.size());
+    for (auto& p : spans) t.spans.push_back(finishSpan(p));
+    for (auto& p : instants) t.instants.push_back(finishSpan(p));
+    for (auto& c : counters) {
+        c.counter.lane = laneOf(c.pid, c.tid);
+        t.counters.push_back(std::move(c.counter));
+    }
+    std::stable_sort(t.spans.begin(), t.spans.end(), [](const SpanEvent& a, const SpanEvent& b) {
+        if (a.startUs != b.startUs) return a.startUs < b.startUs;
+        return a.durationUs > b.durationUs;
+    });
+    return t;
+}
+
+Result<Trace> parseChromeTraceText(const std::string& text, const std::string& source)
+{
+    nlohmann::json doc;
+    std::string warning;
+    try {
+        doc = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::parse_error& e) {
+        // A timeline written incrementally (Horovod, Chrome) lacks its closing bracket when the
+        // job was killed; chrome://tracing accepts that, so do we.
+        const auto firstChar = text.find_first_not_of(" \t\r\n");
+        bool repaired = false;
+        if (firstChar != std::string::npos && text[firstChar] == '[') {
+            std::string fixed = text;
+            while (!fixed.empty() && std::isspace(static_cast<unsigned char>(fixed.back()))) fixed.pop_back();
+            if (!fixed.empty() && fixed.back() == ',') fixed.pop_back();
+            fixed += "]";
+            try {
+                doc = nlohmann::json::parse(fixed);
+                repaired = true;
+                warning = source + ": no closing ']' (a timeline cut off while being written); read what is there";
+            } catch (const nlohmann::json::parse_error&) {
+            }
+        }
+        if (!repaired) {
+            auto [line, col] = lineColumn(text, e.byte > 0 ? e.byte - 1 : 0);
+            std::string what = e.what();
+            const auto p = what.find("parse error");
+            if (p != std::string::npos) what = what.substr(p);
+            return makeError(ErrorCode::ParseError,
+                             source + ": not valid JSON at line " + std::to_string(line) + ", column " + std::to_string(col) +
+                                 " (" + what + ")",
+                             "the file is truncated or not a Chrome trace");
+        }
+    }
+    TS_ASSIGN(Trace t, parseChromeTrace(doc, source));
+    if (!warning.empty()) t.warnings.insert(t.warnings.begin(), warning);
+    return t;
+}
+
+Result<Trace> readChromeTrace(const std::string& path)
+{
+    if (!std::filesystem::exists(path))
+        return makeError(ErrorCode::NotFound, "trace file " + path + " does not exist");
+    // gzread reads plain files unchanged, so .json and .json.gz take the same path.
+    gzFile f = gzopen(path.c_str(), "rb");
+    if (!f) return makeError(ErrorCode::IoError, "cannot open the trace file " + path);
+    std::string text;
+    char buf[1 << 16];
+    for (;;) {
+        const int n = gzread(f, buf, sizeof buf);
+        if (n < 0) {
+            int err = 0;
+            std::string msg = gzerror(f, &err);
+            gzclose(f);
+            return makeError(ErrorCode::IoError, "reading " + path + " failed: " + msg, "the gzip file may be truncated");
+        }
+        if (n == 0) break;
+        text.append(buf, static_cast<std::size_t>(n));
+    }
+    gzclose(f);
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+        return makeError(ErrorCode::ParseError, path + ": the file is empty", "the profiler may not have written the trace");
+    return parseChromeTraceText(text, path);
+}
+
+} // namespace ts::telemetry

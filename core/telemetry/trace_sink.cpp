@@ -1,0 +1,62 @@
+#include "telemetry/trace_sink.h"
+
+namespace ts::telemetry {
+
+Result<std::unique_ptr<TraceFileSink>> TraceFileSink::create(EventBus& bus, const std::string& path, std::size_t capacity)
+{
+    std::unique_ptr<TraceFileSink> s(new TraceFileSink());
+    TS_ASSIGN(s->m_writer, ChromeTraceWriter::create(path));
+    s->m_bus = &bus;
+    SubscriberOptions o;
+    o.name = "trace file";
+    o.capacity = capacity;
+    o.kinds = kindMask<SpanEvent, DeviceSampleEvent, StepMetricsEvent, RunStateEvent, ErrorEvent>();
+    s->m_sub = bus.subscribe(o);
+    s->m_thread = std::thread([p = s.get()] { p->loop(); });
+    return s;
+}
+
+TraceFileSink::~TraceFileSink()
+{
+    if (!m_finished) (void)finish();
+}
+
+void TraceFileSink::setMetadata(const std::string& key, const std::string& value)
+{
+    std::lock_guard lock(m_writerMutex);
+    m_writer->setMetadata(key, value);
+}
+
+void TraceFileSink::loop()
+{
+    std::vector<Event> batch;
+    while (!m_stop.load(std::memory_order_acquire)) {
+        if (!m_sub->wait(std::chrono::milliseconds(50))) continue;
+        batch.clear();
+        m_sub->drain(batch, 4096);
+        std::lock_guard lock(m_writerMutex);
+        for (const Event& e : batch) {
+            if (std::holds_alternative<SpanEvent>(e)) m_spans.fetch_add(1, std::memory_order_relaxed);
+            m_writer->add(e);
+        }
+    }
+}
+
+Status TraceFileSink::finish()
+{
+    if (m_finished) return okStatus();
+    m_finished = true;
+    m_stop.store(true, std::memory_order_release);
+    m_thread.join();
+    m_bus->unsubscribe(m_sub);
+    std::vector<Event> rest = m_sub->drain();
+    std::lock_guard lock(m_writerMutex);
+    for (const Event& e : rest) {
+        if (std::holds_alternative<SpanEvent>(e)) m_spans.fetch_add(1, std::memory_order_relaxed);
+        m_writer->add(e);
+    }
+    if (m_sub->dropped() > 0) m_writer->setMetadata("dropped_events", std::to_string(m_sub->dropped()));
+    return m_writer->finish();
+}
+
+} // namespace ts::telemetry

@@ -1,0 +1,1118 @@
+// The tf.data-style input pipeline: every source (IDX, CSV, .npy/.npz, image folders, tensors)
+// and transformation, seeds and determinism (also with parallel map), shard coverage, caches,
+// interleave, cancellation under load, an error naming file and position for each kind of corrupt
+// input, the stall accounting (a slow map is highly input-bound without parallelism and under 5%
+// with AUTOTUNE), telemetry events, and the RunConfig "pipeline" section end to end.
+// Fixtures are written to a temporary folder at run time.
+
+#include <QTemporaryDir>
+#include <QtTest>
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <numeric>
+#include <set>
+#include <thread>
+
+#include "data/autotune.h"
+#include "data/csv.h"
+#include "data/image_folder.h"
+#include "data/npz.h"
+#include "data/pipeline.h"
+#include "data/transforms.h"
+#include "io/npy.h"
+#include "telemetry/bus.h"
+#include "train/run_config.h"
+
+using namespace ts;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+bool contains(const std::string& haystack, const std::string& needle) { return haystack.find(needle) != std::string::npos; }
+
+#define VERIFY_MSG(haystack, needle)                                                                                   \
+    QVERIFY2(contains((haystack), (needle)),                                                                           \
+             qPrintable(QString::fromStdString("'" + std::string(needle) + "' not in: " + (haystack))))
+#define VERIFY_OK(expr)                                                                                                \
+    do {                                                                                                               \
+        const auto& ok_r_ = (expr);                                                                                    \
+        QVERIFY2(ok_r_.ok(), ok_r_.ok() ? "" : ok_r_.error().toString().c_str());                                     \
+    } while (0)
+
+void writeBytes(const std::string& path, const std::string& bytes, bool gzip = false)
+{
+    if (gzip) {
+        gzFile f = gzopen(path.c_str(), "wb");
+        gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size()));
+        gzclose(f);
+    } else {
+        std::ofstream out(path, std::ios::binary);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    }
+}
+
+std::string readBytes(const std::string& path)
+{
+    std::ifstream in(path, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+std::string idxBytes(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data)
+{
+    std::string s{'\0', '\0', '\x08', static_cast<char>(dims.size())};
+    for (uint32_t d : dims)
+        for (int sh : {24, 16, 8, 0}) s += static_cast<char>(d >> sh);
+    s.append(reinterpret_cast<const char*>(data.data()), data.size());
+    return s;
+}
+
+// x (n, 3) rows {i, i + 0.5, -i}, y (n) = i.
+SourceSpec rows(int64_t n)
+{
+    Tensor x = Tensor::empty(Shape{n, 3});
+    Tensor y = Tensor::empty(Shape{n}, DType::I32);
+    for (int64_t i = 0; i < n; ++i) {
+        x.data<float>()[i * 3 + 0] = float(i);
+        x.data<float>()[i * 3 + 1] = float(i) + 0.5f;
+        x.data<float>()[i * 3 + 2] = -float(i);
+        y.data<int32_t>()[i] = int32_t(i);
+    }
+    return SourceSpec::fromTensorSlices(x, y);
+}
+
+std::unique_ptr<Pipeline> make(const PipelineSpec& spec, PipelineOptions options = {})
+{
+    auto r = Pipeline::create(spec, options);
+    if (!r.ok()) qWarning("%s", r.error().toString().c_str());
+    return r.ok() ? std::move(r).value() : nullptr;
+}
+
+// Every element of one epoch (batched or not); stops at the first error (returned in `error`).
+std::vector<Element> drain(Pipeline& p, int64_t epoch, std::string* error = nullptr)
+{
+    std::vector<Element> out;
+    auto st = p.startEpoch(epoch);
+    if (!st.ok()) {
+        if (error) *error = st.error().toString();
+        return out;
+    }
+    for (;;) {
+        auto e = p.nextElement();
+        if (!e.ok()) {
+            if (error) *error = e.error().toString();
+            break;
+        }
+        if (!e->has_value()) break;
+        out.push_back(std::move(**e));
+    }
+    return out;
+}
+
+// The labels (i32) of elements in order, flattening batches.
+std::vector<int32_t> labels(const std::vector<Element>& es)
+{
+    std::vector<int32_t> v;
+    for (const auto& e : es)
+        for (int64_t i = 0; i < e.y.numel(); ++i) v.push_back(e.y.data<int32_t>()[i]);
+    return v;
+}
+
+std::vector<float> values(const Tensor& t)
+{
+    return t.toVector();
+}
+
+int threadCount()
+{
+    int n = 0;
+    for (const auto& e : fs::directory_iterator("/proc/self/task")) {
+        (void)e;
+        ++n;
+    }
+    return n;
+}
+
+// Waits (briefly) until the thread count is back to `want`: the kernel reaps exited threads asynchronously.
+bool threadsBackTo(int want)
+{
+    for (int i = 0; i < 100; ++i) {
+        if (threadCount() <= want) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+}
+
+MapFunction sleepFn(int ms)
+{
+    return customMapFn("slow", [ms](Element&& e, const MapContext&) -> Result<Element> {
+        std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+        return std::move(e);
+    });
+}
+
+Tensor image(int64_t h, int64_t w, int64_t c, uint8_t r, uint8_t g, uint8_t b)
+{
+    Tensor t = Tensor::empty(Shape{h, w, c}, DType::U8);
+    const uint8_t rgb[3] = {r, g, b};
+    for (int64_t i = 0; i < h * w; ++i)
+        for (int64_t k = 0; k < c; ++k) t.data<uint8_t>()[i * c + k] = rgb[k % 3];
+    return t;
+}
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// A training-like loop: `steps` batches, `computeMs` of "compute" after each; the window covers them.
+PipelineWindow consume(Pipeline& p, int steps, int computeMs)
+{
+    if (!p.startEpoch(0).ok()) return {};
+    const PipelineSnapshot start = p.snapshot();
+    for (int s = 0; s < steps; ++s) {
+        auto b = p.next();
+        if (!b.ok() || !b->has_value()) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(computeMs));
+    }
+    (void)p.next();  // closes the last step
+    return p.windowSince(start);
+}
+
+} // namespace
+
+class TestPipeline : public QObject {
+    Q_OBJECT
+
+private:
+    QTemporaryDir m_dir;
+    std::string tmp(const std::string& name) const { return (fs::path(m_dir.path().toStdString()) / name).string(); }
+
+private slots:
+    void initTestCase() { QVERIFY(m_dir.isValid()); }
+
+    // ---- configuration ------------------------------------------------------------------------
+
+    void jsonRoundTrip()
+    {
+        const nlohmann::json j = nlohmann::json::parse(R"({
+          "source": {"kind": "idx", "dir": "/data/fmnist", "split": "train", "layout": "image"},
+          "transformations": [
+            {"op": "shard", "num_shards": 2, "index": 1},
+            {"op": "map", "fn": "normalise", "mean": [0.5], "std": [0.25], "num_parallel_calls": "AUTOTUNE"},
+            {"op": "map", "fn": "random_crop", "size": [24, 24], "padding": 4, "seed": 9},
+            {"op": "map", "fn": "random_flip", "mode": "horizontal"},
+            {"op": "map", "fn": "one_hot", "depth": 10, "num_parallel_calls": 2, "deterministic": false},
+            {"op": "cache", "file": "/tmp/c.bin"},
+            {"op": "shuffle", "buffer_size": 1000, "seed": 3, "reshuffle_each_iteration": false},
+            {"op": "repeat", "count": 2}, {"op": "skip", "count": 1}, {"op": "take", "count": 100},
+            {"op": "batch", "size": 32, "drop_remainder": true},
+            {"op": "prefetch", "buffer_size": "AUTOTUNE"}],
+          "seed": 42, "deterministic": true, "skip_bad_records": true, "window_steps": 20,
+          "autotune": {"enabled": true, "cpu_budget": 2, "ram_budget_mb": 512}})");
+        auto spec = PipelineSpec::fromJson(j);
+        VERIFY_OK(spec);
+        QCOMPARE(spec->ops.size(), std::size_t(12));
+        QCOMPARE(spec->ops[1].parallelism, kAutotune);
+        QCOMPARE(spec->ops[4].deterministic.value_or(true), false);
+        QCOMPARE(spec->batchSize(), int64_t(32));
+        QCOMPARE(spec->autotune.ramBudgetBytes, int64_t(512) << 20);
+        const nlohmann::json out = spec->toJson();
+        auto again = PipelineSpec::fromJson(out);
+        VERIFY_OK(again);
+        QCOMPARE(again->toJson().dump(), out.dump());
+        QCOMPARE(out["transformations"][11]["buffer_size"].get<std::string>(), std::string("AUTOTUNE"));
+
+        // Errors name the place and the key.
+        auto bad = [](const char* text) {
+            auto r = PipelineSpec::fromJson(nlohmann::json::parse(text), "run.json: pipeline");
+            return r.ok() ? std::string("OK") : r.error().toString();
+        };
+        const std::string typo = bad(R"({"source": {"kind": "idx", "dir": "d"}, "transformations": [{"op": "shuffle", "buffer_sz": 3}]})");
+        VERIFY_MSG(typo, "run.json: pipeline.transformations[0]");
+        VERIFY_MSG(typo, "buffer_sz");
+        VERIFY_MSG(bad(R"({"source": {"kind": "idx", "dir": "d"}, "transformations": [{"op": "shard", "num_shards": 3, "index": 3}]})"),
+                   "index: 3 is not in [0, 3)");
+        VERIFY_MSG(bad(R"({"source": {"kind": "csv"}})"), "pipeline.source");
+        VERIFY_MSG(bad(R"({"source": {"kind": "parquet"}})"), "unknown source kind \"parquet\"");
+        VERIFY_MSG(bad(R"({"source": {"kind": "csv", "paths": ["a.csv"]}, "transformations": [{"op": "batch", "size": 2}, {"op": "interleave"}]})"),
+                   "must come first");
+        VERIFY_MSG(bad(R"({"source": {"kind": "idx", "dir": "d"}, "transformations": [{"op": "map", "fn": "sharpen"}]})"),
+                   "unknown map function \"sharpen\"");
+        VERIFY_MSG(bad(R"({"source": {"kind": "idx", "dir": "d"}, "transformations": [{"op": "map", "fn": "one_hot", "depht": 3}]})"),
+                   "unknown parameter \"depht\"");
+        VERIFY_MSG(bad(R"({"source": {"kind": "idx", "dir": "d"}, "transformations": [{"op": "prefetch", "buffer_size": "lots"}]})"),
+                   "expected an integer or \"AUTOTUNE\"");
+    }
+
+    // ---- sources ------------------------------------------------------------------------------
+
+    void tensorSlicesAndBatch()
+    {
+        auto p = make(PipelineSpec(rows(10)).batch(4));
+        QVERIFY(p);
+        QCOMPARE(p->batchesPerEpoch(), int64_t(3));
+        QCOMPARE(p->examplesPerEpoch(), int64_t(10));
+        VERIFY_OK(p->startEpoch(0));
+        std::vector<int64_t> sizes;
+        for (;;) {
+            auto b = p->next();
+            VERIFY_OK(b);
+            if (!b->has_value()) break;
+            const Batch& batch = **b;
+            sizes.push_back(batch.size());
+            QCOMPARE(batch.x.dtype(), DType::F32);
+            QCOMPARE(batch.x.shape()[1], int64_t(3));
+            for (int64_t i = 0; i < batch.size(); ++i) {
+                const int32_t label = batch.y.data<int32_t>()[i];
+                QCOMPARE(batch.x.data<float>()[i * 3 + 1], float(label) + 0.5f);
+            }
+        }
+        QCOMPARE(sizes, (std::vector<int64_t>{4, 4, 2}));
+        auto again = p->next();  // stays at the end until the next epoch
+        VERIFY_OK(again);
+        QVERIFY(!again->has_value());
+
+        auto drop = make(PipelineSpec(rows(10)).batch(4, true));
+        QCOMPARE(drop->batchesPerEpoch(), int64_t(2));
+        QCOMPARE(drain(*drop, 0).size(), std::size_t(2));
+
+        // Without batch(), next() says what to add; nextElement() serves single elements.
+        auto single = make(PipelineSpec(rows(3)));
+        auto nb = single->next();
+        QVERIFY(!nb.ok());
+        VERIFY_MSG(nb.error().hint, "batch");
+        QCOMPARE(labels(drain(*single, 0)), (std::vector<int32_t>{0, 1, 2}));
+    }
+
+    void idxSource()
+    {
+        // 5 images of 4x4, pixel = 10 * image + position; labels 4 - i.
+        std::vector<uint8_t> px(5 * 16), lab(5);
+        for (int i = 0; i < 5; ++i) {
+            for (int k = 0; k < 16; ++k) px[std::size_t(i * 16 + k)] = uint8_t(10 * i + k);
+            lab[std::size_t(i)] = uint8_t(4 - i);
+        }
+        fs::create_directories(tmp("idx"));
+        writeBytes(tmp("idx/train-images-idx3-ubyte.gz"), idxBytes({5, 4, 4}, px), true);
+        writeBytes(tmp("idx/train-labels-idx1-ubyte"), idxBytes({5}, lab));
+        auto p = make(PipelineSpec(SourceSpec::idxDir(tmp("idx"))).map(normaliseFn()).batch(2));
+        QVERIFY(p);
+        auto es = drain(*p, 0);
+        QCOMPARE(es.size(), std::size_t(3));
+        QCOMPARE(es[0].x.shape(), (Shape{2, 16}));
+        QCOMPARE(es[0].x.dtype(), DType::F32);
+        QCOMPARE(es[1].x.data<float>()[16 + 3], float(10 * 3 + 3) / 255.f);
+        QCOMPARE(labels(es), (std::vector<int32_t>{4, 3, 2, 1, 0}));
+        QCOMPARE(p->batchesPerEpoch(), int64_t(3));
+
+        auto img = make(PipelineSpec(SourceSpec::idxFiles(tmp("idx/train-images-idx3-ubyte.gz"), tmp("idx/train-labels-idx1-ubyte"), "image")));
+        auto one = drain(*img, 0);
+        QCOMPARE(one.size(), std::size_t(5));
+        QCOMPARE(one[0].x.shape(), (Shape{4, 4, 1}));
+        QCOMPARE(one[0].x.dtype(), DType::U8);
+    }
+
+    void idxCorrupt()
+    {
+        writeBytes(tmp("labels5.idx"), idxBytes({5}, std::vector<uint8_t>(5, 1)));
+        std::string wrongMagic = idxBytes({5, 4, 4}, std::vector<uint8_t>(80, 7));
+        wrongMagic[0] = '\x42';
+        writeBytes(tmp("magic.idx"), wrongMagic);
+        writeBytes(tmp("short.idx"), idxBytes({5, 4, 4}, std::vector<uint8_t>(10, 7)));
+
+        for (auto [file, needle] : {std::pair{"magic.idx", "wrong magic"}, std::pair{"short.idx", "truncated"}}) {
+            auto p = make(PipelineSpec(SourceSpec::idxFiles(tmp(file), tmp("labels5.idx"))).map(normaliseFn(), kAutotune).batch(2).prefetch());
+            QVERIFY(p);  // nothing is read at create time
+            std::string err;
+            auto es = drain(*p, 0, &err);
+            QVERIFY(es.empty());
+            VERIFY_MSG(err, tmp(file));
+            VERIFY_MSG(err, needle);
+            // The error sticks until the next epoch.
+            auto again = p->next();
+            QVERIFY(!again.ok());
+        }
+        std::string err;
+        auto p = make(PipelineSpec(SourceSpec::idxFiles(tmp("short.idx"), tmp("labels5.idx"))));
+        drain(*p, 0, &err);
+        VERIFY_MSG(err, "expected 80 bytes of data, found 10");
+    }
+
+    void csvSource()
+    {
+        writeBytes(tmp("a.csv"), "a,\"b\",label,c\n1,2,0,3\n\n4.5,-5e-1,2,6\r\n\"7\",8,1,9\n");
+        SourceSpec s = SourceSpec::csv({tmp("a.csv")}, "label");
+        auto p = make(PipelineSpec(s).batch(3));
+        QVERIFY(p);
+        auto es = drain(*p, 0);
+        QCOMPARE(es.size(), std::size_t(1));
+        QCOMPARE(values(es[0].x), (std::vector<float>{1, 2, 3, 4.5f, -0.5f, 6, 7, 8, 9}));
+        QCOMPARE(labels(es), (std::vector<int32_t>{0, 2, 1}));
+        QCOMPARE(p->examplesPerEpoch(), int64_t(3));
+
+        s.featureColumns = {"c", "a"};
+        auto sub = make(PipelineSpec(s));
+        auto one = drain(*sub, 0);
+        QCOMPARE(values(one[1].x), (std::vector<float>{6, 4.5f}));
+        QCOMPARE(one[1].where(), "'" + tmp("a.csv") + "' line 4");
+
+        s.featureColumns = {};
+        s.labelColumn = "species";
+        std::string err;
+        drain(*make(PipelineSpec(s)), 0, &err);
+        VERIFY_MSG(err, "no label column 'species'");
+        VERIFY_MSG(err, "columns: a, b, label, c");
+    }
+
+    void csvErrors()
+    {
+        writeBytes(tmp("bad.csv"), "a,b,label\n1,2,0\n3,4\n5,abc,1\n6,7,1\n8,9,2.5\n");
+        SourceSpec s = SourceSpec::csv({tmp("bad.csv")}, "label");
+        std::string err;
+        auto got = drain(*make(PipelineSpec(s)), 0, &err);
+        QCOMPARE(got.size(), std::size_t(1));
+        VERIFY_MSG(err, "CSV file '" + tmp("bad.csv") + "' line 3: ragged row with 2 fields; the header has 3");
+
+        writeBytes(tmp("bad2.csv"), "a,b,label\n5,abc,1\n");
+        drain(*make(PipelineSpec(SourceSpec::csv({tmp("bad2.csv")}, "label"))), 0, &err);
+        VERIFY_MSG(err, "line 2, column 2 ('b'): 'abc' is not a number");
+
+        // skip_bad_records: drop and count, keep going.
+        PipelineSpec skip(s);
+        skip.skipBadRecords = true;
+        auto p = make(skip);
+        auto kept = drain(*p, 0, &err);
+        QCOMPARE(labels(kept), (std::vector<int32_t>{0, 1}));
+        QCOMPARE(p->badRecords(), int64_t(3));
+        const auto msgs = p->badRecordMessages();
+        QCOMPARE(msgs.size(), std::size_t(3));
+        VERIFY_MSG(msgs[0], "line 3");
+        VERIFY_MSG(msgs[1], "line 4, column 2 ('b')");
+        VERIFY_MSG(msgs[2], "line 6, column 3 ('label'): label '2.5' is not a class id");
+        QCOMPARE(p->snapshot().stages[0].skipped, int64_t(3));
+    }
+
+    void npyAndNpz()
+    {
+        Tensor x = Tensor::empty(Shape{6, 2, 2});
+        Tensor y = Tensor::empty(Shape{6}, DType::I32);
+        for (int i = 0; i < 24; ++i) x.data<float>()[i] = float(i);
+        for (int i = 0; i < 6; ++i) y.data<int32_t>()[i] = i % 3;
+        VERIFY_OK(writeNpy(tmp("x.npy"), x));
+        VERIFY_OK(writeNpy(tmp("y.npy"), y));
+        auto p = make(PipelineSpec(SourceSpec::npy(tmp("x.npy"), tmp("y.npy"))).batch(4));
+        auto es = drain(*p, 0);
+        QCOMPARE(es.size(), std::size_t(2));
+        QCOMPARE(es[0].x.shape(), (Shape{4, 2, 2}));
+        QCOMPARE(es[1].x.data<float>()[0], 16.f);
+        QCOMPARE(labels(es), (std::vector<int32_t>{0, 1, 2, 0, 1, 2}));
+
+        // .npz: stored members; Keras-style x_train / y_train found without naming them.
+        Tensor yu8 = Tensor::empty(Shape{6}, DType::U8);
+        for (int i = 0; i < 6; ++i) yu8.data<uint8_t>()[i] = uint8_t(5 - i);
+        VERIFY_OK(writeNpz(tmp("d.npz"), {{"x_train", x}, {"y_train", yu8}}));
+        auto names = listNpz(tmp("d.npz"));
+        VERIFY_OK(names);
+        QCOMPARE(*names, (std::vector<std::string>{"x_train", "y_train"}));
+        auto z = make(PipelineSpec(SourceSpec::npz({tmp("d.npz")})));
+        auto zs = drain(*z, 0);
+        QCOMPARE(zs.size(), std::size_t(6));
+        QCOMPARE(values(zs[2].x), (std::vector<float>{8, 9, 10, 11}));
+        QCOMPARE(zs[2].y.dtype(), DType::I32);
+        QCOMPARE(labels(zs), (std::vector<int32_t>{5, 4, 3, 2, 1, 0}));
+
+        // A deflated archive written by Python's zipfile (numpy.savez_compressed) when available.
+        if (std::system("python3 -c 'import numpy' >/dev/null 2>&1") == 0) {
+            const std::string cmd = "python3 -c \"import numpy as n; n.savez_compressed('" + tmp("c.npz") +
+                                    "', x=n.arange(12, dtype=n.float64).reshape(3, 4), y=n.array([1, 0, 1], dtype=n.int64))\"";
+            QCOMPARE(std::system(cmd.c_str()), 0);
+            auto c = make(PipelineSpec(SourceSpec::npz({tmp("c.npz")})).batch(3));
+            auto cs = drain(*c, 0);
+            QCOMPARE(cs.size(), std::size_t(1));
+            QCOMPARE(cs[0].x.dtype(), DType::F32);
+            QCOMPARE(cs[0].x.data<float>()[11], 11.f);
+            QCOMPARE(labels(cs), (std::vector<int32_t>{1, 0, 1}));
+        }
+    }
+
+    void npzCorrupt()
+    {
+        Tensor x = Tensor::zeros(Shape{5, 2});
+        Tensor y = Tensor::zeros(Shape{4}, DType::I32);
+        VERIFY_OK(writeNpz(tmp("mismatch.npz"), {{"x", x}, {"y", y}}));
+        std::string err;
+        drain(*make(PipelineSpec(SourceSpec::npz({tmp("mismatch.npz")}))), 0, &err);
+        VERIFY_MSG(err, ".npz file '" + tmp("mismatch.npz") + "' is mismatched");
+        VERIFY_MSG(err, "(5, 2)");
+
+        drain(*make(PipelineSpec(SourceSpec::npz({tmp("mismatch.npz")}, "features", "y"))), 0, &err);
+        VERIFY_MSG(err, "has no array 'features'");
+        VERIFY_MSG(err, "arrays present: x, y");
+
+        writeBytes(tmp("junk.npz"), "this is not a zip archive at all");
+        drain(*make(PipelineSpec(SourceSpec::npz({tmp("junk.npz")}))), 0, &err);
+        VERIFY_MSG(err, "'" + tmp("junk.npz") + "' is not a readable .npz");
+
+        // A member whose .npy header is damaged: the message names archive[member].
+        const std::string good = readBytes(tmp("mismatch.npz"));
+        std::string broken = good;
+        const std::size_t at = broken.find("\x93NUMPY");
+        QVERIFY(at != std::string::npos);
+        broken[at + 1] = 'X';
+        writeBytes(tmp("broken.npz"), broken);
+        drain(*make(PipelineSpec(SourceSpec::npz({tmp("broken.npz")}))), 0, &err);
+        VERIFY_MSG(err, tmp("broken.npz") + "[x.npy]");
+    }
+
+    void imageFolder()
+    {
+        const std::string root = tmp("images");
+        fs::create_directories(root + "/cat");
+        fs::create_directories(root + "/dog");
+        VERIFY_OK(writePng(root + "/cat/a.png", image(10, 12, 3, 200, 10, 10)));
+        VERIFY_OK(writeJpeg(root + "/cat/b.jpg", image(16, 16, 3, 20, 200, 20), 95));
+        VERIFY_OK(writePng(root + "/dog/c.PNG", image(6, 6, 1, 90, 90, 90)));
+        writeBytes(root + "/dog/notes.txt", "ignored");
+
+        auto listing = listImageFolder(root);
+        VERIFY_OK(listing);
+        QCOMPARE(listing->classNames, (std::vector<std::string>{"cat", "dog"}));
+        QCOMPARE(listing->files.size(), std::size_t(3));
+
+        PipelineSpec spec(SourceSpec::imageFolder(root, 8, 8, 3));
+        spec.batch(3);
+        auto p = make(spec);
+        QVERIFY(p);
+        QCOMPARE(p->stageNames()[1], std::string("map(decode_image, AUTOTUNE)"));  // inserted after the source
+        auto es = drain(*p, 0);
+        QCOMPARE(es.size(), std::size_t(1));
+        const Tensor& b = es[0].x;
+        QCOMPARE(b.shape(), (Shape{3, 8, 8, 3}));
+        QCOMPARE(b.dtype(), DType::U8);
+        QCOMPARE(labels(es), (std::vector<int32_t>{0, 0, 1}));
+        const uint8_t* px = b.data<uint8_t>();
+        QCOMPARE(int(px[0]), 200);                         // PNG red, resized
+        QVERIFY(std::abs(int(px[8 * 8 * 3 + 1]) - 200) <= 3);  // JPEG green (lossy)
+        QCOMPARE(int(px[2 * 8 * 8 * 3 + 5]), 90);          // grey PNG replicated to RGB
+
+        // Grey output, and augmentation on decoded images.
+        PipelineSpec grey(SourceSpec::imageFolder(root, 6, 6, 1));
+        grey.map(randomFlipFn(), 2).map(randomCropFn(4, 4, 1)).map(normaliseFn()).batch(3);
+        auto g = make(grey);
+        auto gs = drain(*g, 0);
+        QCOMPARE(gs[0].x.shape(), (Shape{3, 4, 4, 1}));
+        QCOMPARE(gs[0].x.dtype(), DType::F32);
+    }
+
+    void imageCorrupt()
+    {
+        const std::string root = tmp("badimages");
+        fs::create_directories(root + "/a");
+        VERIFY_OK(writePng(root + "/a/0good.png", image(4, 4, 3, 1, 2, 3)));
+        writeBytes(root + "/a/1text.png", "definitely not pixels");
+        VERIFY_OK(writePng(tmp("full.png"), image(32, 32, 3, 9, 9, 9)));
+        VERIFY_OK(writeJpeg(tmp("full.jpg"), image(32, 32, 3, 9, 9, 9)));
+        const std::string png = readBytes(tmp("full.png"));
+        const std::string jpg = readBytes(tmp("full.jpg"));
+        writeBytes(root + "/a/2cut.png", png.substr(0, png.size() / 2));
+        writeBytes(root + "/a/3cut.jpg", jpg.substr(0, jpg.size() / 2));
+
+        auto decodeErr = [](const std::string& path) {
+            auto r = decodeImageFile(path, 4, 4, 3);
+            return r.ok() ? std::string("OK") : r.error().toString();
+        };
+        VERIFY_MSG(decodeErr(root + "/a/1text.png"), "'" + root + "/a/1text.png' is neither a PNG nor a JPEG");
+        VERIFY_MSG(decodeErr(root + "/a/2cut.png"), "cannot decode PNG image '" + root + "/a/2cut.png'");
+        VERIFY_MSG(decodeErr(root + "/a/3cut.jpg"), "cannot decode JPEG image '" + root + "/a/3cut.jpg'");
+
+        // Through a (parallel) pipeline: the first bad file stops the epoch, named.
+        PipelineSpec spec(SourceSpec::imageFolder(root, 4, 4, 3));
+        spec.batch(1).prefetch(2);
+        std::string err;
+        auto es = drain(*make(spec), 0, &err);
+        QCOMPARE(es.size(), std::size_t(1));
+        VERIFY_MSG(err, "map(decode_image, AUTOTUNE): '" + root + "/a/1text.png' image");
+
+        spec.skipBadRecords = true;
+        auto p = make(spec);
+        es = drain(*p, 0, &err);
+        QCOMPARE(es.size(), std::size_t(1));
+        QCOMPARE(p->badRecords(), int64_t(3));
+        QCOMPARE(p->snapshot().stages[1].skipped, int64_t(3));
+    }
+
+    // ---- transformations ----------------------------------------------------------------------
+
+    void builtinFunctions()
+    {
+        MapContext ctx{7, 0};
+        auto apply = [&](const MapFunction& f, Element e) { return f.fn(std::move(e), ctx); };
+
+        Element e;
+        e.x = Tensor::empty(Shape{2, 1, 3});
+        for (int i = 0; i < 6; ++i) e.x.data<float>()[i] = float(i);
+        auto n = apply(normaliseFn(1.f, {1, 2, 3}, {1, 2, 4}), e);
+        VERIFY_OK(n);
+        QCOMPARE(values(n->x), (std::vector<float>{-1, -0.5f, -0.25f, 2, 1, 0.5f}));
+        QCOMPARE(values(e.x)[1], 1.f);  // the input is untouched
+        auto wrongChannels = apply(normaliseFn(1.f, {1, 2}), e);
+        QVERIFY(!wrongChannels.ok());
+
+        Element l;
+        l.y = Tensor::empty(Shape{}, DType::I32);
+        l.y.data<int32_t>()[0] = 2;
+        l.key = 11;
+        auto oh = apply(oneHotFn(4), l);
+        VERIFY_OK(oh);
+        QCOMPARE(values(oh->y), (std::vector<float>{0, 0, 1, 0}));
+        l.y.data<int32_t>()[0] = 5;
+        auto out = apply(oneHotFn(4), l);
+        QVERIFY(!out.ok());
+        VERIFY_MSG(out.error().message, "element 11: one_hot: label 5 is outside [0, 4)");
+
+        // random_flip: a pure function of (seed, epoch, key); about half the elements flip.
+        Element img;
+        img.x = Tensor::empty(Shape{2, 3, 1}, DType::U8);
+        for (int i = 0; i < 6; ++i) img.x.data<uint8_t>()[i] = uint8_t(i);
+        int flipped = 0;
+        for (uint64_t key = 0; key < 64; ++key) {
+            img.key = key;
+            auto a = apply(randomFlipFn(), img);
+            auto b = apply(randomFlipFn(), img);
+            VERIFY_OK(a);
+            QCOMPARE(values(a->x), values(b->x));
+            if (a->x.data<uint8_t>()[0] == 2) {
+                ++flipped;
+                QCOMPARE(values(a->x), (std::vector<float>{2, 1, 0, 5, 4, 3}));
+            }
+        }
+        QVERIFY2(flipped > 16 && flipped < 48, qPrintable(QString::number(flipped)));
+
+        // random_crop without padding: a window of the source; with padding: zeros or source values.
+        Element big;
+        big.x = Tensor::empty(Shape{4, 4, 1}, DType::U8);
+        for (int i = 0; i < 16; ++i) big.x.data<uint8_t>()[i] = uint8_t(i + 1);
+        std::set<int> origins;
+        for (uint64_t key = 0; key < 40; ++key) {
+            big.key = key;
+            auto c = apply(randomCropFn(2, 2, 0), big);
+            VERIFY_OK(c);
+            const uint8_t* p = c->x.data<uint8_t>();
+            QCOMPARE(int(p[1]), p[0] + 1);
+            QCOMPARE(int(p[2]), p[0] + 4);
+            origins.insert(p[0]);
+            auto padded = apply(randomCropFn(4, 4, 2), big);
+            VERIFY_OK(padded);
+            QCOMPARE(padded->x.shape(), (Shape{4, 4, 1}));
+        }
+        QVERIFY(origins.size() >= 5);  // several offsets drawn
+        auto tooBig = apply(randomCropFn(9, 9, 2), big);
+        QVERIFY(!tooBig.ok());
+        VERIFY_MSG(tooBig.error().message, "does not fit the 8x8 padded image");
+        auto flat = apply(randomFlipFn(), l);
+        QVERIFY(!flat.ok());
+
+        Element c;
+        c.x = Tensor::fromVector(Shape{3}, {-3.f, 7.4f, 300.f});
+        auto u8 = apply(castFn(DType::U8), c);
+        QCOMPARE(values(u8->x), (std::vector<float>{0, 7, 255}));
+        auto r = apply(reshapeFn({-1, 1}), c);
+        QCOMPARE(r->x.shape(), (Shape{3, 1}));
+
+        auto unknown = builtinMapFunction("blur", nlohmann::json::object(), "t");
+        QVERIFY(!unknown.ok());
+        VERIFY_MSG(unknown.error().hint, "normalise");
+        auto zeroStd = builtinMapFunction("normalise", {{"std", 0}}, "t");
+        QVERIFY(!zeroStd.ok());
+    }
+
+    void shuffleSeeds()
+    {
+        auto order = [](uint64_t seed, bool reshuffle, int64_t epoch, int64_t buffer = 100) {
+            auto p = make(PipelineSpec(rows(50)).shuffle(buffer, seed, reshuffle));
+            return labels(drain(*p, epoch));
+        };
+        const auto a = order(5, true, 0);
+        std::vector<int32_t> sorted = a;
+        std::sort(sorted.begin(), sorted.end());
+        std::vector<int32_t> all(50);
+        std::iota(all.begin(), all.end(), 0);
+        QCOMPARE(sorted, all);  // a permutation
+        QVERIFY(a != all);
+        QCOMPARE(order(5, true, 0), a);    // same seed, same epoch: same order
+        QVERIFY(order(5, true, 1) != a);   // reshuffled the next epoch
+        QCOMPARE(order(5, false, 0), order(5, false, 3));
+        QVERIFY(order(6, true, 0) != a);
+        // A small buffer only shuffles locally.
+        const auto local = order(1, true, 0, 4);
+        for (std::size_t i = 0; i < local.size(); ++i) QVERIFY(local[i] <= int32_t(i) + 3);
+        // Unset seeds derive from the pipeline's seed.
+        PipelineSpec s1(rows(50)), s2(rows(50));
+        s1.shuffle(100);
+        s2.shuffle(100);
+        s1.seed = 1;
+        s2.seed = 2;
+        QVERIFY(labels(drain(*make(s1), 0)) != labels(drain(*make(s2), 0)));
+    }
+
+    void parallelMapDeterministic()
+    {
+        // Uneven per-element time (from the key) makes completion order differ from input order.
+        auto jitter = customMapFn("jitter", [](Element&& e, const MapContext&) -> Result<Element> {
+            std::this_thread::sleep_for(std::chrono::microseconds(200 * ((e.key * 7919) % 5)));
+            return std::move(e);
+        });
+        auto run = [&](int64_t parallel, std::optional<bool> det) {
+            PipelineSpec s(rows(40));
+            s.seed = 3;
+            s.map(jitter, parallel, det).map(castFn(DType::U8)).map(reshapeFn({3, 1, 1}))
+                .map(randomFlipFn(FlipMode::Vertical), parallel, det).map(castFn(DType::F32)).batch(5).prefetch(2);
+            return drain(*make(s), 1);
+        };
+        const auto seq = run(1, std::nullopt);
+        const auto par = run(4, std::nullopt);
+        const auto autoPar = run(kAutotune, std::nullopt);
+        QCOMPARE(seq.size(), std::size_t(8));
+        QCOMPARE(labels(par), labels(seq));
+        QCOMPARE(labels(autoPar), labels(seq));
+        for (std::size_t i = 0; i < seq.size(); ++i) {
+            QCOMPARE(values(par[i].x), values(seq[i].x));
+            QCOMPARE(values(autoPar[i].x), values(seq[i].x));
+        }
+        // Opting out: the same elements, in whatever order they finish.
+        auto loose = labels(run(4, false));
+        auto want = labels(seq);
+        std::sort(loose.begin(), loose.end());
+        std::sort(want.begin(), want.end());
+        QCOMPARE(loose, want);
+    }
+
+    void repeatTakeSkipShard()
+    {
+        auto p = make(PipelineSpec(rows(5)).repeat(3));
+        auto es = drain(*p, 0);
+        QCOMPARE(labels(es), (std::vector<int32_t>{0, 1, 2, 3, 4, 0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
+        QVERIFY(es[0].key != es[5].key);  // augmentation differs per repetition
+        QCOMPARE(p->examplesPerEpoch(), int64_t(15));
+        QCOMPARE(labels(drain(*make(PipelineSpec(rows(10)).skip(3).take(4)), 0)), (std::vector<int32_t>{3, 4, 5, 6}));
+        auto endless = make(PipelineSpec(rows(3)).repeat().take(7).batch(2));
+        QCOMPARE(endless->batchesPerEpoch(), int64_t(4));
+        QCOMPARE(labels(drain(*endless, 0)), (std::vector<int32_t>{0, 1, 2, 0, 1, 2, 0}));
+        QCOMPARE(make(PipelineSpec(rows(3)).repeat())->batchesPerEpoch(), int64_t(-1));
+        QCOMPARE(labels(drain(*make(PipelineSpec(rows(0 + 3)).take(0).repeat()), 0)).size(), std::size_t(0));
+    }
+
+    void shardCoverage()
+    {
+        for (int64_t n : {10, 17}) {
+            for (bool shuffled : {false, true}) {
+                std::set<int32_t> seen;
+                int64_t total = 0;
+                for (int64_t index = 0; index < 3; ++index) {
+                    PipelineSpec s(rows(n));
+                    if (shuffled) s.shuffle(n, 11);  // every worker shuffles alike, then takes its shard
+                    s.shard(3, index);
+                    auto p = make(s);
+                    const auto got = labels(drain(*p, 2));
+                    QCOMPARE(p->examplesPerEpoch(), int64_t(got.size()));
+                    for (int32_t v : got) QVERIFY2(seen.insert(v).second, "shards overlap");
+                    total += int64_t(got.size());
+                }
+                QCOMPARE(total, n);
+                QCOMPARE(int64_t(seen.size()), n);
+            }
+        }
+    }
+
+    void cacheMemoryAndFile()
+    {
+        auto calls = std::make_shared<std::atomic<int>>(0);
+        auto counted = customMapFn("counted", [calls](Element&& e, const MapContext&) -> Result<Element> {
+            ++*calls;
+            return std::move(e);
+        });
+        auto p = make(PipelineSpec(rows(6)).map(counted).cache().shuffle(6, 1));
+        const auto e0 = labels(drain(*p, 0));
+        QCOMPARE(calls->load(), 6);
+        const auto e1 = labels(drain(*p, 1));
+        QCOMPARE(calls->load(), 6);  // served from memory
+        QCOMPARE(e1.size(), std::size_t(6));
+
+        const std::string file = tmp("cache.bin");
+        auto f1 = make(PipelineSpec(rows(6)).map(counted).cache(file));
+        const auto first = drain(*f1, 0);
+        QVERIFY(fs::exists(file));
+        QCOMPARE(calls->load(), 12);
+        auto f2 = make(PipelineSpec(rows(6)).map(counted).cache(file));  // a new run reuses the file
+        const auto second = drain(*f2, 0);
+        QCOMPARE(calls->load(), 12);
+        QCOMPARE(labels(second), labels(first));
+        QCOMPARE(values(second[4].x), values(first[4].x));
+        QCOMPARE(second[4].key, first[4].key);
+
+        // An abandoned pass leaves no file; a damaged file is reported with its byte offset.
+        auto partial = make(PipelineSpec(rows(6)).cache(tmp("partial.bin")));
+        VERIFY_OK(partial->startEpoch(0));
+        VERIFY_OK(partial->nextElement());
+        VERIFY_OK(partial->startEpoch(1));
+        QVERIFY(!fs::exists(tmp("partial.bin")));
+        const std::string bytes = readBytes(file);
+        writeBytes(tmp("damaged.bin"), bytes.substr(0, bytes.size() - 30));
+        std::string err;
+        drain(*make(PipelineSpec(rows(6)).cache(tmp("damaged.bin"))), 0, &err);
+        VERIFY_MSG(err, "cache file '" + tmp("damaged.bin") + "' is corrupt at byte");
+    }
+
+    void interleaveFiles()
+    {
+        const std::vector<int> sizes{4, 2, 3};
+        std::vector<std::string> paths;
+        for (std::size_t f = 0; f < sizes.size(); ++f) {
+            std::string text = "v,label\n";
+            for (int r = 0; r < sizes[f]; ++r) text += std::to_string(100 * f + std::size_t(r)) + ",0\n";
+            paths.push_back(tmp("part" + std::to_string(f) + ".csv"));
+            writeBytes(paths.back(), text);
+        }
+        auto order = [&](int64_t cycle, int64_t block, int64_t parallel) {
+            PipelineSpec s(SourceSpec::csv(paths, "label"));
+            s.interleave(cycle, block, parallel);
+            auto p = make(s);
+            std::vector<int> v;
+            for (const auto& e : drain(*p, 0)) v.push_back(int(e.x.data<float>()[0]));
+            return v;
+        };
+        const std::vector<int> want{0, 100, 1, 101, 2, 200, 3, 201, 202};
+        QCOMPARE(order(2, 1, 1), want);
+        QCOMPARE(order(2, 1, kAutotune), want);  // parallel reads keep the order
+        QCOMPARE(order(2, 2, 2), (std::vector<int>{0, 1, 100, 101, 2, 3, 200, 201, 202}));
+        QCOMPARE(order(1, 1, 1), (std::vector<int>{0, 1, 2, 3, 100, 101, 200, 201, 202}));
+        auto noInterleave = make(PipelineSpec(SourceSpec::csv(paths, "label")));
+        QCOMPARE(noInterleave->batchesPerEpoch(), int64_t(-1));  // counted when first read
+        QCOMPARE(drain(*noInterleave, 0).size(), std::size_t(9));
+        QCOMPARE(noInterleave->examplesPerEpoch(), int64_t(9));
+    }
+
+    void batchShapeMismatch()
+    {
+        Tensor a = Tensor::zeros(Shape{2, 2});
+        auto uneven = customMapFn("uneven", [](Element&& e, const MapContext&) -> Result<Element> {
+            if (e.key == 1) e.x = Tensor::zeros(Shape{3});
+            return std::move(e);
+        });
+        std::string err;
+        drain(*make(PipelineSpec(SourceSpec::fromTensorSlices(a)).map(uneven).batch(2)), 0, &err);
+        VERIFY_MSG(err, "batch(2): cannot batch element 1 (features f32 (3,)) with element 0 (f32 (2,))");
+
+        // Training batches must be f32 with labels: the error says what to add.
+        Tensor u8 = Tensor::empty(Shape{2, 4}, DType::U8);
+        Tensor y = Tensor::zeros(Shape{2}, DType::I32);
+        auto p = make(PipelineSpec(SourceSpec::fromTensorSlices(u8, y)).batch(2));
+        VERIFY_OK(p->startEpoch(0));
+        auto b = p->next();
+        QVERIFY(!b.ok());
+        VERIFY_MSG(b.error().hint, "normalise");
+    }
+
+    // ---- threads ------------------------------------------------------------------------------
+
+    void cancelUnderLoad()
+    {
+        const int baseline = threadCount();
+        auto burn = customMapFn("burn", [](Element&& e, const MapContext&) -> Result<Element> {
+            volatile double acc = 0;
+            for (int i = 0; i < 20000; ++i) acc = acc + std::sqrt(double(i));
+            return std::move(e);
+        });
+        auto build = [&] {
+            PipelineSpec s(rows(100000));
+            s.map(burn, 4).map(sleepFn(2), 3).shuffle(64, 1).batch(8).prefetch(4);
+            return make(s);
+        };
+        {
+            auto p = build();
+            VERIFY_OK(p->startEpoch(0));
+            for (int i = 0; i < 3; ++i) VERIFY_OK(p->next());
+            QVERIFY(threadCount() >= baseline + 8);
+            Clock::time_point cancelledAt;
+            std::thread canceller([&] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(30));
+                cancelledAt = Clock::now();
+                p->cancel();
+            });
+            Result<std::optional<Batch>> r = std::optional<Batch>();
+            for (int i = 0; i < 100000; ++i) {
+                r = p->next();
+                if (!r.ok()) break;
+            }
+            const double latency = secondsSince(cancelledAt);
+            canceller.join();
+            QVERIFY(!r.ok());
+            QCOMPARE(r.error().code, ErrorCode::Cancelled);
+            QVERIFY2(latency < 0.5, qPrintable(QString::number(latency)));
+            QCOMPARE(p->startEpoch(1).error().code, ErrorCode::Cancelled);  // sticky
+            const auto t0 = Clock::now();
+            p.reset();
+            QVERIFY(secondsSince(t0) < 0.5);
+        }
+        QVERIFY2(threadsBackTo(baseline), qPrintable(QString::number(threadCount()) + " vs " + QString::number(baseline)));
+
+        // Stopping mid-epoch without cancel: a new epoch, then destruction, join every thread promptly.
+        {
+            auto p = build();
+            for (int epoch = 0; epoch < 4; ++epoch) {
+                VERIFY_OK(p->startEpoch(epoch));
+                VERIFY_OK(p->next());
+            }
+            const auto t0 = Clock::now();
+            p.reset();
+            QVERIFY2(secondsSince(t0) < 0.5, qPrintable(QString::number(secondsSince(t0))));
+        }
+        QVERIFY(threadsBackTo(baseline));
+
+        // cancel() while the consumer is blocked on an empty buffer (nothing is ready for a while).
+        {
+            PipelineSpec s(rows(10));
+            s.map(sleepFn(300)).batch(2).prefetch(1);
+            auto p = make(s);
+            VERIFY_OK(p->startEpoch(0));
+            std::thread canceller([&] {
+                std::this_thread::sleep_for(std::chrono::milliseconds(50));
+                p->cancel();
+            });
+            const auto t0 = Clock::now();
+            auto r = p->next();
+            canceller.join();
+            QVERIFY(!r.ok());
+            QCOMPARE(r.error().code, ErrorCode::Cancelled);
+            QVERIFY(secondsSince(t0) < 0.45);
+        }
+        QVERIFY(threadsBackTo(baseline));
+    }
+
+    // ---- accounting ---------------------------------------------------------------------------
+
+    void stallVerdicts()
+    {
+        // A training-like loop (20 ms of compute per step) behind a map that sleeps 4 ms per element,
+        // four elements per batch: 16 ms of input per step (44% of the step when nothing overlaps).
+        telemetry::EventBus bus;
+        auto sub = bus.subscribe({"test", 4096, telemetry::kindMask<telemetry::PipelineSampleEvent, telemetry::FindingEvent>()});
+        PipelineOptions options;
+        options.bus = &bus;
+        options.runId = "run-1";
+
+        PipelineSpec slow(rows(400));
+        slow.map(sleepFn(4)).batch(4);
+        slow.windowSteps = 10;
+        auto p = make(slow, options);
+        const PipelineWindow w = consume(*p, 25, 20);
+        QCOMPARE(w.steps, int64_t(25));
+        QVERIFY2(w.waitShare >= 0.20, w.verdict.c_str());
+        QCOMPARE(w.bound, InputBound::Highly);
+        QCOMPARE(w.bottleneck, std::string("map(slow)"));
+        VERIFY_MSG(w.verdict, "steps 1-25: highly input-bound");
+        VERIFY_MSG(w.verdict, "most likely map(slow)");
+        VERIFY_MSG(w.recommendation, "num_parallel_calls");
+        QVERIFY(w.stages[1].produced >= 100);
+        QVERIFY(w.stages[1].criticalShare > 0.8);
+        QVERIFY(p->lastStep().waitSeconds > 0.015);
+        QVERIFY(p->lastWindow().has_value());
+        QCOMPARE(p->lastWindow()->steps, int64_t(10));
+
+        const auto events = sub->drain();
+        int samples = 0, findings = 0;
+        for (const auto& e : events) {
+            if (const auto* s = std::get_if<telemetry::PipelineSampleEvent>(&e)) {
+                ++samples;
+                QCOMPARE(s->stamp.runId, std::string("run-1"));
+                QCOMPARE(s->stamp.lane.thread, std::string("input"));
+            } else if (const auto* f = std::get_if<telemetry::FindingEvent>(&e)) {
+                ++findings;
+                QCOMPARE(f->kind, std::string("input-bound"));
+                QCOMPARE(f->severity, std::string("high"));
+                VERIFY_MSG(f->message, "map(slow)");
+            }
+        }
+        QCOMPARE(samples, 2 * 3);  // two windows of 10 steps, three stages
+        QCOMPARE(findings, 2);
+
+        // The same with AUTOTUNE: parallel map and prefetch keep the consumer fed.
+        PipelineSpec tuned(rows(400));
+        tuned.map(sleepFn(4), kAutotune).batch(4).prefetch(kAutotune);
+        tuned.autotune.cpuBudget = 2;  // this machine's cores
+        auto t = make(tuned);
+        const PipelineWindow tw = consume(*t, 40, 20);
+        QVERIFY2(tw.waitShare < 0.05, tw.verdict.c_str());
+        QCOMPARE(tw.bound, InputBound::No);
+        VERIFY_MSG(tw.verdict, "not input-bound");
+        bool sawParallelism = false;
+        for (const auto& k : t->knobs())
+            if (k.knob == "parallelism") {
+                sawParallelism = true;
+                QVERIFY(k.autotuned);
+                QCOMPARE(k.value, int64_t(2));
+            }
+        QVERIFY(sawParallelism);
+    }
+
+    void autotuneArithmetic()
+    {
+        auto stage = [](const char* name, const char* kind, bool async) {
+            StageStats s;
+            s.name = name;
+            s.kind = kind;
+            s.async = async;
+            return s;
+        };
+        PipelineSnapshot from, to;
+        from.stages = {stage("src", "source", false), stage("map(f)", "map", true), stage("prefetch", "prefetch", true)};
+        to = from;
+        to.timeSeconds = 1.0;
+        to.steps = 10;
+        to.stepSeconds = 1.0;
+        to.waitSeconds = 0.5;                                   // consumer works 50 ms per step
+        to.stages[1].produced = 40;
+        to.stages[1].busySeconds = 0.72;                        // 18 ms per element, 4 per step
+        to.stages[1].blockedSeconds = 0.5;
+        to.stages[2].produced = 10;
+        to.stages[2].bytesProduced = 10 * 1000;
+        to.stages[2].blockedSeconds = 0.5;
+        const std::vector<TuningKnob> knobs{{1, TuningKnob::Kind::Parallelism, 1, 1, 8}, {2, TuningKnob::Kind::BufferSize, 2, 1, 64}};
+        Autotuner tuner(8, int64_t(1) << 30);
+        const auto v = tuner.tune(from, to, knobs);
+        QCOMPARE(v[0], int64_t(2));  // ceil(1.25 * 0.018 * 4 / 0.05)
+        QCOMPARE(v[1], int64_t(4));  // doubled: the consumer waited on it
+        Autotuner oneCore(1, int64_t(1) << 30);
+        QCOMPARE(oneCore.tune(from, to, knobs)[0], int64_t(1));  // CPU budget
+        Autotuner tinyRam(8, 1 << 20);
+        const std::vector<TuningKnob> bigBuffer{{2, TuningKnob::Kind::BufferSize, 2000, 1, 4096}};
+        to.stages[2].bytesProduced = 10 * 1000 * 1000;  // 1 MB per element
+        QVERIFY(tinyRam.tune(from, to, bigBuffer)[0] < 2000);
+
+        // Calm intervals give threads back one at a time.
+        PipelineSnapshot calm = to;
+        calm.waitSeconds = 0;
+        calm.stages[1].busySeconds = 0.04;
+        calm.stages[1].blockedSeconds = 0;
+        calm.stages[2].blockedSeconds = 0;
+        const std::vector<TuningKnob> four{{1, TuningKnob::Kind::Parallelism, 4, 1, 8}};
+        Autotuner t(8, int64_t(1) << 30);
+        QCOMPARE(t.tune(from, calm, four)[0], int64_t(4));
+        QCOMPARE(t.tune(from, calm, four)[0], int64_t(4));
+        QCOMPARE(t.tune(from, calm, four)[0], int64_t(3));
+    }
+
+    void windowAttribution()
+    {
+        // Consumer waited 1 s at the prefetch; behind it batch (0.1 s self) and a parallel map
+        // (2 threads, 1.6 s of work) that its producer waited on for 0.9 s.
+        PipelineSnapshot a, b;
+        auto st = [](const char* n, const char* k, bool async, double busy, double blocked, int par) {
+            StageStats s;
+            s.name = n;
+            s.kind = k;
+            s.async = async;
+            s.busySeconds = busy;
+            s.blockedSeconds = blocked;
+            s.parallelism = par;
+            return s;
+        };
+        a.stages = {st("src", "source", false, 0, 0, 1), st("map(f)", "map", true, 0, 0, 2), st("batch(4)", "batch", false, 0, 0, 1),
+                    st("prefetch", "prefetch", true, 0, 0, 1)};
+        b.stages = {st("src", "source", false, 0.1, 0, 1), st("map(f)", "map", true, 1.6, 0.9, 2),
+                    st("batch(4)", "batch", false, 0.1, 0, 1), st("prefetch", "prefetch", true, 0, 1.0, 1)};
+        b.timeSeconds = 2;
+        b.steps = 10;
+        b.stepSeconds = 2;
+        b.waitSeconds = 1;
+        const PipelineWindow w = analyseWindow(a, b);
+        QCOMPARE(w.bound, InputBound::Highly);
+        QCOMPARE(w.bottleneck, std::string("map(f)"));
+        double sum = 0;
+        for (const auto& s : w.stages) sum += s.criticalSeconds;
+        QVERIFY(std::abs(sum - 1.0) < 1e-9);
+        // prefetch: 0.1 (batch) vs 0.9 (blocked on map) -> map's 0.9 splits 0.8 (map) : 0.1 (src).
+        QVERIFY(std::abs(w.stages[2].criticalSeconds - 0.1) < 1e-9);
+        QVERIFY(std::abs(w.stages[1].criticalSeconds - 0.8) < 1e-9);
+        QVERIFY(std::abs(w.stages[0].criticalSeconds - 0.1) < 1e-9);
+        QCOMPARE(pipelineSampleEvents(w, {}).size(), std::size_t(4));
+        QVERIFY(inputBoundFinding(w, {}).has_value());
+        b.waitSeconds = 0.08;
+        QCOMPARE(analyseWindow(a, b).bound, InputBound::No);
+        b.waitSeconds = 0.1;
+        QCOMPARE(analyseWindow(a, b).bound, InputBound::Moderately);
+    }
+
+    // ---- run configuration --------------------------------------------------------------------
+
+    void runConfigPipeline()
+    {
+        // 64 fake 28x28 images per split, labels 0..9.
+        const std::string dir = tmp("fmnist");
+        fs::create_directories(dir);
+        std::vector<uint8_t> px(64 * 784), lab(64);
+        for (std::size_t i = 0; i < px.size(); ++i) px[i] = uint8_t((i * 31) % 251);
+        for (std::size_t i = 0; i < lab.size(); ++i) lab[i] = uint8_t(i % 10);
+        for (const char* split : {"train", "t10k"}) {
+            writeBytes(dir + "/" + split + "-images-idx3-ubyte.gz", idxBytes({64, 28, 28}, px), true);
+            writeBytes(dir + "/" + split + "-labels-idx1-ubyte.gz", idxBytes({64}, lab), true);
+        }
+        nlohmann::json j = {
+            {"model_file", std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json"},
+            {"epochs", 2},
+            {"batch_size", 32},
+            {"pipeline",
+             {{"source", {{"kind", "idx"}, {"dir", dir}}},
+              {"transformations",
+               {{{"op", "map"}, {"fn", "normalise"}, {"num_parallel_calls", "AUTOTUNE"}},
+                {{"op", "shuffle"}, {"buffer_size", 64}, {"seed", 1}},
+                {{"op", "prefetch"}, {"buffer_size", "AUTOTUNE"}}}}}}};
+        auto cfg = RunConfig::fromJson(j, "run.json");
+        VERIFY_OK(cfg);
+        QVERIFY(cfg->pipeline.has_value());
+        QCOMPARE(cfg->toJson()["pipeline"]["transformations"].size(), std::size_t(3));
+        auto prepared = prepareRun(*cfg);
+        VERIFY_OK(prepared);
+        PreparedRun run = std::move(prepared).value();
+        QVERIFY(run.pipeline);
+        QVERIFY(!run.train);
+        QCOMPARE(run.trainSource(), static_cast<BatchSource*>(run.pipeline.get()));
+        QVERIFY(run.validationSource());  // the idx folder's test split
+        // batch(32) was inserted before the trailing prefetch.
+        const auto& ops = run.config.pipeline->ops;
+        QCOMPARE(ops.size(), std::size_t(4));
+        QCOMPARE(ops[2].kind, TransformKind::Batch);
+        QCOMPARE(ops[2].batchSize, int64_t(32));
+        auto fit = run.trainer->fit(*run.trainSource(), run.validationSource(), nullptr);
+        VERIFY_OK(fit);
+        QCOMPARE(fit->steps, int64_t(4));
+        QVERIFY(!std::isnan(fit->last.valLoss));
+
+        // The model expects 784 values; a pipeline that crops to 20x20 is refused before training.
+        nlohmann::json bad = j;
+        bad["pipeline"]["source"]["layout"] = "image";
+        bad["pipeline"]["transformations"][1] = {{"op", "map"}, {"fn", "random_crop"}, {"size", {20, 20}}};
+        auto badCfg = RunConfig::fromJson(bad, "run.json");
+        VERIFY_OK(badCfg);
+        auto refused = prepareRun(*badCfg);
+        QVERIFY(!refused.ok());
+        QCOMPARE(refused.error().code, ErrorCode::ShapeMismatch);
+        VERIFY_MSG(refused.error().message, "training pipeline");
+        VERIFY_MSG(refused.error().message, "model's input is (784,)");
+
+        nlohmann::json typo = j;
+        typo["pipeline"]["transformations"][1]["buffer"] = 3;
+        auto typoCfg = RunConfig::fromJson(typo, "run.json");
+        QVERIFY(!typoCfg.ok());
+        VERIFY_MSG(typoCfg.error().message, "run.json: pipeline.transformations[1]");
+    }
+};
+
+QTEST_APPLESS_MAIN(TestPipeline)
+#include "tst_pipeline.moc"
