@@ -11,6 +11,10 @@
 #include <memory>
 #include <sstream>
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
@@ -87,7 +91,8 @@ ts::Result<Sample> runTorch(const std::string& model, const BenchOptions& o, con
     // PyTorch at its best on this machine (see shared/bench/README.md): OpenMP OpenBLAS
     // (libopenblas0-openmp) with the right kernel instead of Debian's default pthread build.
     std::ostringstream cmd;
-    cmd << "cd '" << dir << "' && LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OPENBLAS_CORETYPE=" << openblasCoreType() << " "
+    // env -u: PyTorch runs with libgomp's defaults, not the spin count this process was given.
+    cmd << "cd '" << dir << "' && env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u TS_NO_REEXEC LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OPENBLAS_CORETYPE=" << openblasCoreType() << " "
         << "OMP_NUM_THREADS=" << o.threads << " " << o.python << " torch_train.py --model " << model << " --epochs "
         << o.epochs << " --threads " << o.threads << " 2>&1";
     std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.str().c_str(), "r"), pclose);
@@ -106,12 +111,40 @@ ts::Result<Sample> runTorch(const std::string& model, const BenchOptions& o, con
     return Sample{j["samples_per_sec"].get<double>(), j.value("test_accuracy", 0.0)};
 }
 
+// "A busy neighbour": another process spinning on one core while a measurement runs.
+class BusyNeighbour {
+public:
+    BusyNeighbour()
+    {
+        m_pid = ::fork();
+        if (m_pid == 0) {
+            volatile unsigned long x = 0;
+            for (;;) x = x + 1;  // async-signal-safe: nothing but arithmetic after fork
+        }
+    }
+    ~BusyNeighbour()
+    {
+        if (m_pid > 0) {
+            ::kill(m_pid, SIGKILL);
+            ::waitpid(m_pid, nullptr, 0);
+        }
+    }
+    BusyNeighbour(const BusyNeighbour&) = delete;
+    BusyNeighbour& operator=(const BusyNeighbour&) = delete;
+
+private:
+    pid_t m_pid = -1;
+};
+
 } // namespace
 
 void addBenchCommand(CLI::App& app, BenchOptions& o)
 {
     auto* c = app.add_subcommand("bench", "Training throughput next to PyTorch (same machine, same invocation)");
+    c->add_option("--suite", o.suite, "train (vs PyTorch), pipeline (input throughput and stalls), overhead "
+                                      "(telemetry + store on vs off) or store (write rate, series load)");
     c->add_option("--models", o.models, "comma-separated: mlp, cnn");
+    c->add_flag("--busy", o.busy, "train: also measure both engines with one core taken by a spinning process");
     c->add_option("--threads", o.threads, "threads for both engines");
     c->add_option("--pairs", o.pairs, "alternating (ours, PyTorch) pairs; medians are reported");
     c->add_option("--epochs", o.epochs, "epochs per run (the first is warm-up and excluded)");
@@ -125,6 +158,7 @@ void addBenchCommand(CLI::App& app, BenchOptions& o)
 
 int runBench(const BenchOptions& o)
 {
+    if (o.suite != "train") return runBenchSuite(o);
     std::string dir = o.torchDir.empty() ? std::string(TS_BENCH_DIR) : o.torchDir;
     bool torch = !o.noTorch;
     if (torch && !std::filesystem::exists(std::filesystem::path(dir) / "torch_train.py")) {
@@ -135,46 +169,69 @@ int runBench(const BenchOptions& o)
     std::string model;
     int rc = 0;
     while (std::getline(ss, model, ',')) {
-        std::vector<double> ours, theirs, ratios;
+        // Index 0: an idle machine; 1: with a busy neighbour (--busy).
+        std::vector<double> ours[2], theirs[2], ratios[2];
         double ourAcc = 0, theirAcc = 0;
         for (int p = 0; p < o.pairs; ++p) {
-            auto a = runOurs(model, o);
-            if (!a.ok()) {
-                std::cerr << "error: " << model << ": " << a.error().toString() << "\n";
-                return 1;
-            }
-            ours.push_back(a->samplesPerSec);
-            ourAcc = a->accuracy;
-            std::string line = "  pair " + std::to_string(p + 1) + ": trainstudio " + std::to_string(static_cast<long>(a->samplesPerSec));
-            if (torch) {
-                auto b = runTorch(model, o, dir);
-                if (!b.ok()) {
-                    std::cerr << "error: " << b.error().toString() << "\n";
+            for (int busy = 0; busy <= (o.busy ? 1 : 0); ++busy) {
+                std::unique_ptr<BusyNeighbour> neighbour;
+                if (busy) neighbour = std::make_unique<BusyNeighbour>();
+                auto a = runOurs(model, o);
+                if (!a.ok()) {
+                    std::cerr << "error: " << model << ": " << a.error().toString() << "\n";
                     return 1;
                 }
-                theirs.push_back(b->samplesPerSec);
-                theirAcc = b->accuracy;
-                ratios.push_back(a->samplesPerSec / b->samplesPerSec);
-                line += "  pytorch " + std::to_string(static_cast<long>(b->samplesPerSec)) + "  ratio " +
-                        std::to_string(ratios.back()).substr(0, 5);
+                ours[busy].push_back(a->samplesPerSec);
+                ourAcc = a->accuracy;
+                std::string line = "  pair " + std::to_string(p + 1) + (busy ? " (busy neighbour)" : "") + ": trainstudio " +
+                                   std::to_string(static_cast<long>(a->samplesPerSec));
+                if (torch) {
+                    auto b = runTorch(model, o, dir);
+                    if (!b.ok()) {
+                        std::cerr << "error: " << b.error().toString() << "\n";
+                        return 1;
+                    }
+                    theirs[busy].push_back(b->samplesPerSec);
+                    theirAcc = b->accuracy;
+                    ratios[busy].push_back(a->samplesPerSec / b->samplesPerSec);
+                    line += "  pytorch " + std::to_string(static_cast<long>(b->samplesPerSec)) + "  ratio " +
+                            std::to_string(ratios[busy].back()).substr(0, 5);
+                }
+                if (!o.json) std::cout << line << "\n" << std::flush;
             }
-            if (!o.json) std::cout << line << "\n" << std::flush;
         }
         if (o.json) {
             nlohmann::json j = {{"model", model}, {"threads", o.threads}, {"strategy", o.strategy}, {"pairs", o.pairs},
-                                {"epochs", o.epochs}, {"trainstudio_samples_per_sec", median(ours)},
+                                {"epochs", o.epochs}, {"trainstudio_samples_per_sec", median(ours[0])},
                                 {"trainstudio_test_accuracy", ourAcc}};
             if (torch) {
-                j["pytorch_samples_per_sec"] = median(theirs);
+                j["pytorch_samples_per_sec"] = median(theirs[0]);
                 j["pytorch_test_accuracy"] = theirAcc;
-                j["ratio_median"] = median(ratios);
+                j["ratio_median"] = median(ratios[0]);
+            }
+            if (o.busy) {
+                j["busy"] = {{"trainstudio_samples_per_sec", median(ours[1])},
+                             {"trainstudio_loss", 1 - median(ours[1]) / median(ours[0])}};
+                if (torch) {
+                    j["busy"]["pytorch_samples_per_sec"] = median(theirs[1]);
+                    j["busy"]["pytorch_loss"] = 1 - median(theirs[1]) / median(theirs[0]);
+                    j["busy"]["ratio_median"] = median(ratios[1]);
+                }
             }
             std::cout << j.dump() << "\n";
         } else {
             std::printf("%s (%d threads, %s, %d pairs, median of epochs 2..%d): trainstudio %.0f samples/s", model.c_str(),
-                        o.threads, o.strategy.c_str(), o.pairs, o.epochs, median(ours));
-            if (torch) std::printf(" | pytorch %.0f samples/s | ratio %.2fx", median(theirs), median(ratios));
+                        o.threads, o.strategy.c_str(), o.pairs, o.epochs, median(ours[0]));
+            if (torch) std::printf(" | pytorch %.0f samples/s | ratio %.2fx", median(theirs[0]), median(ratios[0]));
             std::printf("\n");
+            if (o.busy) {
+                std::printf("%s with a busy neighbour: trainstudio %.0f samples/s (loses %.0f%%)", model.c_str(), median(ours[1]),
+                            100 * (1 - median(ours[1]) / median(ours[0])));
+                if (torch)
+                    std::printf(" | pytorch %.0f samples/s (loses %.0f%%) | ratio %.2fx", median(theirs[1]),
+                                100 * (1 - median(theirs[1]) / median(theirs[0])), median(ratios[1]));
+                std::printf("\n");
+            }
         }
     }
     return rc;

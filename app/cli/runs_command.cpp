@@ -13,9 +13,10 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "store/bus_sink.h"
 #include "store/export.h"
 #include "store/run_store.h"
-#include "store/bus_sink.h"
+#include "telemetry/advisor_sink.h"
 #include "train/run_config.h"
 
 namespace tscli {
@@ -506,6 +507,7 @@ public:
     StoreRecording(st::RunStore store, const TrainOptions& o) : m_store(std::move(store)), m_options(o) {}
     ~StoreRecording() override
     {
+        if (m_advisor) m_advisor->stop();
         if (m_sink) (void)m_sink->stop();
         ts::Status s = m_store.close();
         if (!s.ok()) warn(s.error());
@@ -515,6 +517,8 @@ public:
     {
         if (!create(run.config, &run)) return;
         m_sink = std::make_unique<st::StoreSink>(bus, m_store);
+        // Advice as the run goes: findings after every epoch land in the store with the run.
+        m_advisor = std::make_unique<ts::telemetry::AdvisorSink>(bus, m_id, run.trainer->strategy().numReplicas());
         run.trainer->setTelemetry(&bus, m_id, false);
     }
 
@@ -528,6 +532,7 @@ public:
     void fitDone(const ts::Result<ts::FitResult>& result) override
     {
         if (!m_sink) return;
+        if (m_advisor) m_advisor->stop();  // its last findings go onto the bus before the store drains it
         ts::Status s = m_sink->stop();
         if (!s.ok()) warn(s.error());
         if (m_sink->busDropped() > 0)
@@ -586,6 +591,12 @@ private:
         if (spec.model.is_null() && !config.modelFile.empty()) spec.model = {{"name", std::filesystem::path(config.modelFile).stem().string()}};
         spec.seed = config.seed;
         spec.strategy = config.strategy.kind;
+        if (run && !run->model.name.empty()) {
+            // The model design is the run's project: runs of one design group together.
+            spec.project = run->model.name;
+            ts::Status p = m_store.upsertProject(run->model.name, ts::modelToJson(run->model));
+            if (!p.ok()) warn(p.error());
+        }
         nlohmann::json devices = nlohmann::json::array();
         if (run)
             for (const auto& d : run->trainer->strategy().devices())
@@ -606,6 +617,7 @@ private:
     TrainOptions m_options;
     std::string m_id;
     std::unique_ptr<st::StoreSink> m_sink;
+    std::unique_ptr<ts::telemetry::AdvisorSink> m_advisor;
 };
 
 } // namespace

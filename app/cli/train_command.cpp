@@ -1,5 +1,6 @@
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "store/run_store.h"
 #include "telemetry/bus.h"
 #include "telemetry/trace_sink.h"
+#include "telemetry/tracer.h"
 #include "train/run_config.h"
 
 namespace tscli {
@@ -279,7 +281,24 @@ int runTrain(const TrainOptions& o)
         traceSink->setMetadata("replicas", std::to_string(run.trainer->strategy().numReplicas()));
         run.trainer->setTelemetry(&bus, runId, true, o.traceLayers);
     }
-    auto result = run.trainer->fit(*run.train, run.validation.get(), &listener);
+    // A "pipeline" section in --config: its stall windows and verdicts join the run's telemetry.
+    if (run.pipeline && recording) run.pipeline->setTelemetry(&bus, recording->runId());
+    auto result = run.trainer->fit(*run.trainSource(), run.validationSource(), &listener);
+    const int64_t badRecords = run.pipeline ? run.pipeline->badRecords() : 0;
+    if (badRecords > 0) {
+        // skip_bad_records: say how many were dropped and the first reasons, also in the run's log.
+        std::string msg = "skipped " + std::to_string(badRecords) + " bad record(s) in the training data";
+        const auto first = run.pipeline->badRecordMessages();
+        for (std::size_t i = 0; i < std::min<std::size_t>(first.size(), 3); ++i) msg += "\n  " + first[i];
+        std::cerr << "warning: " << msg << "\n";
+        ts::telemetry::LogEvent e;
+        e.stamp.runId = recording ? recording->runId() : std::string();
+        e.stamp.step = run.trainer->globalStep();
+        e.stamp.wallTimeUs = ts::telemetry::wallNowMicros();
+        e.level = ts::telemetry::LogLevel::Warning;
+        e.message = msg;
+        bus.publish(ts::telemetry::Event(std::move(e)));
+    }
     if (recording) recording->fitDone(result);
     if (traceSink) {
         // Written even for a failed run: the timeline up to the failure is what one wants to see.
@@ -310,6 +329,7 @@ int runTrain(const TrainOptions& o)
                             {"seconds", num(r.seconds)}, {"strategy", run.trainer->strategy().name()},
                             {"replicas", run.trainer->strategy().numReplicas()}};
         if (recording) j["run_id"] = recording->runId();
+        if (run.pipeline) j["bad_records"] = badRecords;
         std::cout << j.dump() << "\n";
     } else if (!o.quiet) {
         std::printf("Trained %lld step(s) in %s: %s samples/s", static_cast<long long>(r.steps), fmtDuration(r.seconds).c_str(),

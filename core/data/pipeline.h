@@ -93,6 +93,14 @@ public:
     int64_t examplesPerEpoch() const override;
     void cancel() override;
 
+    // Where window events go, and the run id they carry; for a pipeline built before its run
+    // was recorded. Consumer thread, between steps.
+    void setTelemetry(telemetry::EventBus* bus, std::string runId)
+    {
+        m_options.bus = bus;
+        m_options.runId = std::move(runId);
+    }
+
     // The next raw element (no batch() needed), with the same accounting as next().
     Result<std::optional<Element>> nextElement();
 

@@ -27,6 +27,26 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
 {
     if (!j.is_object()) return makeError(ErrorCode::ParseError, source + ": a run configuration must be a JSON object");
     RunConfig c;
+    // A misspelt or misplaced key would otherwise be ignored silently and the run would differ
+    // from what the file says.
+    static const char* const kTop[] = {"model_file", "model", "data", "strategy", "epochs", "max_steps", "batch_size",
+                                       "seed", "optimizer", "schedule", "loss", "load_weights", "save_weights",
+                                       "pipeline", "validation_pipeline"};
+    static const char* const kData[] = {"source", "dir", "limit", "validation_limit", "shuffle", "validate"};
+    auto unknownKey = [](const nlohmann::json& obj, const auto& known) -> std::string {
+        for (const auto& [key, value] : obj.items())
+            if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
+                return key;
+        return {};
+    };
+    if (std::string k = unknownKey(j, kTop); !k.empty())
+        return makeError(ErrorCode::InvalidArgument, source + ": unknown key \"" + k + "\"",
+                         "known keys: model_file, model, data, strategy, epochs, max_steps, batch_size, seed, optimizer, "
+                         "schedule, loss, load_weights, save_weights, pipeline, validation_pipeline");
+    if (j.contains("data") && j["data"].is_object())
+        if (std::string k = unknownKey(j["data"], kData); !k.empty())
+            return makeError(ErrorCode::InvalidArgument, source + ": unknown key \"data." + k + "\"",
+                             "data takes source, dir, limit, validation_limit, shuffle, validate");
     try {
         if (j.contains("model_file")) c.modelFile = j["model_file"].get<std::string>();
         if (j.contains("model")) {

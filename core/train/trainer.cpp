@@ -70,6 +70,9 @@ void Trainer::cancel()
 {
     m_cancel = true;
     m_strategy->cancel();
+    std::lock_guard lock(m_sourceMutex);
+    if (m_activeTrain) m_activeTrain->cancel();
+    if (m_activeValidation) m_activeValidation->cancel();
 }
 
 void Trainer::setTelemetry(telemetry::EventBus* bus, std::string runId, bool trace, bool traceLayers)
@@ -138,7 +141,20 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
             }
         }
     }
+    {
+        std::lock_guard lock(m_sourceMutex);
+        m_activeTrain = &train;
+        m_activeValidation = validation;
+    }
+    if (m_cancel) {  // cancelled before the sources were known
+        train.cancel();
+        if (validation) validation->cancel();
+    }
     auto result = fitLoop(train, validation, listener);
+    {
+        std::lock_guard lock(m_sourceMutex);
+        m_activeTrain = m_activeValidation = nullptr;
+    }
     if (sampler) sampler->stop();
     if (m_tracing) {
         Tracer::setLevel(TraceLevel::Off);

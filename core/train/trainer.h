@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -106,6 +107,8 @@ public:
     Status initialise();
     Result<FitResult> fit(BatchSource& train, BatchSource* validation, TrainListener* listener);
     Result<EvalResult> evaluate(BatchSource& data);
+    // Any thread: stops fit() at the next step boundary, and wakes it at once if it is blocked
+    // waiting for a batch (the sources fit() is reading are cancelled too, which is sticky).
     void cancel();
 
     Strategy& strategy() { return *m_strategy; }
@@ -132,6 +135,9 @@ private:
     float m_baseLr = 1e-3f;
     int64_t m_step = 0;
     std::atomic<bool> m_cancel{false};
+    std::mutex m_sourceMutex;                 // guards the pointers below against cancel()
+    BatchSource* m_activeTrain = nullptr;     // the sources of the fit() in progress
+    BatchSource* m_activeValidation = nullptr;
     std::atomic<int64_t> m_currentStep{0};
     bool m_tracing = false;  // this fit() owns the process's tracer
     std::string m_modelName;

@@ -17,6 +17,8 @@ private slots:
     void badInput_data();
     void badInput();
     void jsonOutputAndWeights();
+    void configWithPipeline();
+    void corruptInputFailsRun();
     void seedMlpReachesAccuracy();
 
 private:
@@ -147,6 +149,66 @@ void TestCli::jsonOutputAndWeights()
     r = cli({"train", "--model", "cnn", "--load-weights", weights, "--max-steps", "1"});
     QVERIFY(r.code != 0);
     QVERIFY2(r.err.contains("conv2d") || r.err.contains("dense"), qPrintable(r.err));
+}
+
+void TestCli::configWithPipeline()
+{
+    if (!m_haveData) QSKIP("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    // A run configuration whose input is a tf.data-style pipeline: training reads it, the run
+    // store records its stall windows, and a typo in it names the transformation.
+    const QString dir = QString::fromStdString(ts::defaultFashionMnistDir());
+    const QString model = QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json");
+    const QString run = QStringLiteral(R"({"model_file": "%1", "epochs": 1, "batch_size": 128, "data": {"validation_limit": 1000},
+        "pipeline": {"source": {"kind": "idx", "dir": "%2"}, "window_steps": 4,
+          "transformations": [{"op": "take", "count": 2048},
+                              {"op": "map", "fn": "normalise", "num_parallel_calls": "AUTOTUNE"},
+                              {"op": "shuffle", "buffer_size": 1024, "seed": 3},
+                              {"op": "prefetch", "buffer_size": "AUTOTUNE"}]}})")
+                            .arg(model, dir);
+    writeFile(m_dir.filePath("run.json"), run.toUtf8());
+    const QString db = m_dir.filePath("pipeline_runs.db");
+    Run r = cli({"train", "--config", m_dir.filePath("run.json"), "--json", "--db", db});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    const QJsonObject last = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object();
+    QCOMPARE(last.value("steps").toInt(), 16);  // 2048 / 128
+    QVERIFY(last.value("val_accuracy").toDouble() > 0.5);
+    r = cli({"runs", "show", last.value("run_id").toString(), "--json", "--db", db});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    const QJsonObject records = QJsonDocument::fromJson(r.out.toUtf8()).object().value("records").toObject();
+    // 16 steps in windows of 4: 4 windows x 5 stages (take, map, shuffle, batch, prefetch).
+    QVERIFY2(records.value("pipeline_samples").toInt() >= 15, qPrintable(r.out.left(3000)));
+
+    writeFile(m_dir.filePath("typo.json"), QString(run).replace("\"count\"", "\"cnt\"").toUtf8());
+    r = cli({"train", "--config", m_dir.filePath("typo.json"), "--no-record"});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("pipeline.transformations[0]"), qPrintable(r.err));
+}
+
+void TestCli::corruptInputFailsRun()
+{
+    // A CSV whose row 151 is ragged: the run fails with the file and line, and the run store
+    // shows it failed with that message (nothing crashes, nothing hangs).
+    QByteArray csv = "label,a,b,c\n";
+    for (int i = 0; i < 200; ++i)
+        csv += QByteArray::number(i % 10) + "," + QByteArray::number(i) + ",0.5," + (i == 150 ? "," : "") + "1\n";
+    writeFile(m_dir.filePath("ragged.csv"), csv);
+    writeFile(m_dir.filePath("tiny.json"),
+              R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
+                 {"id": "input", "type": "Input", "attrs": {"shape": [3]}},
+                 {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 10, "activation": "softmax"}}],
+                 "compile": {"loss": "sparse_categorical_crossentropy", "batch_size": 16}})");
+    const QString run = QStringLiteral(R"({"model_file": "%1", "epochs": 1, "data": {"validate": false},
+        "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"},
+                     "transformations": [{"op": "batch", "size": 16}]}})")
+                            .arg(m_dir.filePath("tiny.json"), m_dir.filePath("ragged.csv"));
+    writeFile(m_dir.filePath("ragged_run.json"), run.toUtf8());
+    const QString db = m_dir.filePath("ragged_runs.db");
+    Run r = cli({"train", "--config", m_dir.filePath("ragged_run.json"), "--db", db});
+    QVERIFY2(r.code == 1, qPrintable(QString::number(r.code) + r.err));
+    QVERIFY2(r.err.contains("ragged.csv") && r.err.contains("line 152"), qPrintable(r.err));
+    r = cli({"runs", "list", "--json", "--db", db});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    QVERIFY2(r.out.contains("\"failed\"") && r.out.contains("line 152"), qPrintable(r.out));
 }
 
 void TestCli::seedMlpReachesAccuracy()

@@ -29,7 +29,9 @@
 #include "data/transforms.h"
 #include "io/npy.h"
 #include "telemetry/bus.h"
+#include "model/spec.h"
 #include "train/run_config.h"
+#include "train/trainer.h"
 
 using namespace ts;
 namespace fs = std::filesystem;
@@ -893,6 +895,38 @@ private slots:
             QVERIFY(secondsSince(t0) < 0.45);
         }
         QVERIFY(threadsBackTo(baseline));
+    }
+
+    void trainerCancelWakesBlockedInput()
+    {
+        // The trainer waits on a pipeline that needs 300 ms per element; Trainer::cancel() from
+        // another thread must end fit() at once (cancelled, not failed), not after the batch.
+        auto model = parseModelText(R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
+            {"id": "input", "type": "Input", "attrs": {"shape": [3]}},
+            {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 400, "activation": "softmax"}}],
+            "compile": {"loss": "sparse_categorical_crossentropy", "optimizer": {"type": "sgd", "learning_rate": 0.01}}})",
+                                    "tiny.json");
+        VERIFY_OK(model);
+        TrainConfig tc;
+        tc.epochs = 1;
+        auto trainer = Trainer::create(*model, tc);
+        VERIFY_OK(trainer);
+        VERIFY_OK((*trainer)->initialise());
+        PipelineSpec s(rows(100));
+        s.map(sleepFn(300)).batch(2).prefetch(1);
+        auto p = make(s);
+        QVERIFY(p);
+        std::thread canceller([&] {
+            std::this_thread::sleep_for(std::chrono::milliseconds(900));  // a step or so in
+            (*trainer)->cancel();
+        });
+        const auto t0 = Clock::now();
+        auto fit = (*trainer)->fit(*p, nullptr, nullptr);
+        const double took = secondsSince(t0);
+        canceller.join();
+        VERIFY_OK(fit);
+        QVERIFY(fit->cancelled);
+        QVERIFY2(took < 1.3, qPrintable(QString::number(took)));  // 0.9 s + prompt wake-up, not + 0.6 s per batch
     }
 
     // ---- accounting ---------------------------------------------------------------------------
