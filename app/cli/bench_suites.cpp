@@ -195,6 +195,12 @@ int pipelineSuite(const BenchOptions& o)
         std::printf("  %-34s stall %5.2f%% of step time, %8.0f samples/s\n",
                     overlap ? "map AUTOTUNE + prefetch AUTOTUNE:" : "sequential map, no prefetch:", 100 * share, median(l.rates));
         out[overlap ? "mlp_autotune" : "mlp_sequential"] = {{"stall_share", share}, {"samples_per_sec", median(l.rates)}};
+        if (overlap) {
+            std::string knobs;
+            for (const auto& k : prepared->pipeline->knobs())
+                knobs += (knobs.empty() ? "" : ", ") + k.stage + " " + k.knob + " " + std::to_string(k.value);
+            std::printf("    autotuned: %s\n", knobs.c_str());
+        }
     }
     if (o.json) std::cout << out.dump() << "\n";
     return 0;

@@ -40,6 +40,9 @@ std::vector<int64_t> Autotuner::tune(const PipelineSnapshot& from, const Pipelin
     out.reserve(knobs.size());
     for (const auto& k : knobs) out.push_back(k.value);
     m_calmIntervals.resize(knobs.size(), 0);
+    m_waitBefore.resize(knobs.size(), 0);
+    m_evaluate.resize(knobs.size(), 0);
+    m_hold.resize(knobs.size(), 0);
     const PipelineWindow w = analyseWindow(from, to);
     if (w.steps < 1) return out;
 
@@ -73,7 +76,23 @@ std::vector<int64_t> Autotuner::tune(const PipelineSnapshot& from, const Pipelin
                 need = static_cast<int64_t>(std::ceil(1.25 * s.secondsPerElement * perStep / consumerSeconds));
             }
             if (waiting && static_cast<int>(i) == worst && worstShare >= 0.25) need = std::max(need, v + 1);
+            if (m_evaluate[i]) {
+                m_evaluate[i] = 0;
+                if (w.waitShare > 0.8 * m_waitBefore[i] && v > k.minValue) {
+                    // The raise did not pay: take it back and leave this knob alone for a while.
+                    out[i] = v - 1;
+                    m_hold[i] = 30;
+                    m_calmIntervals[i] = 0;
+                    continue;
+                }
+            }
+            if (m_hold[i] > 0) {
+                --m_hold[i];
+                need = std::min(need, v);
+            }
             if (need > v) {
+                m_waitBefore[i] = w.waitShare;
+                m_evaluate[i] = waiting ? 1 : 0;  // a raise while the consumer waited must cut its wait
                 v = need;
                 m_calmIntervals[i] = 0;
             } else if (need < v && calm) {

@@ -43,6 +43,12 @@ private:
     int m_cpuBudget;
     int64_t m_ramBudget;
     std::vector<int> m_calmIntervals;  // per knob: consecutive intervals that asked for less
+    // Hill climbing on parallelism: a raise is kept only if the consumer's wait fell with it. On
+    // a machine whose cores the model's kernels already fill, another map thread just competes
+    // with them (measured: 2 threads for normalise made the seed MLP's stall worse, not better).
+    std::vector<double> m_waitBefore;  // per knob: wait share in the interval before the raise
+    std::vector<int> m_evaluate;       // per knob: the last interval raised it
+    std::vector<int> m_hold;           // per knob: intervals left without raises after a useless one
 };
 
 } // namespace ts

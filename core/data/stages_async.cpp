@@ -3,6 +3,8 @@
 // Waker::wake() takes the iterator's mutex before notifying, so a stop raised between a
 // predicate check and the wait cannot be missed.
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -148,37 +150,57 @@ public:
 
     Next next() override
     {
-        std::unique_lock<std::mutex> lock(m_mutex);
         for (;;) {
-            std::optional<Slot> slot;
-            if (m_deterministic) {
-                auto it = m_results.find(m_nextOut);
-                if (it != m_results.end()) {
-                    slot = std::move(it->second);
-                    m_results.erase(it);
+            // The chunk in hand is the consumer's alone: no lock per element.
+            if (m_pos < m_current.size()) {
+                Slot& slot = m_current[m_pos++];
+                if (slot.skipped) continue;
+                if (slot.error) {
+                    m_final = Next(std::move(*slot.error));
+                    m_current.clear();
+                    m_pos = 0;
+                    return *m_final;
                 }
-            } else if (!m_done.empty()) {
-                slot = std::move(m_done.front());
-                m_done.pop_front();
+                m_stage.counters.countProduced(*slot.element);
+                return std::move(slot.element);
             }
-            if (slot) {
-                ++m_nextOut;
-                m_stage.counters.queueDepth = static_cast<int64_t>(m_deterministic ? m_results.size() : m_done.size());
-                lock.unlock();
-                m_workerCv.notify_all();
-                if (slot->skipped) {
-                    lock.lock();
-                    continue;
+            if (m_final) return *m_final;
+            std::unique_lock<std::mutex> lock(m_mutex);
+            for (;;) {
+                std::optional<Chunk> chunk;
+                if (m_deterministic) {
+                    auto it = m_results.find(m_nextOut);
+                    if (it != m_results.end()) {
+                        chunk = std::move(it->second);
+                        m_results.erase(it);
+                    }
+                } else if (!m_done.empty()) {
+                    chunk = std::move(m_done.front());
+                    m_done.pop_front();
                 }
-                if (slot->error) return std::move(*slot->error);
-                m_stage.counters.countProduced(*slot->element);
-                return std::move(slot->element);
+                if (chunk) {
+                    ++m_nextOut;
+                    m_stage.counters.queueDepth = static_cast<int64_t>(m_deterministic ? m_results.size() : m_done.size());
+                    const bool wakeWorker = m_workersWaiting > 0;
+                    lock.unlock();
+                    // Room in the window for one more chunk. notify_all: a worker parked above the
+                    // autotuned parallelism must not swallow the wake-up meant for an active one.
+                    if (wakeWorker) m_workerCv.notify_all();
+                    m_current = std::move(chunk->slots);
+                    m_pos = 0;
+                    break;
+                }
+                if (m_inputDone && m_nextOut >= m_endSeq) {
+                    m_final = Next(std::optional<Element>());
+                    return *m_final;
+                }
+                if (m_stopping || m_ctx.chain->stopped()) return cancelledError();
+                const int64_t t0 = nowNs();
+                m_consumerWaiting = true;
+                m_consumerCv.wait(lock);
+                m_consumerWaiting = false;
+                m_stage.counters.addBlocked(nowNs() - t0);
             }
-            if (m_inputDone && m_nextOut >= m_endSeq) return std::optional<Element>();
-            if (m_stopping || m_ctx.chain->stopped()) return cancelledError();
-            const int64_t t0 = nowNs();
-            m_consumerCv.wait(lock);
-            m_stage.counters.addBlocked(nowNs() - t0);
         }
     }
 
@@ -188,84 +210,127 @@ private:
         std::optional<Error> error;
         bool skipped = false;
     };
+    // Consecutive input elements mapped by one worker and handed over together: the threads
+    // synchronise once per chunk, not once per element (per-element hand-offs cost more than a
+    // cheap map like normalise itself).
+    struct Chunk {
+        std::vector<Slot> slots;
+    };
+    // Chunks take about 100 us of map work: long enough to amortise a hand-off (a few us), short
+    // enough that a slow map (decoding, sleeping) still hands elements over one at a time.
+    static constexpr std::size_t kMaxChunk = 64;
+    static constexpr int64_t kChunkTargetNs = 100'000;
+    std::size_t chunkSize() const
+    {
+        const int64_t avg = m_avgElementNs.load(std::memory_order_relaxed);
+        if (avg <= 0) return 1;  // nothing measured yet
+        return static_cast<std::size_t>(std::clamp<int64_t>(kChunkTargetNs / avg, 1, static_cast<int64_t>(kMaxChunk)));
+    }
 
     int64_t parallelism() const { return std::max<int64_t>(1, m_stage.parallelism.get()); }
-    // Results computed or in flight ahead of the consumer: two per thread keeps every worker busy
-    // while the consumer takes one.
+    // Chunks computed or in flight ahead of the consumer: two per thread keeps every worker busy
+    // while the consumer works through one.
     int64_t window() const { return 2 * parallelism(); }
 
     void work(int id)
     {
         std::unique_lock<std::mutex> lock(m_mutex);
+        std::vector<Next> inputs;
+        inputs.reserve(kMaxChunk);
         for (;;) {
+            ++m_workersWaiting;
             m_workerCv.wait(lock, [&] {
                 return m_stopping || m_ctx.chain->stopped() ||
                        (id < parallelism() && !m_inputDone && !m_inputBusy && m_nextPull - m_nextOut < window());
             });
+            --m_workersWaiting;
             if (m_stopping || m_ctx.chain->stopped()) return;
             m_inputBusy = true;
             const int64_t seq = m_nextPull++;
             m_stage.counters.parallelism = static_cast<int>(parallelism());
-            m_stage.counters.queueCapacity = window();
+            const std::size_t want = chunkSize();
+            m_stage.counters.queueCapacity = window() * static_cast<int64_t>(want);
             lock.unlock();
-            Next r = m_input->next();
+            // Pull a chunk; the input is this worker's until it lets go.
+            inputs.clear();
+            bool ended = false;
+            while (inputs.size() < want) {
+                Next r = m_input->next();
+                ended = !r.ok() || !r->has_value();
+                if (ended && r.ok()) break;  // the end: not an element
+                inputs.push_back(std::move(r));
+                if (ended) break;            // an error ends the input too
+            }
             lock.lock();
             m_inputBusy = false;
-            if (!r.ok() || !r->has_value()) {
-                m_inputDone = true;
-                if (!r.ok()) {
-                    Slot s;
-                    s.error = r.takeError();
-                    store(seq, std::move(s));
-                    m_endSeq = seq + 1;
-                } else {
-                    m_endSeq = seq;
-                    m_nextPull = seq;
-                }
+            if (ended) m_inputDone = true;
+            if (inputs.empty()) {
+                m_endSeq = seq;
+                m_nextPull = seq;
                 lock.unlock();
                 m_consumerCv.notify_all();
                 m_workerCv.notify_all();
                 lock.lock();
                 continue;
             }
+            if (ended) m_endSeq = seq + 1;
+            const bool another = !ended && m_workersWaiting > 0;
             lock.unlock();
-            m_workerCv.notify_all();  // another worker may pull now
-            Element meta;
-            meta.key = (*r)->key;
-            meta.origin = (*r)->origin;
-            meta.position = (*r)->position;
+            if (another) m_workerCv.notify_all();  // another worker may pull now
+            Chunk chunk;
+            chunk.slots.resize(inputs.size());
             const int64_t t0 = nowNs();
-            Result<Element> out = m_fn.fn(std::move(**r), m_mc);
-            m_stage.counters.addBusy(nowNs() - t0);
-            Slot s;
-            if (out.ok()) {
-                s.element = std::move(out).value();
-            } else {
-                Error e = out.takeError();
-                const std::string where = meta.where();
-                if (e.message.find(where) == std::string::npos) e.message = where + ": " + e.message;
-                e.message = m_stage.name + ": " + e.message;
-                if (m_ctx.shared->skipBad && isRecordError(e)) {
-                    m_ctx.shared->recordBad(e);
-                    m_stage.counters.skipped.fetch_add(1, std::memory_order_relaxed);
-                    s.skipped = true;
-                } else {
-                    s.error = std::move(e);
-                }
+            for (std::size_t i = 0; i < inputs.size(); ++i) mapOne(inputs[i], chunk.slots[i]);
+            const int64_t per = (nowNs() - t0) / static_cast<int64_t>(inputs.size());
+            const int64_t old = m_avgElementNs.load(std::memory_order_relaxed);
+            m_avgElementNs.store(old <= 0 ? std::max<int64_t>(per, 1) : (3 * old + per) / 4, std::memory_order_relaxed);
+            lock.lock();
+            if (m_deterministic) m_results.emplace(seq, std::move(chunk));
+            else m_done.push_back(std::move(chunk));
+            m_stage.counters.queueDepth = static_cast<int64_t>(m_deterministic ? m_results.size() : m_done.size());
+            const bool wakeConsumer = m_consumerWaiting;
+            if (ended) {
+                lock.unlock();
+                m_consumerCv.notify_all();
+                m_workerCv.notify_all();
+                lock.lock();
+            } else if (wakeConsumer) {
+                lock.unlock();
+                m_consumerCv.notify_one();
+                lock.lock();
             }
-            lock.lock();
-            store(seq, std::move(s));
-            lock.unlock();
-            m_consumerCv.notify_one();
-            lock.lock();
         }
     }
 
-    void store(int64_t seq, Slot s)
+    void mapOne(Next& in, Slot& slot)
     {
-        if (m_deterministic) m_results.emplace(seq, std::move(s));
-        else m_done.push_back(std::move(s));
-        m_stage.counters.queueDepth = static_cast<int64_t>(m_deterministic ? m_results.size() : m_done.size());
+        if (!in.ok()) {
+            slot.error = in.takeError();
+            return;
+        }
+        Element& e = **in;
+        Element meta;
+        meta.key = e.key;
+        meta.origin = e.origin;
+        meta.position = e.position;
+        const int64_t t0 = nowNs();
+        Result<Element> out = m_fn.fn(std::move(e), m_mc);
+        m_stage.counters.addBusy(nowNs() - t0);
+        if (out.ok()) {
+            slot.element = std::move(out).value();
+            return;
+        }
+        Error err = out.takeError();
+        const std::string where = meta.where();
+        if (err.message.find(where) == std::string::npos) err.message = where + ": " + err.message;
+        err.message = m_stage.name + ": " + err.message;
+        if (m_ctx.shared->skipBad && isRecordError(err)) {
+            m_ctx.shared->recordBad(err);
+            m_stage.counters.skipped.fetch_add(1, std::memory_order_relaxed);
+            slot.skipped = true;
+        } else {
+            slot.error = std::move(err);
+        }
     }
 
     IteratorPtr m_input;
@@ -276,14 +341,21 @@ private:
     bool m_deterministic;
     std::mutex m_mutex;
     std::condition_variable m_workerCv, m_consumerCv;
-    std::map<int64_t, Slot> m_results;  // deterministic: by sequence number
-    std::deque<Slot> m_done;            // otherwise: in completion order
-    int64_t m_nextPull = 0;             // sequence number of the next element pulled from the input
-    int64_t m_nextOut = 0;              // results handed to the consumer (deterministic: the next sequence number)
-    int64_t m_endSeq = 0;               // valid once m_inputDone: results the input gave in total
+    std::map<int64_t, Chunk> m_results;  // deterministic: by chunk sequence number
+    std::deque<Chunk> m_done;            // otherwise: in completion order
+    int64_t m_nextPull = 0;              // sequence number of the next chunk pulled from the input
+    int64_t m_nextOut = 0;               // chunks handed to the consumer (deterministic: the next sequence number)
+    int64_t m_endSeq = 0;                // valid once m_inputDone: chunks the input gave in total
     bool m_inputDone = false;
-    bool m_inputBusy = false;           // the input is used by one worker at a time
+    bool m_inputBusy = false;            // the input is used by one worker at a time
     bool m_stopping = false;
+    int m_workersWaiting = 0;
+    bool m_consumerWaiting = false;
+    std::atomic<int64_t> m_avgElementNs{0};  // moving average of the map's time per element
+    // Consumer thread only.
+    std::vector<Slot> m_current;
+    std::size_t m_pos = 0;
+    std::optional<Next> m_final;         // the end, or the error, again on later calls
     std::vector<std::thread> m_threads;
 };
 

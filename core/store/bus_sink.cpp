@@ -9,6 +9,7 @@ StoreSink::StoreSink(telemetry::EventBus& bus, RunStore& store, const StoreSinkO
     so.name = "store";
     so.capacity = options.capacity;
     so.kinds = options.kinds;
+    so.wakeThreshold = options.capacity / 8;  // drained every drainMs; woken early only in a burst
     m_sub = bus.subscribe(so);
     m_thread = std::thread([this] { loop(); });
 }

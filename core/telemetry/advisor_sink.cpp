@@ -14,6 +14,7 @@ AdvisorSink::AdvisorSink(EventBus& bus, std::string runId, int replicas, std::si
     so.name = "advisor";
     so.capacity = 1 << 14;
     so.kinds = kindMask<StepBreakdownEvent, PipelineSampleEvent, DeviceSampleEvent, EpochMetricsEvent>();
+    so.wakeThreshold = so.capacity / 8;  // drained every 50 ms; findings are per epoch anyway
     m_sub = bus.subscribe(so);
     m_thread = std::thread([this] { loop(); });
 }

@@ -96,6 +96,7 @@ Subscription::Subscription(const SubscriberOptions& options)
     : m_name(options.name), m_kinds(options.kinds),
       m_ring(std::make_unique<detail::EventRing>(std::max<std::size_t>(options.capacity, 2)))
 {
+    m_wakeThreshold = std::clamp<std::size_t>(options.wakeThreshold, 1, std::max<std::size_t>(1, m_ring->capacity() / 2));
 }
 
 Subscription::~Subscription() = default;
@@ -109,7 +110,8 @@ void Subscription::afterPush(bool pushed)
     m_received.fetch_add(1, std::memory_order_relaxed);
     // Wake a sleeping sink: the semaphore is released only by whoever clears m_waiting, so it
     // never holds more than one token. release() is a counter bump (+ a futex wake if asleep).
-    if (m_waiting.load(std::memory_order_acquire) && m_waiting.exchange(false, std::memory_order_acq_rel))
+    if (m_waiting.load(std::memory_order_acquire) && (m_wakeThreshold <= 1 || m_ring->size() >= m_wakeThreshold) &&
+        m_waiting.exchange(false, std::memory_order_acq_rel))
         m_signal.release();
     if (m_hasWake.load(std::memory_order_acquire) && !m_wakeFired.exchange(true, std::memory_order_acq_rel))
         m_wake();
@@ -149,11 +151,11 @@ std::vector<Event> Subscription::drain(std::size_t maxEvents)
 
 bool Subscription::wait(std::chrono::milliseconds timeout)
 {
-    if (m_ring->size() > 0) return true;
-    if (closed()) return false;
+    if (m_ring->size() >= m_wakeThreshold) return true;
+    if (closed()) return m_ring->size() > 0;
     m_waiting.store(true, std::memory_order_release);
     // Re-check after announcing: an event pushed before the flag was visible is seen here.
-    if (m_ring->size() > 0 || closed()) {
+    if (m_ring->size() >= m_wakeThreshold || closed()) {
         if (!m_waiting.exchange(false, std::memory_order_acq_rel)) m_signal.acquire();  // a publisher took the flag: eat its token
         return m_ring->size() > 0;
     }

@@ -11,6 +11,7 @@ Result<std::unique_ptr<TraceFileSink>> TraceFileSink::create(EventBus& bus, cons
     o.name = "trace file";
     o.capacity = capacity;
     o.kinds = kindMask<SpanEvent, DeviceSampleEvent, StepMetricsEvent, RunStateEvent, ErrorEvent>();
+    o.wakeThreshold = capacity / 8;  // drained every 50 ms, not woken per span
     s->m_sub = bus.subscribe(o);
     s->m_thread = std::thread([p = s.get()] { p->loop(); });
     return s;
