@@ -92,8 +92,41 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(const PipelineSpec& spec, con
                 }
             }
         }
-    for (const std::size_t i : order) {
+    for (std::size_t k = 0; k < order.size(); ++k) {
+        const std::size_t i = order[k];
         const TransformSpec& op = spec.ops[i];
+        // Map fusion (tf.data's map_fusion): consecutive maps with the same parallelism run as one
+        // stage, each element through all of them on one thread, instead of a thread hand-off per
+        // map. Each function keeps its own seed, so random augmentation is unchanged.
+        std::size_t run = k + 1;
+        while (op.kind == TransformKind::Map && run < order.size() && spec.ops[order[run]].kind == TransformKind::Map &&
+               spec.ops[order[run]].parallelism == op.parallelism && spec.ops[order[run]].deterministic == op.deterministic)
+            ++run;
+        if (run - k > 1) {
+            std::vector<std::pair<MapFn, uint64_t>> parts;
+            TransformSpec fused = op;
+            fused.fn.name.clear();
+            fused.fn.builtin = false;
+            fused.fn.params = nullptr;
+            for (std::size_t j = k; j < run; ++j) {
+                const TransformSpec& m = spec.ops[order[j]];
+                parts.emplace_back(m.fn.fn, seedOf(m, order[j]));
+                fused.fn.name += (j > k ? " + " : "") + m.fn.name;
+                fused.fn.random = fused.fn.random || m.fn.random;
+            }
+            fused.fn.fn = [parts = std::move(parts)](Element&& e, const MapContext& mc) -> Result<Element> {
+                Element cur = std::move(e);
+                for (const auto& [fn, seed] : parts) {
+                    MapContext c = mc;
+                    c.seed = seed;
+                    TS_ASSIGN(cur, fn(std::move(cur), c));
+                }
+                return cur;
+            };
+            link(makeMapStage(fused, 0, spec.deterministic, cpu));
+            k = run - 1;
+            continue;
+        }
         switch (op.kind) {
         case TransformKind::Interleave: break;  // part of the source stage
         case TransformKind::Map: link(makeMapStage(op, seedOf(op, i), spec.deterministic, cpu)); break;

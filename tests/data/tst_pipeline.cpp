@@ -897,6 +897,40 @@ private slots:
         QVERIFY(threadsBackTo(baseline));
     }
 
+    void rewritesKeepResults()
+    {
+        // The static rewrites (map fusion, pure maps after shuffle, normalise onto batches) must
+        // not change a single value or the order: compare with the same pipeline where each
+        // rewrite is blocked (different parallelism per map; a custom map between the pure map
+        // and shuffle/batch).
+        Tensor x = Tensor::empty(Shape{64, 4, 4, 1}, DType::U8);
+        Tensor y = Tensor::empty(Shape{64}, DType::I32);
+        for (int64_t i = 0; i < x.numel(); ++i) x.data<uint8_t>()[i] = uint8_t((i * 37) % 251);
+        for (int64_t i = 0; i < 64; ++i) y.data<int32_t>()[i] = int32_t(i);
+        auto identity = customMapFn("identity", [](Element&& e, const MapContext&) -> Result<Element> { return std::move(e); });
+        PipelineSpec fused(SourceSpec::fromTensorSlices(x, y));
+        fused.map(randomFlipFn(), 2).map(randomCropFn(4, 4, 1), 2).map(castFn(DType::F32), 1).shuffle(16, 5).map(normaliseFn(), 1).batch(8);
+        PipelineSpec plain(SourceSpec::fromTensorSlices(x, y));
+        plain.map(randomFlipFn(), 2).map(randomCropFn(4, 4, 1), 3).map(castFn(DType::F32), 1).map(identity, 2).shuffle(16, 5)
+            .map(normaliseFn(), 1).map(identity, 2).batch(8);
+        auto a = make(fused);
+        auto b = make(plain);
+        QVERIFY(a && b);
+        const auto names = a->stageNames();
+        QVERIFY2(std::find(names.begin(), names.end(), "map(random_flip + random_crop, 2)") != names.end(),
+                 qPrintable(QString::fromStdString(names[1])));
+        for (int epoch = 0; epoch < 2; ++epoch) {
+            const auto ea = drain(*a, epoch);
+            const auto eb = drain(*b, epoch);
+            QCOMPARE(ea.size(), std::size_t(8));
+            QCOMPARE(eb.size(), ea.size());
+            for (std::size_t i = 0; i < ea.size(); ++i) {
+                QCOMPARE(values(ea[i].x), values(eb[i].x));
+                QCOMPARE(labels({ea[i]}), labels({eb[i]}));
+            }
+        }
+    }
+
     void trainerCancelWakesBlockedInput()
     {
         // The trainer waits on a pipeline that needs 300 ms per element; Trainer::cancel() from
