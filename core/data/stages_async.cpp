@@ -254,12 +254,16 @@ private:
             // Pull a chunk; the input is this worker's until it lets go.
             inputs.clear();
             bool ended = false;
+            const int64_t pullStart = nowNs();
             while (inputs.size() < want) {
                 Next r = m_input->next();
                 ended = !r.ok() || !r->has_value();
                 if (ended && r.ok()) break;  // the end: not an element
                 inputs.push_back(std::move(r));
                 if (ended) break;            // an error ends the input too
+                // A slow input (an upstream decode, a file) must not hold elements back to fill
+                // a chunk sized for this map's speed.
+                if (nowNs() - pullStart > kChunkTargetNs) break;
             }
             lock.lock();
             m_inputBusy = false;

@@ -24,6 +24,14 @@ using namespace ts::telemetry;
 
 Q_DECLARE_METATYPE(std::string)
 
+// Order-of-magnitude guards (the benchmarks measure; these catch a cost gone 10x wrong) are
+// loosened under ASan/UBSan, which slow every allocation and atomic.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr double kSanitizerSlowdown = 20;
+#else
+constexpr double kSanitizerSlowdown = 1;
+#endif
+
 namespace {
 
 StepBreakdownEvent breakdown(int64_t step, double total, double input, double fwd, double bwd, double comm, double opt)
@@ -361,7 +369,7 @@ void TestTelemetry::tracerDisabledIsCheap()
     }
     const double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count() / n;
     qInfo("disabled TS_TRACE_SCOPE + TS_TRACE_SCOPE_DETAIL: %.2f ns per iteration", ns);
-    QVERIFY2(ns < 50.0, qPrintable(QString::number(ns)));
+    QVERIFY2(ns < 50.0 * kSanitizerSlowdown, qPrintable(QString::number(ns)));
     Tracer::flushThread();
     QVERIFY(Tracer::instance().collect("r").empty());
 }
@@ -834,7 +842,7 @@ void TestTelemetry::publishCostPerStep()
     }
     const double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / steps;
     qInfo("telemetry publishing: %.2f us per training step (2 events, 2 subscribers)", us);
-    QVERIFY2(us < 20.0, qPrintable(QString::number(us)));
+    QVERIFY2(us < 20.0 * kSanitizerSlowdown, qPrintable(QString::number(us)));
 }
 
 void TestTelemetry::trainerWithStalledSubscriber()
