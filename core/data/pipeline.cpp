@@ -24,7 +24,11 @@ int64_t wallTimeUs()
 
 } // namespace
 
-Pipeline::~Pipeline() { stopChain(); }
+Pipeline::~Pipeline()
+{
+    stopNextChain();
+    stopChain();
+}
 
 Result<std::unique_ptr<Pipeline>> Pipeline::create(const PipelineSpec& spec, const PipelineOptions& options)
 {
@@ -164,10 +168,22 @@ void Pipeline::stopChain()
     root.reset();  // joins every worker thread of the chain (they all see the stop)
 }
 
-Status Pipeline::startEpoch(int64_t epoch)
+void Pipeline::stopNextChain()
 {
-    if (m_cancelled.load()) return makeError(ErrorCode::Cancelled, "the input pipeline was cancelled");
-    stopChain();
+    std::shared_ptr<ChainControl> chain;
+    std::unique_ptr<Iterator> root;
+    {
+        std::lock_guard<std::mutex> lock(m_chainMutex);
+        chain = std::move(m_nextChain);
+        root = std::move(m_nextRoot);
+        m_nextEpoch = -1;
+    }
+    if (chain) chain->requestStop();
+    root.reset();
+}
+
+std::pair<std::shared_ptr<ChainControl>, Result<std::unique_ptr<Iterator>>> Pipeline::buildChain(int64_t epoch)
+{
     auto chain = std::make_shared<ChainControl>();
     IterContext ctx;
     ctx.epoch = epoch;
@@ -175,14 +191,59 @@ Status Pipeline::startEpoch(int64_t epoch)
     ctx.chain = chain.get();
     ctx.shared = m_shared.get();
     auto root = m_stages.back()->makeIterator(ctx);
-    if (!root.ok()) {
-        chain->requestStop();
-        return root.takeError();
+    if (!root.ok()) chain->requestStop();
+    return {chain, std::move(root)};
+}
+
+void Pipeline::warmNextEpoch()
+{
+    // Not with cache(): its files and memory are completed when this epoch's chain goes away, and
+    // the next epoch must read them rather than the source.
+    for (const auto& op : m_spec.ops)
+        if (op.kind == TransformKind::Cache) return;
+    // Nor with skip_bad_records: records the next epoch would drop must not be counted (and
+    // reported) for an epoch that may never run.
+    if (m_spec.skipBadRecords) return;
+    if (m_cancelled.load()) return;
+    {
+        std::lock_guard<std::mutex> lock(m_chainMutex);
+        if (m_nextRoot && m_nextEpoch == m_epoch + 1) return;
+    }
+    stopNextChain();
+    auto built = buildChain(m_epoch + 1);
+    if (!built.second.ok()) return;  // startEpoch() builds it again and reports the error
+    std::lock_guard<std::mutex> lock(m_chainMutex);
+    m_nextChain = std::move(built.first);
+    m_nextRoot = std::move(built.second).value();
+    m_nextEpoch = m_epoch + 1;
+    if (m_cancelled.load()) m_nextChain->requestStop();
+}
+
+Status Pipeline::startEpoch(int64_t epoch)
+{
+    if (m_cancelled.load()) return makeError(ErrorCode::Cancelled, "the input pipeline was cancelled");
+    stopChain();
+    std::shared_ptr<ChainControl> chain;
+    std::unique_ptr<Iterator> root;
+    {
+        std::lock_guard<std::mutex> lock(m_chainMutex);
+        if (m_nextRoot && m_nextEpoch == epoch) {  // warmed up at the end of the last epoch
+            chain = std::move(m_nextChain);
+            root = std::move(m_nextRoot);
+            m_nextEpoch = -1;
+        }
+    }
+    if (!root) {
+        stopNextChain();  // built for another epoch
+        auto built = buildChain(epoch);
+        if (!built.second.ok()) return built.second.takeError();
+        chain = std::move(built.first);
+        root = std::move(built.second).value();
     }
     {
         std::lock_guard<std::mutex> lock(m_chainMutex);
         m_chain = chain;
-        m_root = std::move(root).value();
+        m_root = std::move(root);
         if (m_cancelled.load()) m_chain->requestStop();  // cancel() ran while we built the chain
     }
     m_epoch = epoch;
@@ -219,7 +280,10 @@ Result<std::optional<Element>> Pipeline::pull()
         m_failed = r.error();
         return r.takeError();
     }
-    if (!r->has_value()) return std::optional<Element>();
+    if (!r->has_value()) {
+        warmNextEpoch();
+        return std::optional<Element>();
+    }
     {
         std::lock_guard<std::mutex> lock(m_statsMutex);
         ++m_served;
@@ -346,6 +410,7 @@ void Pipeline::cancel()
     m_cancelled.store(true);
     std::lock_guard<std::mutex> lock(m_chainMutex);
     if (m_chain) m_chain->requestStop();
+    if (m_nextChain) m_nextChain->requestStop();
 }
 
 PipelineSnapshot Pipeline::snapshot() const

@@ -128,6 +128,11 @@ private:
     Pipeline() = default;
     Result<std::optional<Element>> pull();
     void stopChain();
+    void stopNextChain();
+    void warmNextEpoch();
+    // Builds the chain of `epoch` (its async stages start at once). Null root on failure.
+    std::pair<std::shared_ptr<pipeline_detail::ChainControl>, Result<std::unique_ptr<pipeline_detail::Iterator>>>
+    buildChain(int64_t epoch);
     void afterStep(double waitSeconds);
     void closeWindow();
     void maybeTune();
@@ -143,6 +148,12 @@ private:
     mutable std::mutex m_chainMutex;
     std::shared_ptr<pipeline_detail::ChainControl> m_chain;
     std::unique_ptr<pipeline_detail::Iterator> m_root;
+    // The next epoch's chain, built as soon as this epoch ends so that its prefetch and
+    // parallel stages (and a shuffle buffer behind them) fill while the trainer validates and
+    // before it asks: like a tf.data iterator over shuffle().repeat(), no cold start per epoch.
+    std::shared_ptr<pipeline_detail::ChainControl> m_nextChain;
+    std::unique_ptr<pipeline_detail::Iterator> m_nextRoot;
+    int64_t m_nextEpoch = -1;
     int64_t m_epoch = 0;
     bool m_started = false;
     std::optional<Error> m_failed;
