@@ -48,6 +48,7 @@ struct TrainOptions {
     // Telemetry: write the run's Chrome trace (per-layer spans with traceLayers).
     std::string trace;
     bool traceLayers = false;
+    int checkpointEvery = 0;  // epochs between checkpoints kept with the recorded run (0: final only)
 };
 
 struct BenchOptions {
@@ -100,6 +101,9 @@ public:
     // Keeps the final weights: `savedPath` (the --save-weights file) if given, else a file in the
     // store's folder written from `run`'s trainer. Problems are warnings, never failures.
     virtual void keepWeights(ts::PreparedRun& run, const std::string& savedPath, int64_t step) = 0;
+    // After epoch `epoch` (trainer thread, between steps): writes the weights into the run's
+    // folder (atomically) and records them as a periodic checkpoint. Problems are warnings.
+    virtual void checkpoint(ts::PreparedRun& run, int64_t epoch, int64_t step) = 0;
     // Another file the run wrote (kind "trace"): listed with the run, removed with it.
     virtual void keepFile(const std::string& kind, const std::string& path) = 0;
     virtual std::string runId() const = 0;

@@ -564,6 +564,22 @@ public:
         if (!c.ok()) warn(c.error());
     }
 
+    void checkpoint(ts::PreparedRun& run, int64_t epoch, int64_t step) override
+    {
+        if (m_id.empty()) return;
+        const std::filesystem::path dir = m_store.runFilesDir(m_id);
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        const std::string path = (dir / ("epoch-" + std::to_string(epoch) + ".safetensors")).string();
+        ts::Status s = run.trainer->saveWeights(path);
+        if (!s.ok()) {
+            warn(s.error());
+            return;
+        }
+        auto c = m_store.addCheckpoint(m_id, path, step, "periodic");
+        if (!c.ok()) warn(c.error());
+    }
+
     void keepFile(const std::string& kind, const std::string& path) override
     {
         if (m_id.empty()) return;

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
 #include <sstream>
 
@@ -83,8 +84,12 @@ public:
                       fmtDuration(eta).c_str());
         std::cerr << line << std::flush;
     }
+    // Runs first at every epoch end, on the trainer's thread (checkpoints).
+    std::function<void(const ts::EpochEvent&)> epochHook;
+
     void onEpoch(const ts::EpochEvent& e) override
     {
+        if (epochHook) epochHook(e);
         if (m_quiet) return;
         if (m_json) {
             nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", num(e.loss)}, {"accuracy", num(e.accuracy)},
@@ -164,6 +169,9 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--tag", o.tags, "tag the recorded run (repeatable)");
     c->add_option("--trace", o.trace, "write the run's Chrome trace (Perfetto, chrome://tracing) to FILE");
     c->add_flag("--trace-layers", o.traceLayers, "with --trace: a span per layer in forward and backward");
+    c->add_option("--checkpoint-every", o.checkpointEvery,
+                  "keep the weights every N epochs with the recorded run (safetensors in the run's folder)")
+        ->check(CLI::NonNegativeNumber);
 }
 
 int runTrain(const TrainOptions& o)
@@ -241,6 +249,11 @@ int runTrain(const TrainOptions& o)
     if (!o.loadWeights.empty()) cfg.loadWeights = o.loadWeights;
     if (!o.saveWeights.empty()) cfg.saveWeights = o.saveWeights;
 
+    if (o.checkpointEvery > 0 && o.noRecord) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--checkpoint-every keeps checkpoints with the recorded run",
+                                 "drop --no-record (choose the database with --db), or use --save-weights for the final weights"));
+        return 2;
+    }
     // Every run is recorded (unless --no-record): open the database before any work.
     auto recordingOpened = openTrainRecording(o);
     if (!recordingOpened.ok()) {
@@ -272,6 +285,10 @@ int runTrain(const TrainOptions& o)
     }
     ts::PreparedRun run = std::move(prepared).value();
     ConsoleListener listener(o.json, o.quiet, run.config.epochs);
+    if (recording && o.checkpointEvery > 0)
+        listener.epochHook = [&](const ts::EpochEvent& e) {
+            if (e.epoch % o.checkpointEvery == 0) recording->checkpoint(run, e.epoch, run.trainer->globalStep());
+        };
     if (recording) recording->begin(run, bus);  // the store records what the trainer publishes
     if (traceSink) {
         const std::string runId = recording ? recording->runId() : "run-" + std::to_string(::getpid()) + "-" +

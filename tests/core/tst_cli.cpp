@@ -3,6 +3,7 @@
 
 #include <QtTest>
 
+#include <QJsonArray>
 #include <QJsonDocument>
 #include <QJsonObject>
 #include <QProcess>
@@ -19,6 +20,7 @@ private slots:
     void jsonOutputAndWeights();
     void configWithPipeline();
     void corruptInputFailsRun();
+    void periodicCheckpoints();
     void seedMlpReachesAccuracy();
 
 private:
@@ -209,6 +211,31 @@ void TestCli::corruptInputFailsRun()
     r = cli({"runs", "list", "--json", "--db", db});
     QVERIFY2(r.code == 0, qPrintable(r.err));
     QVERIFY2(r.out.contains("\"failed\"") && r.out.contains("line 152"), qPrintable(r.out));
+}
+
+void TestCli::periodicCheckpoints()
+{
+    if (!m_haveData) QSKIP("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const QString db = m_dir.filePath("ckpt_runs.db");
+    Run r = cli({"train", "--json", "--epochs", "3", "--limit", "1024", "--validation-limit", "500", "--checkpoint-every", "1",
+                 "--db", db});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    const QJsonObject last = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object();
+    r = cli({"runs", "show", last.value("run_id").toString(), "--json", "--db", db});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    const QJsonArray cps = QJsonDocument::fromJson(r.out.toUtf8()).object().value("checkpoints").toArray();
+    int periodic = 0, final = 0;
+    for (const auto& v : cps) {
+        const QJsonObject c = v.toObject();
+        QVERIFY2(QFile::exists(c.value("path").toString()), qPrintable(c.value("path").toString()));
+        if (c.value("kind").toString() == "periodic") ++periodic;
+        if (c.value("kind").toString() == "final") ++final;
+    }
+    QCOMPARE(periodic, 3);  // after epochs 1, 2, 3
+    QCOMPARE(final, 1);
+    r = cli({"train", "--checkpoint-every", "1", "--no-record", "--max-steps", "1"});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("--checkpoint-every"), qPrintable(r.err));
 }
 
 void TestCli::seedMlpReachesAccuracy()
