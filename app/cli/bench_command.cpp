@@ -18,6 +18,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "bench_util.h"
 #include "commands.h"
 #include "train/run_config.h"
 
@@ -26,14 +27,6 @@ namespace tscli {
 ts::Result<ts::ModelSpec> loadModel(const std::string& nameOrPath);
 
 namespace {
-
-double median(std::vector<double> v)
-{
-    if (v.empty()) return 0;
-    std::sort(v.begin(), v.end());
-    const std::size_t n = v.size();
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 class EpochRates final : public ts::TrainListener {
 public:

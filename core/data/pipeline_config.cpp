@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "common/json_keys.h"
 #include "data/transforms.h"
 
 namespace ts {
@@ -404,16 +405,6 @@ Error jsonError(const std::string& at, const std::string& what, const std::strin
     return makeError(ErrorCode::ParseError, at + ": " + what, hint);
 }
 
-Status checkKeys(const json& j, const std::set<std::string>& allowed, const std::string& at)
-{
-    for (auto it = j.begin(); it != j.end(); ++it)
-        if (!allowed.count(it.key())) {
-            std::string list;
-            for (const auto& k : allowed) list += (list.empty() ? "" : ", ") + k;
-            return jsonError(at, "unknown key \"" + it.key() + "\"", "known keys: " + list);
-        }
-    return okStatus();
-}
 
 Result<int64_t> getInt(const json& j, const std::string& key, const std::string& at, bool allowAutotune, int64_t def)
 {
@@ -462,7 +453,7 @@ Result<SourceSpec> sourceFromJson(const json& j, const std::string& at)
     TS_ASSIGN(std::string kind, getString(j, "kind", at, ""));
     SourceSpec s;
     if (kind == "idx") {
-        TS_TRY(checkKeys(j, {"kind", "dir", "split", "images", "labels", "layout"}, at));
+        TS_TRY(checkJsonKeys(j, {"kind", "dir", "split", "images", "labels", "layout"}, at));
         s.kind = SourceKind::Idx;
         TS_ASSIGN(s.dir, getString(j, "dir", at, ""));
         TS_ASSIGN(s.split, getString(j, "split", at, "train"));
@@ -474,7 +465,7 @@ Result<SourceSpec> sourceFromJson(const json& j, const std::string& at)
             s.paths = {images, labels};
         }
     } else if (kind == "csv") {
-        TS_TRY(checkKeys(j, {"kind", "paths", "path", "label_column", "feature_columns", "delimiter", "label_type"}, at));
+        TS_TRY(checkJsonKeys(j, {"kind", "paths", "path", "label_column", "feature_columns", "delimiter", "label_type"}, at));
         s.kind = SourceKind::Csv;
         TS_ASSIGN(s.paths, getStrings(j, j.contains("paths") ? "paths" : "path", at));
         TS_ASSIGN(s.labelColumn, getString(j, "label_column", at, "label"));
@@ -487,7 +478,7 @@ Result<SourceSpec> sourceFromJson(const json& j, const std::string& at)
         if (lt != "int" && lt != "float") return jsonError(at + ".label_type", "expected \"int\" or \"float\", got \"" + lt + "\"");
         s.floatLabels = lt == "float";
     } else if (kind == "npy") {
-        TS_TRY(checkKeys(j, {"kind", "x", "y"}, at));
+        TS_TRY(checkJsonKeys(j, {"kind", "x", "y"}, at));
         s.kind = SourceKind::Npy;
         TS_ASSIGN(std::string x, getString(j, "x", at, ""));
         TS_ASSIGN(std::string y, getString(j, "y", at, ""));
@@ -495,13 +486,13 @@ Result<SourceSpec> sourceFromJson(const json& j, const std::string& at)
         s.paths = {x};
         if (!y.empty()) s.paths.push_back(y);
     } else if (kind == "npz") {
-        TS_TRY(checkKeys(j, {"kind", "paths", "path", "x_key", "y_key"}, at));
+        TS_TRY(checkJsonKeys(j, {"kind", "paths", "path", "x_key", "y_key"}, at));
         s.kind = SourceKind::Npz;
         TS_ASSIGN(s.paths, getStrings(j, j.contains("paths") ? "paths" : "path", at));
         TS_ASSIGN(s.xKey, getString(j, "x_key", at, ""));
         TS_ASSIGN(s.yKey, getString(j, "y_key", at, ""));
     } else if (kind == "image_folder") {
-        TS_TRY(checkKeys(j, {"kind", "root", "image_size", "channels", "class_names"}, at));
+        TS_TRY(checkJsonKeys(j, {"kind", "root", "image_size", "channels", "class_names"}, at));
         s.kind = SourceKind::ImageFolder;
         TS_ASSIGN(std::string root, getString(j, "root", at, ""));
         if (root.empty()) return jsonError(at, "an image_folder source needs \"root\"");
@@ -604,45 +595,45 @@ Result<TransformSpec> opFromJson(const json& j, const std::string& at)
         TS_TRY(optSeed(o));
         TS_TRY(optDeterministic(o));
     } else if (op == "shuffle") {
-        TS_TRY(checkKeys(j, {"op", "buffer_size", "seed", "reshuffle_each_iteration"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "buffer_size", "seed", "reshuffle_each_iteration"}, at));
         if (!j.contains("buffer_size")) return jsonError(at, "a shuffle needs \"buffer_size\"", "the dataset size gives a full shuffle");
         TS_ASSIGN(int64_t b, getInt(j, "buffer_size", at, false, 0));
         TS_ASSIGN(bool r, getBool(j, "reshuffle_each_iteration", at, true));
         o = TransformSpec::shuffle(b, std::nullopt, r);
         TS_TRY(optSeed(o));
     } else if (op == "batch") {
-        TS_TRY(checkKeys(j, {"op", "size", "batch_size", "drop_remainder"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "size", "batch_size", "drop_remainder"}, at));
         const char* key = j.contains("size") ? "size" : "batch_size";
         if (!j.contains(key)) return jsonError(at, "a batch needs \"size\"");
         TS_ASSIGN(int64_t b, getInt(j, key, at, false, 0));
         TS_ASSIGN(bool d, getBool(j, "drop_remainder", at, false));
         o = TransformSpec::batch(b, d);
     } else if (op == "prefetch") {
-        TS_TRY(checkKeys(j, {"op", "buffer_size"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "buffer_size"}, at));
         TS_ASSIGN(int64_t b, getInt(j, "buffer_size", at, true, kAutotune));
         o = TransformSpec::prefetch(b);
     } else if (op == "cache") {
-        TS_TRY(checkKeys(j, {"op", "file", "filename"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "file", "filename"}, at));
         TS_ASSIGN(std::string f, getString(j, j.contains("file") ? "file" : "filename", at, ""));
         o = TransformSpec::cache(f);
     } else if (op == "repeat") {
-        TS_TRY(checkKeys(j, {"op", "count"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "count"}, at));
         TS_ASSIGN(int64_t c, getInt(j, "count", at, false, -1));
         o = TransformSpec::repeat(c);
     } else if (op == "take" || op == "skip") {
-        TS_TRY(checkKeys(j, {"op", "count"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "count"}, at));
         if (!j.contains("count")) return jsonError(at, "a " + op + " needs \"count\"");
         TS_ASSIGN(int64_t c, getInt(j, "count", at, false, 0));
         o = op == "take" ? TransformSpec::take(c) : TransformSpec::skip(c);
     } else if (op == "shard") {
-        TS_TRY(checkKeys(j, {"op", "num_shards", "index"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "num_shards", "index"}, at));
         if (!j.contains("num_shards") || !j.contains("index"))
             return jsonError(at, "a shard needs \"num_shards\" and \"index\"", "e.g. one shard per worker: index = the worker's rank");
         TS_ASSIGN(int64_t n, getInt(j, "num_shards", at, false, 1));
         TS_ASSIGN(int64_t i, getInt(j, "index", at, false, 0));
         o = TransformSpec::shard(n, i);
     } else if (op == "interleave") {
-        TS_TRY(checkKeys(j, {"op", "cycle_length", "block_length", "num_parallel_calls", "deterministic"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "cycle_length", "block_length", "num_parallel_calls", "deterministic"}, at));
         TS_ASSIGN(int64_t c, getInt(j, "cycle_length", at, true, kAutotune));
         TS_ASSIGN(int64_t b, getInt(j, "block_length", at, false, 1));
         TS_ASSIGN(int64_t p, getInt(j, "num_parallel_calls", at, true, kAutotune));
@@ -719,7 +710,7 @@ nlohmann::json PipelineSpec::toJson() const
 Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::string& where)
 {
     if (!j.is_object()) return jsonError(where, "expected an object with \"source\" and \"transformations\"");
-    TS_TRY(checkKeys(j, {"source", "transformations", "seed", "deterministic", "skip_bad_records", "window_steps", "autotune"}, where));
+    TS_TRY(checkJsonKeys(j, {"source", "transformations", "seed", "deterministic", "skip_bad_records", "window_steps", "autotune"}, where));
     PipelineSpec p;
     if (!j.contains("source")) return jsonError(where, "missing \"source\"", "e.g. {\"kind\": \"idx\", \"dir\": \"...\"}");
     TS_ASSIGN(p.source, sourceFromJson(j["source"], where + ".source"));
@@ -746,7 +737,7 @@ Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::
             p.autotune.enabled = a.get<bool>();
         } else {
             if (!a.is_object()) return jsonError(at, "expected an object or true/false");
-            TS_TRY(checkKeys(a, {"enabled", "cpu_budget", "ram_budget_mb", "interval_seconds"}, at));
+            TS_TRY(checkJsonKeys(a, {"enabled", "cpu_budget", "ram_budget_mb", "interval_seconds"}, at));
             TS_ASSIGN(p.autotune.enabled, getBool(a, "enabled", at, true));
             TS_ASSIGN(int64_t cpu, getInt(a, "cpu_budget", at, false, 0));
             TS_ASSIGN(int64_t ram, getInt(a, "ram_budget_mb", at, false, 0));

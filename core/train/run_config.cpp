@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <filesystem>
 
+#include "common/json_keys.h"
+
 namespace ts {
 
 nlohmann::json RunConfig::toJson() const
@@ -27,26 +29,12 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
 {
     if (!j.is_object()) return makeError(ErrorCode::ParseError, source + ": a run configuration must be a JSON object");
     RunConfig c;
-    // A misspelt or misplaced key would otherwise be ignored silently and the run would differ
-    // from what the file says.
-    static const char* const kTop[] = {"model_file", "model", "data", "strategy", "epochs", "max_steps", "batch_size",
-                                       "seed", "optimizer", "schedule", "loss", "load_weights", "save_weights",
-                                       "pipeline", "validation_pipeline"};
-    static const char* const kData[] = {"source", "dir", "limit", "validation_limit", "shuffle", "validate"};
-    auto unknownKey = [](const nlohmann::json& obj, const auto& known) -> std::string {
-        for (const auto& [key, value] : obj.items())
-            if (std::find_if(std::begin(known), std::end(known), [&](const char* k) { return key == k; }) == std::end(known))
-                return key;
-        return {};
-    };
-    if (std::string k = unknownKey(j, kTop); !k.empty())
-        return makeError(ErrorCode::InvalidArgument, source + ": unknown key \"" + k + "\"",
-                         "known keys: model_file, model, data, strategy, epochs, max_steps, batch_size, seed, optimizer, "
-                         "schedule, loss, load_weights, save_weights, pipeline, validation_pipeline");
-    if (j.contains("data") && j["data"].is_object())
-        if (std::string k = unknownKey(j["data"], kData); !k.empty())
-            return makeError(ErrorCode::InvalidArgument, source + ": unknown key \"data." + k + "\"",
-                             "data takes source, dir, limit, validation_limit, shuffle, validate");
+    TS_TRY(checkJsonKeys(j,
+                         {"model_file", "model", "data", "strategy", "epochs", "max_steps", "batch_size", "seed", "optimizer",
+                          "schedule", "loss", "load_weights", "save_weights", "pipeline", "validation_pipeline"},
+                         source));
+    if (j.contains("data"))
+        TS_TRY(checkJsonKeys(j["data"], {"source", "dir", "limit", "validation_limit", "shuffle", "validate"}, source + ": data"));
     try {
         if (j.contains("model_file")) c.modelFile = j["model_file"].get<std::string>();
         if (j.contains("model")) {
@@ -145,6 +133,19 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     return p;
 }
 
+// The test split in file order, in batches of at least 1000 (fewer with validation_limit).
+Result<std::unique_ptr<InMemoryBatchSource>> validationSource(const InMemoryDataset& test, const RunConfig& cfg,
+                                                              const Shape& inShape)
+{
+    InMemoryBatchOptions vo;
+    vo.batchSize = std::min<int64_t>(std::max<int64_t>(cfg.batchSize, 1000), test.size());
+    vo.shuffle = false;
+    vo.limit = cfg.validationLimit;
+    vo.featureShape = inShape;
+    if (cfg.validationLimit > 0) vo.batchSize = std::min(vo.batchSize, cfg.validationLimit);
+    return InMemoryBatchSource::create(test, vo);
+}
+
 std::string idxFile(const std::string& dir, const std::string& base)
 {
     std::error_code ec;
@@ -173,13 +174,7 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
         auto data = std::make_shared<IdxFolder>();
         data->test = std::move(test);
         run.data = std::move(data);
-        InMemoryBatchOptions vo;
-        vo.batchSize = std::min<int64_t>(std::max<int64_t>(cfg.batchSize, 1000), run.data->test.size());
-        vo.shuffle = false;
-        vo.limit = cfg.validationLimit;
-        vo.featureShape = inShape;
-        if (cfg.validationLimit > 0) vo.batchSize = std::min(vo.batchSize, cfg.validationLimit);
-        TS_ASSIGN(run.validation, InMemoryBatchSource::create(run.data->test, vo));
+        TS_ASSIGN(run.validation, validationSource(run.data->test, cfg, inShape));
     }
     return okStatus();
 }
@@ -251,13 +246,7 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
         }
         run.train = std::move(trainSrc).value();
         if (cfg.validate) {
-            InMemoryBatchOptions vo;
-            vo.batchSize = std::min<int64_t>(std::max<int64_t>(cfg.batchSize, 1000), run.data->test.size());
-            vo.shuffle = false;
-            vo.limit = cfg.validationLimit;
-            vo.featureShape = inShape;
-            if (cfg.validationLimit > 0) vo.batchSize = std::min(vo.batchSize, cfg.validationLimit);
-            TS_ASSIGN(run.validation, InMemoryBatchSource::create(run.data->test, vo));
+            TS_ASSIGN(run.validation, validationSource(run.data->test, cfg, inShape));
         }
     }
     if (cfg.strategy.kind == "mirrored" && !cfg.strategy.devices.empty() &&

@@ -65,13 +65,7 @@ private:
 
 namespace {
 
-ModelSpec resourceModel(const std::string& name)
-{
-    Result<ModelSpec> s = loadModelFile(uitest::sourcePath("resources/models/" + name + ".json"));
-    if (!s.ok())
-        qFatal("%s", s.error().toString().c_str());
-    return s.value();
-}
+using uitest::resourceModel;
 
 void settle(ModelDocument* doc)
 {

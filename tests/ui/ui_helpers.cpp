@@ -98,4 +98,12 @@ std::string sourcePath(const std::string& relative)
     return std::string(TS_SOURCE_DIR) + "/" + relative;
 }
 
+ts::ModelSpec resourceModel(const std::string& name)
+{
+    ts::Result<ts::ModelSpec> s = ts::loadModelFile(sourcePath("resources/models/" + name + ".json"));
+    if (!s.ok())
+        qFatal("%s", s.error().toString().c_str());
+    return s.value();
+}
+
 } // namespace uitest

@@ -8,6 +8,8 @@
 
 #include <string>
 
+#include "model/spec.h"
+
 class QGraphicsView;
 class QWidget;
 
@@ -33,5 +35,8 @@ std::string dropFromPalette(ts::MainWindow& w, const QString& type, QPointF scen
 void connectPorts(ts::MainWindow& w, const std::string& from, const std::string& to, int slot = 0);
 
 std::string sourcePath(const std::string& relative);  // TS_SOURCE_DIR + "/" + relative
+
+// A model from resources/models (by file stem); a missing or broken one ends the test run.
+ts::ModelSpec resourceModel(const std::string& name);
 
 } // namespace uitest
