@@ -20,6 +20,7 @@
 #include <QSettings>
 #include <QStatusBar>
 #include <QStyle>
+#include <QTabWidget>
 #include <QTimer>
 #include <QToolBar>
 #include <QUndoStack>
@@ -34,6 +35,9 @@
 #include "designer/palettewidget.h"
 #include "designer/theme.h"
 #include "models/problemsmodel.h"
+#include "session/trainingsession.h"
+#include "setup/runsetuppanel.h"
+#include "trainpage.h"
 
 namespace ts {
 
@@ -71,7 +75,14 @@ MainWindow::MainWindow(QWidget* parent)
     setAcceptDrops(true);
     setDockOptions(AnimatedDocks | AllowTabbedDocks);
     m_view->setObjectName(QStringLiteral("designerView"));
-    setCentralWidget(m_view);
+    m_session = new TrainingSession(this);
+    m_trainPage = new TrainPage(m_session, this);
+    m_tabs = new QTabWidget(this);
+    m_tabs->setObjectName(QStringLiteral("mainTabs"));
+    m_tabs->setDocumentMode(true);
+    m_tabs->addTab(m_view, tr("Design"));
+    m_tabs->addTab(m_trainPage, tr("Train"));
+    setCentralWidget(m_tabs);
 
     createActions();
     createMenus();
@@ -388,6 +399,8 @@ void MainWindow::createDocks()
     tabifyDockWidget(problems, history);
     problems->raise();
 
+    m_designDocks = {palette, inspector, problems, history};
+    connect(m_tabs, &QTabWidget::currentChanged, this, &MainWindow::onTabChanged);
     resizeDocks({palette, inspector}, {250, 310}, Qt::Horizontal);
     resizeDocks({problems}, {120}, Qt::Vertical);
 }
@@ -669,6 +682,17 @@ void MainWindow::rebuildRecentMenu()
 
 void MainWindow::closeEvent(QCloseEvent* event)
 {
+    if (m_session->isActive()) {
+        if (m_confirmStop
+            && QMessageBox::question(this, tr("Quit"), tr("A run is training. Stop it and quit? Everything recorded so far is kept."),
+                                     QMessageBox::Yes | QMessageBox::Cancel, QMessageBox::Cancel) != QMessageBox::Yes) {
+            event->ignore();
+            return;
+        }
+        // Stopped at the next step boundary and recorded as interrupted.
+        m_session->stop(true);
+        m_session->waitForFinished(30000);
+    }
     if (!maybeSave()) {
         event->ignore();
         return;
@@ -857,18 +881,43 @@ void MainWindow::train()
         showError(tr("Train"), blocked);
         return;
     }
-    const GraphAnalysis& a = m_doc->analysis();
-    QMessageBox box(QMessageBox::Information, tr("Train"),
-                    tr("Training from the studio (run setup and live dashboards) is not part of this "
-                       "build yet. The model is valid: %1 parameters, %2 FLOPs per sample.")
-                        .arg(exactCount(a.totalParams), exactCount(a.totalFlops)),
-                    QMessageBox::Ok, this);
-    box.setObjectName(QStringLiteral("trainBox"));
-    box.setInformativeText(tr("It trains the same from the command line%1:\n\n%2")
-                               .arg(m_doc->filePath().isEmpty() || m_doc->isModified() ? tr(" once saved") : QString(),
-                                    trainCommandLine()));
-    box.setTextInteractionFlags(Qt::TextSelectableByMouse);
-    box.exec();
+    showTab(QStringLiteral("train"));
+    m_trainPage->setModel(m_doc->spec(), blocked);
+    QString why;
+    if (!m_session->isActive() && !m_trainPage->startTraining(&why)) statusBar()->showMessage(tr("Cannot train: %1").arg(why), 8000);
+}
+
+void MainWindow::showTab(const QString& name)
+{
+    for (int i = 0; i < m_tabs->count(); ++i)
+        if (m_tabs->widget(i)->property("tabName").toString() == name || (i == 0 && name == QLatin1String("design"))
+            || (m_tabs->widget(i) == m_trainPage && name == QLatin1String("train")))
+            m_tabs->setCurrentIndex(i);
+}
+
+QString MainWindow::currentTab() const
+{
+    QWidget* w = m_tabs->currentWidget();
+    if (w == m_view) return QStringLiteral("design");
+    if (w == m_trainPage) return QStringLiteral("train");
+    return w->property("tabName").toString();
+}
+
+void MainWindow::onTabChanged(int index)
+{
+    const bool design = m_tabs->widget(index) == m_view;
+    // The designer's docks belong to the Design tab; remember which were open.
+    if (!design && m_designDocksVisible.empty()) {
+        for (QDockWidget* d : m_designDocks) {
+            m_designDocksVisible.push_back(d->isVisible());
+            d->hide();
+        }
+    } else if (design && !m_designDocksVisible.empty()) {
+        for (std::size_t i = 0; i < m_designDocks.size(); ++i)
+            if (m_designDocksVisible[i]) m_designDocks[i]->show();
+        m_designDocksVisible.clear();
+    }
+    if (m_tabs->widget(index) == m_trainPage) m_trainPage->setModel(m_doc->spec(), trainBlockedReason());
 }
 
 void MainWindow::updateAnalysisState()
@@ -877,6 +926,7 @@ void MainWindow::updateAnalysisState()
     const QString blocked = trainBlockedReason();
     QAction* t = action(QStringLiteral("train"));
     t->setEnabled(blocked.isEmpty());
+    if (m_tabs->currentWidget() == m_trainPage) m_trainPage->setModel(m_doc->spec(), blocked);
     if (blocked.isEmpty()) {
         t->setToolTip(tr("Train '%1': %2 parameters, batch %3, %4 epoch(s)")
                           .arg(toQString(m_doc->spec().name), exactCount(a.totalParams))

@@ -15,6 +15,7 @@ class QActionGroup;
 class QDockWidget;
 class QLabel;
 class QListView;
+class QTabWidget;
 class QMenu;
 class QUndoView;
 
@@ -26,6 +27,8 @@ class Inspector;
 class ModelDocument;
 class PaletteWidget;
 class ProblemsModel;
+class TrainPage;
+class TrainingSession;
 
 class MainWindow : public QMainWindow {
     Q_OBJECT
@@ -40,6 +43,12 @@ public:
     PaletteWidget* layerPalette() const { return m_palette; }
     ProblemsModel* problemsModel() const { return m_problems; }
     QUndoView* historyView() const { return m_history; }
+    TrainingSession* session() const { return m_session; }
+    TrainPage* trainPage() const { return m_trainPage; }
+    // The central tabs: "design", "train" (run setup + dashboards), "profiler", "runs".
+    QTabWidget* tabs() const { return m_tabs; }
+    void showTab(const QString& name);
+    QString currentTab() const;
     // Actions by name: "new", "open", "save", "saveAs", "importKeras", "exportKerasJson",
     // "exportKerasScript", "undo", "redo", "cut", "copy", "paste", "duplicate", "delete",
     // "selectAll", "zoomIn", "zoomOut", "resetZoom", "fitToView", "autoLayout", "train", ...
@@ -62,6 +71,8 @@ public:
 
     // Empty when the model can be trained, else why not (the Train action's tooltip too).
     QString trainBlockedReason() const;
+    // Ask before stopping a running training when the window closes (tests turn it off).
+    void setConfirmStopOnClose(bool on) { m_confirmStop = on; }
     // What Train would run, as a trainstudio-cli command line.
     QString trainCommandLine() const;
     QStringList recentFiles() const;
@@ -101,6 +112,7 @@ private:
     void updateSelectionActions();
     void showError(const QString& title, const QString& message);
     void setTheme(const QString& mode);
+    void onTabChanged(int index);
     QAction* makeAction(const QString& name, const QString& text, const QKeySequence& shortcut = {},
                         const QString& tip = {});
     QString lastDirectory() const;
@@ -120,6 +132,12 @@ private:
     QLabel* m_stateLabel = nullptr;
     QLabel* m_zoomLabel = nullptr;
     std::vector<QAction*> m_actions;
+    QTabWidget* m_tabs = nullptr;
+    TrainingSession* m_session = nullptr;
+    TrainPage* m_trainPage = nullptr;
+    std::vector<QDockWidget*> m_designDocks;
+    std::vector<bool> m_designDocksVisible;
+    bool m_confirmStop = true;
     int m_pasteCount = 0;
 };
 

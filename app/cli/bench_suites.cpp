@@ -18,6 +18,7 @@
 #include "data/image_folder.h"
 #include "data/pipeline.h"
 #include "data/transforms.h"
+#include "store/recording.h"
 #include "store/run_store.h"
 #include "telemetry/bus.h"
 #include "telemetry/trace_sink.h"

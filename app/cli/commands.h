@@ -7,6 +7,7 @@
 
 namespace CLI { class App; }
 namespace ts {
+namespace store { class RunRecording; }
 struct Error;
 struct FitResult;
 struct PreparedRun;
@@ -84,31 +85,8 @@ struct RunsOptions {
     std::vector<std::string> addTags, removeTags;  // tag
 };
 
-// Records one `train` invocation into the run store (runs_command.cpp): the configuration
-// snapshot, then everything the trainer publishes on the telemetry bus (status transitions,
-// step and epoch metrics, step breakdowns, device samples, spans with --trace, errors), and the
-// final weights as a checkpoint.
-class TrainRecording {
-public:
-    virtual ~TrainRecording() = default;
-    // After prepareRun: creates the run, subscribes the store to `bus` and points the trainer's
-    // telemetry at it (a later setTelemetry for --trace must keep runId()).
-    virtual void begin(ts::PreparedRun& run, ts::telemetry::EventBus& bus) = 0;
-    // prepareRun failed: the run is recorded as failed with its error.
-    virtual void prepareFailed(const ts::RunConfig& config, const ts::Error& error) = 0;
-    // fit() returned: drains the bus into the store; completed, cancelled or failed.
-    virtual void fitDone(const ts::Result<ts::FitResult>& result) = 0;
-    // Keeps the final weights: `savedPath` (the --save-weights file) if given, else a file in the
-    // store's folder written from `run`'s trainer. Problems are warnings, never failures.
-    virtual void keepWeights(ts::PreparedRun& run, const std::string& savedPath, int64_t step) = 0;
-    // After epoch `epoch` (trainer thread, between steps): writes the weights into the run's
-    // folder (atomically) and records them as a periodic checkpoint. Problems are warnings.
-    virtual void checkpoint(ts::PreparedRun& run, int64_t epoch, int64_t step) = 0;
-    // Another file the run wrote (kind "trace"): listed with the run, removed with it.
-    virtual void keepFile(const std::string& kind, const std::string& path) = 0;
-    virtual std::string runId() const = 0;
-    virtual std::string databasePath() const = 0;
-};
+// Records one `train` invocation into the run store (store/recording.h).
+using TrainRecording = ts::store::RunRecording;
 // Null when --no-record; an error when the database cannot be opened.
 ts::Result<std::unique_ptr<TrainRecording>> openTrainRecording(const TrainOptions& o);
 

@@ -13,10 +13,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
-#include "store/bus_sink.h"
+#include "store/recording.h"
 #include "store/export.h"
 #include "store/run_store.h"
-#include "telemetry/advisor_sink.h"
 #include "train/run_config.h"
 
 namespace tscli {
@@ -502,153 +501,22 @@ int tag(st::RunStore& store, const RunsOptions& o)
     return 0;
 }
 
-class StoreRecording final : public TrainRecording {
-public:
-    StoreRecording(st::RunStore store, const TrainOptions& o) : m_store(std::move(store)), m_options(o) {}
-    ~StoreRecording() override
-    {
-        if (m_advisor) m_advisor->stop();
-        if (m_sink) (void)m_sink->stop();
-        ts::Status s = m_store.close();
-        if (!s.ok()) warn(s.error());
-    }
-
-    void begin(ts::PreparedRun& run, ts::telemetry::EventBus& bus) override
-    {
-        if (!create(run.config, &run)) return;
-        m_sink = std::make_unique<st::StoreSink>(bus, m_store);
-        // Advice as the run goes: findings after every epoch land in the store with the run.
-        m_advisor = std::make_unique<ts::telemetry::AdvisorSink>(bus, m_id, run.trainer->strategy().numReplicas());
-        run.trainer->setTelemetry(&bus, m_id, false);
-    }
-
-    void prepareFailed(const ts::RunConfig& config, const ts::Error& error) override
-    {
-        if (!create(config, nullptr)) return;
-        ts::Status s = m_store.setRunStatus(m_id, st::RunState::Failed, error.toString());
-        if (!s.ok()) warn(s.error());
-    }
-
-    void fitDone(const ts::Result<ts::FitResult>& result) override
-    {
-        if (!m_sink) return;
-        if (m_advisor) m_advisor->stop();  // its last findings go onto the bus before the store drains it
-        ts::Status s = m_sink->stop();
-        if (!s.ok()) warn(s.error());
-        if (m_sink->busDropped() > 0)
-            std::cerr << "warning: recording the run: " << m_sink->busDropped() << " telemetry event(s) were dropped\n";
-        // The trainer published the final state; set it again in case the bus dropped it.
-        const st::RunState state = !result.ok() ? (result.error().code == ts::ErrorCode::Cancelled ? st::RunState::Cancelled
-                                                                                                  : st::RunState::Failed)
-                                                : (result->cancelled ? st::RunState::Cancelled : st::RunState::Completed);
-        s = m_store.setRunStatus(m_id, state, result.ok() ? std::string() : result.error().toString());
-        if (!s.ok()) warn(s.error());
-    }
-
-    void keepWeights(ts::PreparedRun& run, const std::string& savedPath, int64_t step) override
-    {
-        if (m_id.empty()) return;
-        std::string path = savedPath;
-        if (path.empty()) {
-            const std::filesystem::path dir = m_store.runFilesDir(m_id);
-            std::error_code ec;
-            std::filesystem::create_directories(dir, ec);
-            path = (dir / "final.safetensors").string();
-            ts::Status s = run.trainer->saveWeights(path);
-            if (!s.ok()) {
-                warn(s.error());
-                return;
-            }
-        }
-        auto c = m_store.addCheckpoint(m_id, path, step, "final");
-        if (!c.ok()) warn(c.error());
-    }
-
-    void checkpoint(ts::PreparedRun& run, int64_t epoch, int64_t step) override
-    {
-        if (m_id.empty()) return;
-        const std::filesystem::path dir = m_store.runFilesDir(m_id);
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        const std::string path = (dir / ("epoch-" + std::to_string(epoch) + ".safetensors")).string();
-        ts::Status s = run.trainer->saveWeights(path);
-        if (!s.ok()) {
-            warn(s.error());
-            return;
-        }
-        auto c = m_store.addCheckpoint(m_id, path, step, "periodic");
-        if (!c.ok()) warn(c.error());
-    }
-
-    void keepFile(const std::string& kind, const std::string& path) override
-    {
-        if (m_id.empty()) return;
-        auto f = m_store.addFile(m_id, kind, path);
-        if (!f.ok()) warn(f.error());
-    }
-
-    std::string runId() const override { return m_id; }
-    std::string databasePath() const override { return m_store.path(); }
-
-private:
-    void warn(const ts::Error& e)
-    {
-        std::cerr << "warning: recording the run: " << e.message << "\n";
-        if (!e.hint.empty()) std::cerr << "hint: " << e.hint << "\n";
-    }
-
-    bool create(const ts::RunConfig& config, const ts::PreparedRun* run)
-    {
-        st::NewRun spec;
-        spec.name = m_options.runName;
-        spec.tags = m_options.tags;
-        spec.config = config.toJson();
-        spec.model = run ? ts::modelToJson(run->model) : (config.modelFile.empty() ? ts::modelToJson(config.model) : nlohmann::json());
-        if (spec.model.is_null() && !config.modelFile.empty()) spec.model = {{"name", std::filesystem::path(config.modelFile).stem().string()}};
-        spec.seed = config.seed;
-        spec.strategy = config.strategy.kind;
-        if (run && !run->model.name.empty()) {
-            // The model design is the run's project: runs of one design group together.
-            spec.project = run->model.name;
-            ts::Status p = m_store.upsertProject(run->model.name, ts::modelToJson(run->model));
-            if (!p.ok()) warn(p.error());
-        }
-        nlohmann::json devices = nlohmann::json::array();
-        if (run)
-            for (const auto& d : run->trainer->strategy().devices())
-                devices.push_back({{"device", d.device.toString()}, {"name", d.name}, {"memory_total", d.memoryTotal}});
-        else
-            for (const auto& d : config.strategy.devices) devices.push_back({{"device", d.toString()}});
-        spec.devices = devices;
-        auto info = m_store.createRun(spec);
-        if (!info.ok()) {
-            warn(info.error());
-            return false;
-        }
-        m_id = info->id;
-        return true;
-    }
-
-    st::RunStore m_store;
-    TrainOptions m_options;
-    std::string m_id;
-    std::unique_ptr<st::StoreSink> m_sink;
-    std::unique_ptr<ts::telemetry::AdvisorSink> m_advisor;
-};
-
 } // namespace
 
 ts::Result<std::unique_ptr<TrainRecording>> openTrainRecording(const TrainOptions& o)
 {
     if (o.noRecord) return std::unique_ptr<TrainRecording>();
     const std::string path = o.db.empty() ? st::defaultDatabasePath() : o.db;
-    auto store = st::RunStore::open(path);
-    if (!store.ok()) {
-        ts::Error e = store.takeError();
+    st::RecordingOptions ro;
+    ro.name = o.runName;
+    ro.tags = o.tags;
+    auto recording = st::RunRecording::open(path, std::move(ro));
+    if (!recording.ok()) {
+        ts::Error e = recording.takeError();
         e.hint = (e.hint.empty() ? "" : e.hint + "; ") + "or train without recording: --no-record";
         return e;
     }
-    return std::unique_ptr<TrainRecording>(std::make_unique<StoreRecording>(std::move(store).value(), o));
+    return std::move(recording).value();
 }
 
 void addRunsCommand(CLI::App& app, RunsOptions& o)

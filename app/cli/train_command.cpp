@@ -14,6 +14,7 @@
 
 #include "commands.h"
 #include "embedded_models.h"
+#include "store/recording.h"
 #include "store/run_store.h"
 #include "telemetry/bus.h"
 #include "telemetry/trace_sink.h"

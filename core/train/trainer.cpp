@@ -66,13 +66,87 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelSpec& model, const T
 
 Status Trainer::initialise() { return m_strategy->initialise(m_config.seed); }
 
+Trainer::~Trainer() = default;
+
 void Trainer::cancel()
 {
     m_cancel = true;
+    {
+        std::lock_guard lock(m_pauseMutex);
+        m_pauseCv.notify_all();
+    }
     m_strategy->cancel();
     std::lock_guard lock(m_sourceMutex);
     if (m_activeTrain) m_activeTrain->cancel();
     if (m_activeValidation) m_activeValidation->cancel();
+}
+
+void Trainer::pause()
+{
+    std::lock_guard lock(m_pauseMutex);
+    m_paused = true;
+}
+
+void Trainer::resume()
+{
+    std::lock_guard lock(m_pauseMutex);
+    m_paused = false;
+    m_pauseCv.notify_all();
+}
+
+double Trainer::waitWhilePaused()
+{
+    using namespace telemetry;
+    if (!m_paused.load(std::memory_order_relaxed)) return 0;
+    const auto t0 = Clock::now();
+    auto publishState = [&](RunState state) {
+        if (!m_config.bus) return;
+        RunStateEvent e;
+        e.stamp = Stamp{m_config.runId, m_step, wallNowMicros(), trainerLane()};
+        e.state = state;
+        m_config.bus->publish(Event(std::move(e)));
+    };
+    publishState(RunState::Paused);
+    {
+        std::unique_lock lock(m_pauseMutex);
+        m_pauseCv.wait(lock, [&] { return !m_paused || m_cancel; });
+    }
+    if (!m_cancel) publishState(RunState::Running);
+    return secondsSince(t0);
+}
+
+bool Trainer::requestTrace(int64_t steps, bool layers)
+{
+    if (!m_config.bus || steps <= 0 || m_config.trace) return false;
+    m_traceRequestLayers = layers;
+    m_traceRequest = steps;
+    return true;
+}
+
+bool Trainer::startTracing(bool layers)
+{
+    using namespace telemetry;
+    bool expected = false;
+    if (!g_traceOwned.compare_exchange_strong(expected, true)) return false;
+    m_tracing = true;
+    Tracer::instance().beginSession();  // fences off leftovers of an earlier traced run
+    Tracer::setStep(m_step);
+    Tracer::setThreadLane(Lane{"local", m_strategy->primary().backend().device().toString(), "replica 0"});
+    Tracer::setLevel(layers ? TraceLevel::Detailed : TraceLevel::Spans);
+    m_collector = std::make_unique<TraceCollector>(*m_config.bus, m_config.runId);
+    return true;
+}
+
+void Trainer::stopTracing()
+{
+    using namespace telemetry;
+    if (!m_tracing) return;
+    Tracer::setLevel(TraceLevel::Off);
+    m_collector->stop();  // publishes everything recorded, this thread's buffer included
+    m_collector.reset();
+    m_tracing = false;
+    m_traceUntil = 0;
+    g_traceOwned = false;
 }
 
 void Trainer::setTelemetry(telemetry::EventBus* bus, std::string runId, bool trace, bool traceLayers)
@@ -106,26 +180,15 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
         bus->publish(Event(std::move(e)));
     };
     std::unique_ptr<DeviceSampler> sampler;
-    std::unique_ptr<TraceCollector> collector;
     m_tracing = false;
+    m_traceUntil = 0;
     if (bus) {
         RunStateEvent running;
         running.stamp = stamp();
         running.state = RunState::Running;
         bus->publish(Event(std::move(running)));
-        if (m_config.trace) {
-            bool expected = false;
-            if (g_traceOwned.compare_exchange_strong(expected, true)) {
-                m_tracing = true;
-                Tracer::instance().beginSession();  // fences off leftovers of an earlier traced run
-                Tracer::setStep(m_step);
-                Tracer::setThreadLane(Lane{"local", m_strategy->primary().backend().device().toString(), "replica 0"});
-                Tracer::setLevel(m_config.traceLayers ? TraceLevel::Detailed : TraceLevel::Spans);
-                collector = std::make_unique<TraceCollector>(*bus, m_config.runId);
-            } else {
-                log(LogLevel::Warning, "another run in this process is being traced; this run records no spans");
-            }
-        }
+        if (m_config.trace && !startTracing(m_config.traceLayers))
+            log(LogLevel::Warning, "another run in this process is being traced; this run records no spans");
         if (m_config.sampleHz > 0) {
             SamplerOptions so;
             so.hz = m_config.sampleHz;
@@ -156,12 +219,7 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
         m_activeTrain = m_activeValidation = nullptr;
     }
     if (sampler) sampler->stop();
-    if (m_tracing) {
-        Tracer::setLevel(TraceLevel::Off);
-        collector->stop();  // publishes everything recorded, this thread's buffer included
-        m_tracing = false;
-        g_traceOwned = false;
-    }
+    stopTracing();
     if (bus) {
         RunStateEvent end;
         end.stamp = stamp();
@@ -198,11 +256,24 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
         ev.epoch = epoch;
         double lossSum = 0;
         int64_t correct = 0, seen = 0;
-        const auto epochStart = Clock::now();
+        auto epochStart = Clock::now();
         bool stop = false, completed = false;
         for (int64_t s = 1;; ++s) {
+            if (m_paused.load(std::memory_order_relaxed)) epochStart += std::chrono::duration_cast<Clock::duration>(
+                                                              std::chrono::duration<double>(waitWhilePaused()));
             if (m_cancel) { stop = true; break; }
             if (m_config.maxSteps > 0 && m_step >= m_config.maxSteps) { stop = true; break; }
+            if (m_traceUntil > 0 && m_step >= m_traceUntil) stopTracing();  // the capture is complete
+            if (const int64_t n = m_traceRequest.exchange(0); n > 0 && !m_tracing && bus) {
+                if (startTracing(m_traceRequestLayers)) m_traceUntil = m_step + n;
+                else {
+                    LogEvent e;
+                    e.stamp = Stamp{m_config.runId, m_step, wallNowMicros(), trainerLane()};
+                    e.level = LogLevel::Warning;
+                    e.message = "another run in this process is being traced; the capture was not started";
+                    bus->publish(Event(std::move(e)));
+                }
+            }
             const auto t0 = Clock::now();
             const int64_t stepStartNs = nowNs();
             PhaseAccount::reset();

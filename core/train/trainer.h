@@ -14,6 +14,7 @@
 //    telemetry/bus.h); the listener API is unchanged and works with or without a bus.
 
 #include <atomic>
+#include <condition_variable>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -30,6 +31,7 @@
 
 namespace ts::telemetry {
 class EventBus;
+class TraceCollector;
 }
 
 namespace ts {
@@ -102,6 +104,7 @@ struct EvalResult {
 class Trainer {
 public:
     static Result<std::unique_ptr<Trainer>> create(const ModelSpec& model, const TrainConfig& config);
+    ~Trainer();
 
     // Initialises the parameters from the seed (call importParameters after to load weights).
     Status initialise();
@@ -110,6 +113,16 @@ public:
     // Any thread: stops fit() at the next step boundary, and wakes it at once if it is blocked
     // waiting for a batch (the sources fit() is reading are cancelled too, which is sticky).
     void cancel();
+    // Any thread: holds fit() at the next step boundary until resume() (or cancel()). Paused
+    // time counts towards neither the epoch's time nor its throughput. Publishes RunStateEvent
+    // Paused / Running when a bus is set.
+    void pause();
+    void resume();
+    bool isPaused() const { return m_paused.load(std::memory_order_relaxed); }
+    // Any thread: traces the next `steps` steps of the fit() in progress (capture on demand), as
+    // if `trace` had been set for them: spans reach the bus as SpanEvents. Ignored (returns
+    // false) without a bus, while the run already traces, or when another run owns the tracer.
+    bool requestTrace(int64_t steps, bool layers = false);
 
     Strategy& strategy() { return *m_strategy; }
     const GraphAnalysis& graph() const { return *m_graph; }
@@ -140,6 +153,17 @@ private:
     BatchSource* m_activeValidation = nullptr;
     std::atomic<int64_t> m_currentStep{0};
     bool m_tracing = false;  // this fit() owns the process's tracer
+    std::unique_ptr<telemetry::TraceCollector> m_collector;
+    int64_t m_traceUntil = 0;                 // > 0: an on-demand capture ends after this step
+    std::atomic<int64_t> m_traceRequest{0};   // steps asked for by requestTrace()
+    std::atomic<bool> m_traceRequestLayers{false};
+    std::atomic<bool> m_paused{false};
+    std::mutex m_pauseMutex;
+    std::condition_variable m_pauseCv;
+    bool startTracing(bool layers);
+    void stopTracing();
+    // Blocks while paused; returns the seconds spent paused.
+    double waitWhilePaused();
     std::string m_modelName;
 };
 

@@ -1,0 +1,153 @@
+#include "store/recording.h"
+
+#include <filesystem>
+#include <iostream>
+
+#include "store/bus_sink.h"
+#include "telemetry/advisor_sink.h"
+#include "train/run_config.h"
+
+namespace ts::store {
+
+RunRecording::RunRecording(RunStore store, RecordingOptions options)
+    : m_store(std::move(store)), m_options(std::move(options))
+{
+}
+
+RunRecording::~RunRecording()
+{
+    if (m_advisor) m_advisor->stop();
+    if (m_sink) (void)m_sink->stop();
+    Status s = m_store.close();
+    if (!s.ok()) warn(s.error());
+}
+
+Result<std::unique_ptr<RunRecording>> RunRecording::open(const std::string& path, RecordingOptions options)
+{
+    auto store = RunStore::open(path);
+    if (!store.ok()) return store.takeError();
+    return std::make_unique<RunRecording>(std::move(store).value(), std::move(options));
+}
+
+void RunRecording::warn(const Error& e) const
+{
+    if (m_options.warn) {
+        m_options.warn(e);
+        return;
+    }
+    std::cerr << "warning: recording the run: " << e.message << "\n";
+    if (!e.hint.empty()) std::cerr << "hint: " << e.hint << "\n";
+}
+
+uint64_t RunRecording::droppedEvents() const { return m_sink ? m_sink->busDropped() : m_dropped; }
+
+void RunRecording::begin(PreparedRun& run, telemetry::EventBus& bus)
+{
+    if (!create(run.config, &run)) return;
+    m_sink = std::make_unique<StoreSink>(bus, m_store);
+    // Advice as the run goes: findings after every epoch land in the store with the run.
+    m_advisor = std::make_unique<telemetry::AdvisorSink>(bus, m_id, run.trainer->strategy().numReplicas());
+    run.trainer->setTelemetry(&bus, m_id, false);
+}
+
+void RunRecording::prepareFailed(const RunConfig& config, const Error& error)
+{
+    if (!create(config, nullptr)) return;
+    Status s = m_store.setRunStatus(m_id, RunState::Failed, error.toString());
+    if (!s.ok()) warn(s.error());
+}
+
+void RunRecording::fitDone(const Result<FitResult>& result, bool interrupted)
+{
+    if (!m_sink) return;
+    if (m_advisor) m_advisor->stop();  // its last findings go onto the bus before the store drains it
+    Status s = m_sink->stop();
+    if (!s.ok()) warn(s.error());
+    m_dropped = m_sink->busDropped();
+    if (m_dropped > 0)
+        warn(makeError(ErrorCode::Internal, std::to_string(m_dropped) + " telemetry event(s) were dropped",
+                       "the store fell behind the run; its plots have gaps"));
+    // The trainer published the final state; set it again in case the bus dropped it.
+    RunState state = !result.ok() ? (result.error().code == ErrorCode::Cancelled ? RunState::Cancelled : RunState::Failed)
+                                  : (result->cancelled ? RunState::Cancelled : RunState::Completed);
+    if (interrupted && state == RunState::Cancelled) state = RunState::Interrupted;
+    s = m_store.setRunStatus(m_id, state, result.ok() ? std::string() : result.error().toString());
+    if (!s.ok()) warn(s.error());
+}
+
+void RunRecording::keepWeights(PreparedRun& run, const std::string& savedPath, int64_t step)
+{
+    if (m_id.empty()) return;
+    std::string path = savedPath;
+    if (path.empty()) {
+        const std::filesystem::path dir = m_store.runFilesDir(m_id);
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        path = (dir / "final.safetensors").string();
+        Status s = run.trainer->saveWeights(path);
+        if (!s.ok()) {
+            warn(s.error());
+            return;
+        }
+    }
+    auto c = m_store.addCheckpoint(m_id, path, step, "final");
+    if (!c.ok()) warn(c.error());
+}
+
+void RunRecording::checkpoint(PreparedRun& run, int64_t epoch, int64_t step)
+{
+    if (m_id.empty()) return;
+    const std::filesystem::path dir = m_store.runFilesDir(m_id);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::string path = (dir / ("epoch-" + std::to_string(epoch) + ".safetensors")).string();
+    Status s = run.trainer->saveWeights(path);
+    if (!s.ok()) {
+        warn(s.error());
+        return;
+    }
+    auto c = m_store.addCheckpoint(m_id, path, step, "periodic");
+    if (!c.ok()) warn(c.error());
+}
+
+void RunRecording::keepFile(const std::string& kind, const std::string& path)
+{
+    if (m_id.empty()) return;
+    auto f = m_store.addFile(m_id, kind, path);
+    if (!f.ok()) warn(f.error());
+}
+
+bool RunRecording::create(const RunConfig& config, const PreparedRun* run)
+{
+    NewRun spec;
+    spec.name = m_options.name;
+    spec.tags = m_options.tags;
+    spec.config = config.toJson();
+    spec.model = run ? modelToJson(run->model) : (config.modelFile.empty() ? modelToJson(config.model) : nlohmann::json());
+    if (spec.model.is_null() && !config.modelFile.empty())
+        spec.model = {{"name", std::filesystem::path(config.modelFile).stem().string()}};
+    spec.seed = config.seed;
+    spec.strategy = config.strategy.kind;
+    if (run && !run->model.name.empty()) {
+        // The model design is the run's project: runs of one design group together.
+        spec.project = run->model.name;
+        Status p = m_store.upsertProject(run->model.name, modelToJson(run->model));
+        if (!p.ok()) warn(p.error());
+    }
+    nlohmann::json devices = nlohmann::json::array();
+    if (run)
+        for (const auto& d : run->trainer->strategy().devices())
+            devices.push_back({{"device", d.device.toString()}, {"name", d.name}, {"memory_total", d.memoryTotal}});
+    else
+        for (const auto& d : config.strategy.devices) devices.push_back({{"device", d.toString()}});
+    spec.devices = devices;
+    auto info = m_store.createRun(spec);
+    if (!info.ok()) {
+        warn(info.error());
+        return false;
+    }
+    m_id = info->id;
+    return true;
+}
+
+} // namespace ts::store

@@ -1,0 +1,85 @@
+#pragma once
+// RunRecording: records one training run into the run store — the configuration snapshot, then
+// everything the trainer publishes on the telemetry bus (status transitions, step and epoch
+// metrics, step breakdowns, device samples, spans, errors, the advisor's findings), and the
+// weights as checkpoints. The CLI's `train` and the studio's session both record through it.
+// Contract:
+//  - Threading: begin/prepareFailed/fitDone/keepWeights/keepFile are called from the thread that
+//    runs the training (or prepares it); checkpoint() from the trainer's thread between steps.
+//    The sinks it starts drain the bus on their own threads.
+//  - Ownership: it owns the RunStore connection it was given; the bus and the PreparedRun must
+//    outlive the recording until fitDone().
+//  - Errors: recording problems never fail the training. They go to the warning callback (by
+//    default standard error), and the run carries on unrecorded or partly recorded.
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "store/run_store.h"
+
+namespace ts {
+struct FitResult;
+struct PreparedRun;
+struct RunConfig;
+namespace telemetry {
+class AdvisorSink;
+class EventBus;
+}
+}
+
+namespace ts::store {
+
+class StoreSink;
+
+struct RecordingOptions {
+    std::string name;               // run name; empty: the model name and time
+    std::vector<std::string> tags;
+    std::function<void(const Error&)> warn;  // null: print to standard error
+};
+
+class RunRecording {
+public:
+    RunRecording(RunStore store, RecordingOptions options);
+    ~RunRecording();
+    RunRecording(const RunRecording&) = delete;
+    RunRecording& operator=(const RunRecording&) = delete;
+
+    // Opens (creating) the database at `path`; the error names it and says what to do.
+    static Result<std::unique_ptr<RunRecording>> open(const std::string& path, RecordingOptions options = {});
+
+    // After prepareRun: creates the run, subscribes the store (and the advisor) to `bus` and
+    // points the trainer's telemetry at it (a later setTelemetry for tracing must keep runId()).
+    void begin(PreparedRun& run, telemetry::EventBus& bus);
+    // prepareRun failed: the run is recorded as failed with its error.
+    void prepareFailed(const RunConfig& config, const Error& error);
+    // fit() returned: drains the bus into the store; completed, cancelled or failed. With
+    // `interrupted`, a cancelled run is marked interrupted (the app closed during the run).
+    void fitDone(const Result<FitResult>& result, bool interrupted = false);
+    // Keeps the final weights: `savedPath` if given, else a file in the store's folder written
+    // from `run`'s trainer.
+    void keepWeights(PreparedRun& run, const std::string& savedPath, int64_t step);
+    // Writes the weights into the run's folder (atomically) as a periodic checkpoint.
+    void checkpoint(PreparedRun& run, int64_t epoch, int64_t step);
+    // Another file the run wrote (kind "trace"): listed with the run, removed with it.
+    void keepFile(const std::string& kind, const std::string& path);
+
+    std::string runId() const { return m_id; }
+    std::string databasePath() const { return m_store.path(); }
+    uint64_t droppedEvents() const;
+
+private:
+    void warn(const Error& e) const;
+    bool create(const RunConfig& config, const PreparedRun* run);
+
+    RunStore m_store;
+    RecordingOptions m_options;
+    std::string m_id;
+    std::unique_ptr<StoreSink> m_sink;
+    std::unique_ptr<telemetry::AdvisorSink> m_advisor;
+    uint64_t m_dropped = 0;
+};
+
+} // namespace ts::store

@@ -1,0 +1,233 @@
+#include "session/trainingsession.h"
+
+#include <QCoreApplication>
+#include <QElapsedTimer>
+#include <QMetaObject>
+
+#include "store/recording.h"
+#include "store/run_store.h"
+#include "telemetry/bus.h"
+
+namespace ts {
+
+TrainingSession::TrainingSession(QObject* parent) : QObject(parent)
+{
+    m_dbPath = QString::fromStdString(store::defaultDatabasePath());
+    m_timer.setInterval(33);
+    connect(&m_timer, &QTimer::timeout, this, &TrainingSession::drain);
+}
+
+TrainingSession::~TrainingSession()
+{
+    stop(m_interrupted.load());
+    if (m_engine.joinable()) m_engine.join();
+}
+
+void TrainingSession::setDatabasePath(const QString& path) { m_dbPath = path; }
+void TrainingSession::setRefreshInterval(int ms) { m_timer.setInterval(std::max(1, ms)); }
+
+bool TrainingSession::isActive() const
+{
+    return m_state == State::Preparing || m_state == State::Running || m_state == State::Paused || m_state == State::Stopping;
+}
+
+QString TrainingSession::stateName(State s)
+{
+    switch (s) {
+    case State::Idle: return tr("Idle");
+    case State::Preparing: return tr("Preparing");
+    case State::Running: return tr("Running");
+    case State::Paused: return tr("Paused");
+    case State::Stopping: return tr("Stopping");
+    case State::Completed: return tr("Completed");
+    case State::Cancelled: return tr("Stopped");
+    case State::Failed: return tr("Failed");
+    }
+    return {};
+}
+
+void TrainingSession::setState(State s)
+{
+    if (m_state == s) return;
+    m_state = s;
+    Q_EMIT stateChanged(s);
+}
+
+uint64_t TrainingSession::droppedEvents() const { return m_sub ? m_sub->dropped() : 0; }
+
+bool TrainingSession::start(const RunConfig& config, const QString& runName, QString* error)
+{
+    auto fail = [&](const QString& why) {
+        if (error) *error = why;
+        return false;
+    };
+    if (isActive()) return fail(tr("a run is already in progress; stop it first"));
+    if (m_engine.joinable()) m_engine.join();  // the previous run's thread has finished its work
+    // Open the database here, so that a bad path is reported before any work starts.
+    auto probe = store::RunStore::open(m_dbPath.toStdString());
+    if (!probe.ok())
+        return fail(QString::fromStdString(probe.error().toString()));
+    (void)probe->close();
+
+    m_data.clear();
+    m_runId.clear();
+    m_error.clear();
+    m_captureUntil = 0;
+    m_stopRequested = false;
+    m_pauseRequested = false;
+    m_interrupted = false;
+    m_bus = std::make_unique<telemetry::EventBus>();
+    telemetry::SubscriberOptions so;
+    so.name = "dashboard";
+    so.capacity = 1 << 16;
+    // Spans go to the store only; the profiler reads them from there.
+    so.kinds = telemetry::kAllKinds & ~telemetry::kindMask<telemetry::SpanEvent, telemetry::PipelineSampleEvent>();
+    so.wakeThreshold = std::numeric_limits<std::size_t>::max();  // drained by the timer, never woken
+    m_sub = m_bus->subscribe(so);
+    setState(State::Preparing);
+    m_engine = std::thread([this, config, name = runName.toStdString()] { engineMain(config, name); });
+    m_timer.start();
+    return true;
+}
+
+void TrainingSession::engineMain(RunConfig config, std::string runName)
+{
+    auto post = [this](State s, const QString& message) {
+        QMetaObject::invokeMethod(this, [this, s, message] { onEngineDone(s, message); }, Qt::QueuedConnection);
+    };
+    store::RecordingOptions ro;
+    ro.name = runName;
+    std::string warnings;
+    ro.warn = [&warnings](const Error& e) { warnings += e.message + "\n"; };
+    auto recordingOpened = store::RunRecording::open(m_dbPath.toStdString(), ro);
+    if (!recordingOpened.ok()) {
+        post(State::Failed, QString::fromStdString(recordingOpened.error().toString()));
+        return;
+    }
+    auto recording = std::move(recordingOpened).value();
+    PipelineOptions po;
+    auto prepared = prepareRun(config, po);
+    if (!prepared.ok()) {
+        recording->prepareFailed(config, prepared.error());
+        post(State::Failed, QString::fromStdString(prepared.error().toString()));
+        return;
+    }
+    PreparedRun run = std::move(prepared).value();
+    recording->begin(run, *m_bus);
+    const QString runId = QString::fromStdString(recording->runId());
+    if (run.pipeline) run.pipeline->setTelemetry(m_bus.get(), recording->runId());
+    QMetaObject::invokeMethod(this, [this, runId] {
+        m_runId = runId;
+        if (m_state == State::Preparing) setState(State::Running);
+        Q_EMIT runStarted(runId);
+    }, Qt::QueuedConnection);
+    {
+        std::lock_guard lock(m_trainerMutex);
+        m_trainer = run.trainer.get();
+        if (m_pauseRequested) m_trainer->pause();
+        if (m_stopRequested) m_trainer->cancel();
+    }
+    auto result = run.trainer->fit(*run.trainSource(), run.validationSource(), nullptr);
+    {
+        std::lock_guard lock(m_trainerMutex);
+        m_trainer = nullptr;
+    }
+    recording->fitDone(result, m_interrupted);
+    if (result.ok()) recording->keepWeights(run, run.config.saveWeights, result->steps);
+    State end = State::Completed;
+    QString message;
+    if (!result.ok()) {
+        end = result.error().code == ErrorCode::Cancelled ? State::Cancelled : State::Failed;
+        message = QString::fromStdString(result.error().toString());
+    } else if (result->cancelled) {
+        end = State::Cancelled;
+    }
+    if (!warnings.empty() && message.isEmpty()) message = QString::fromStdString(warnings).trimmed();
+    recording.reset();  // closes the store connection before the GUI is told
+    post(end, message);
+}
+
+void TrainingSession::onEngineDone(State state, const QString& message)
+{
+    drain();  // the last events (final epoch, end state) before anyone looks
+    m_timer.stop();
+    if (m_bus && m_sub) m_bus->unsubscribe(m_sub);
+    if (m_engine.joinable()) m_engine.join();
+    m_error = state == State::Failed ? message : QString();
+    setState(state);
+    Q_EMIT finished(state, message);
+}
+
+void TrainingSession::drain()
+{
+    if (!m_sub) return;
+    std::vector<telemetry::Event> events;
+    m_sub->drain(events);
+    if (events.empty()) return;
+    for (const auto& e : events) m_data.add(e);
+    if (m_captureUntil > 0 && m_data.lastStep() >= m_captureUntil) {
+        m_captureUntil = 0;
+        // The trace collector publishes every ~100 ms and the store commits every ~50 ms: give
+        // the spans time to land before the profiler reads them back.
+        QTimer::singleShot(400, this, [this, id = m_runId] { Q_EMIT captureFinished(id); });
+    }
+    // Paused/Running transitions come from the trainer itself.
+    const auto s = m_data.state();
+    if (s == telemetry::RunState::Paused && m_state == State::Running) setState(State::Paused);
+    else if (s == telemetry::RunState::Running && m_state == State::Paused) setState(State::Running);
+    Q_EMIT updated();
+}
+
+void TrainingSession::pause()
+{
+    if (m_state != State::Running && m_state != State::Preparing) return;
+    m_pauseRequested = true;
+    std::lock_guard lock(m_trainerMutex);
+    if (m_trainer) m_trainer->pause();
+}
+
+void TrainingSession::resume()
+{
+    m_pauseRequested = false;
+    std::lock_guard lock(m_trainerMutex);
+    if (m_trainer) m_trainer->resume();
+}
+
+void TrainingSession::stop(bool interrupted)
+{
+    if (!isActive()) return;
+    m_interrupted = interrupted;
+    m_stopRequested = true;
+    {
+        std::lock_guard lock(m_trainerMutex);
+        if (m_trainer) m_trainer->cancel();
+    }
+    setState(State::Stopping);
+}
+
+bool TrainingSession::captureTrace(int steps, QString* error)
+{
+    auto fail = [&](const QString& why) {
+        if (error) *error = why;
+        return false;
+    };
+    if (steps <= 0) return fail(tr("capture at least one step"));
+    std::lock_guard lock(m_trainerMutex);
+    if (!m_trainer || (m_state != State::Running && m_state != State::Paused))
+        return fail(tr("no run is training; press Train first"));
+    if (m_captureUntil > 0) return fail(tr("a capture is already in progress (until step %1)").arg(m_captureUntil));
+    if (!m_trainer->requestTrace(steps))
+        return fail(tr("this run cannot capture a trace (it already traces every step)"));
+    m_captureUntil = m_trainer->stepCounter().load() + steps + 1;
+    return true;
+}
+
+bool TrainingSession::waitForFinished(int ms)
+{
+    QElapsedTimer t;
+    t.start();
+    while (isActive() && t.elapsed() < ms) QCoreApplication::processEvents(QEventLoop::AllEvents, 20);
+    return !isActive();
+}
+
+} // namespace ts

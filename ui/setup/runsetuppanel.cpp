@@ -1,0 +1,484 @@
+#include "setup/runsetuppanel.h"
+
+#include <QCheckBox>
+#include <QComboBox>
+#include <QDir>
+#include <QDoubleSpinBox>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QFormLayout>
+#include <QGroupBox>
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QLineEdit>
+#include <QListWidget>
+#include <QPushButton>
+#include <QSpinBox>
+#include <QStandardItemModel>
+#include <QVBoxLayout>
+
+#include <thread>
+
+#include "backend/registry.h"
+#include "data/dataset.h"
+
+namespace ts {
+namespace {
+
+QString bytesText(uint64_t b)
+{
+    if (b == 0) return QObject::tr("unknown");
+    return QStringLiteral("%1 GiB").arg(static_cast<double>(b) / (1024.0 * 1024.0 * 1024.0), 0, 'f', 1);
+}
+
+// Disables one entry of a combo box with a reason (Qt has no direct API for it).
+void setComboItemEnabled(QComboBox* box, int index, bool enabled, const QString& why)
+{
+    auto* model = qobject_cast<QStandardItemModel*>(box->model());
+    if (!model) return;
+    QStandardItem* item = model->item(index);
+    item->setEnabled(enabled);
+    item->setToolTip(enabled ? QString() : why);
+}
+
+const char* kStrategies[] = {"one-device", "mirrored", "multi-worker-mirrored", "parameter-server"};
+
+} // namespace
+
+RunSetupPanel::RunSetupPanel(QWidget* parent) : QWidget(parent)
+{
+    buildUi();
+    connect(&m_loadTimer, &QTimer::timeout, this, &RunSetupPanel::refreshDeviceState);
+    m_loadTimer.start(1000);
+    refreshDeviceState();
+    updateDerived();
+}
+
+RunSetupPanel::~RunSetupPanel() = default;
+
+void RunSetupPanel::buildUi()
+{
+    auto* layout = new QVBoxLayout(this);
+    layout->setContentsMargins(4, 4, 4, 4);
+
+    // --- dataset and pipeline
+    auto* data = new QGroupBox(tr("Dataset and input pipeline"));
+    auto* df = new QFormLayout(data);
+    m_source = new QComboBox;
+    m_source->addItems({tr("Fashion-MNIST (built-in)"), tr("IDX folder (MNIST layout)")});
+    m_source->setObjectName("source");
+    df->addRow(tr("Source"), m_source);
+    m_dataDir = new QLineEdit;
+    m_dataDir->setObjectName("dataDir");
+    m_dataDir->setPlaceholderText(tr("folder with train-images-idx3-ubyte[.gz], ..."));
+    auto* browse = new QPushButton(tr("Browse…"));
+    auto* dirRow = new QHBoxLayout;
+    dirRow->addWidget(m_dataDir, 1);
+    dirRow->addWidget(browse);
+    df->addRow(tr("Folder"), dirRow);
+    m_limit = new QSpinBox;
+    m_limit->setRange(0, 100'000'000);
+    m_limit->setSpecialValueText(tr("all"));
+    m_limit->setObjectName("limit");
+    df->addRow(tr("Training examples"), m_limit);
+    m_validate = new QCheckBox(tr("Validate on the test split after each epoch"));
+    m_validate->setChecked(true);
+    df->addRow(QString(), m_validate);
+    m_usePipeline = new QCheckBox(tr("tf.data pipeline (parallel map, prefetch, augmentation)"));
+    m_usePipeline->setObjectName("usePipeline");
+    m_usePipeline->setToolTip(tr("Off: batches are gathered from memory (fastest for datasets that fit in RAM)"));
+    df->addRow(QString(), m_usePipeline);
+    m_shuffle = new QCheckBox(tr("Shuffle"));
+    m_shuffle->setChecked(true);
+    m_shuffleBuffer = new QSpinBox;
+    m_shuffleBuffer->setRange(1, 10'000'000);
+    m_shuffleBuffer->setValue(60000);
+    m_shuffleBuffer->setObjectName("shuffleBuffer");
+    auto* shRow = new QHBoxLayout;
+    shRow->addWidget(m_shuffle);
+    shRow->addWidget(new QLabel(tr("buffer")));
+    shRow->addWidget(m_shuffleBuffer, 1);
+    df->addRow(tr("Shuffle"), shRow);
+    const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    m_parallelism = new QComboBox;
+    m_parallelism->addItem(tr("AUTOTUNE"), -1);
+    for (int i = 1; i <= cores; ++i) m_parallelism->addItem(QString::number(i), i);
+    m_parallelism->setObjectName("parallelism");
+    df->addRow(tr("Map parallelism"), m_parallelism);
+    m_prefetch = new QComboBox;
+    m_prefetch->addItem(tr("AUTOTUNE"), -1);
+    for (int i : {0, 1, 2, 4, 8}) m_prefetch->addItem(QString::number(i), i);
+    m_prefetch->setObjectName("prefetch");
+    df->addRow(tr("Prefetch (batches)"), m_prefetch);
+    m_flip = new QCheckBox(tr("Random horizontal flip"));
+    m_crop = new QCheckBox(tr("Random crop (pad 4)"));
+    auto* augRow = new QHBoxLayout;
+    augRow->addWidget(m_flip);
+    augRow->addWidget(m_crop);
+    df->addRow(tr("Augmentation"), augRow);
+    layout->addWidget(data);
+
+    // --- strategy and devices
+    auto* dist = new QGroupBox(tr("Strategy and devices"));
+    auto* sf = new QFormLayout(dist);
+    m_strategy = new QComboBox;
+    m_strategy->addItems({tr("OneDevice"), tr("Mirrored (local devices)"), tr("MultiWorkerMirrored"), tr("ParameterServer")});
+    m_strategy->setObjectName("strategy");
+    const QString noCluster = tr("needs remote workers described TF_CONFIG-style; no cluster is configured");
+    setComboItemEnabled(m_strategy, 2, false, noCluster);
+    setComboItemEnabled(m_strategy, 3, false, noCluster);
+    sf->addRow(tr("Strategy"), m_strategy);
+    m_devices = new QListWidget;
+    m_devices->setObjectName("devices");
+    m_devices->setMaximumHeight(120);
+    for (const std::string& name : BackendRegistry::instance().names()) {
+        const BackendFactory* f = BackendRegistry::instance().find(name);
+        if (!f || f != BackendRegistry::instance().preferred(f->kind)) continue;  // one entry per device
+        for (const DeviceInfo& d : f->enumerate()) {
+            auto* item = new QListWidgetItem(QString::fromStdString(d.device.toString()));
+            item->setData(Qt::UserRole, QString::fromStdString(d.device.toString()));
+            item->setData(Qt::UserRole + 1, QString::fromStdString(d.name));
+            item->setFlags(item->flags() | Qt::ItemIsUserCheckable);
+            item->setCheckState(Qt::Checked);
+            m_devices->addItem(item);
+        }
+    }
+    sf->addRow(tr("Devices"), m_devices);
+    // Default: Mirrored over every local device (OneDevice when there is only one).
+    m_strategy->setCurrentIndex(m_devices->count() > 1 ? 1 : 0);
+    m_threads = new QSpinBox;
+    m_threads->setRange(0, 1024);
+    m_threads->setSpecialValueText(tr("all cores"));
+    m_threads->setObjectName("threads");
+    sf->addRow(tr("CPU threads"), m_threads);
+    layout->addWidget(dist);
+
+    // --- hyper-parameters
+    auto* hyper = new QGroupBox(tr("Hyper-parameters"));
+    auto* hf = new QFormLayout(hyper);
+    m_epochs = new QSpinBox;
+    m_epochs->setRange(1, 100000);
+    m_epochs->setObjectName("epochs");
+    hf->addRow(tr("Epochs"), m_epochs);
+    m_batch = new QSpinBox;
+    m_batch->setRange(1, 1 << 20);
+    m_batch->setObjectName("batch");
+    m_perReplica = new QLabel;
+    m_perReplica->setObjectName("perReplica");
+    auto* bRow = new QHBoxLayout;
+    bRow->addWidget(m_batch, 1);
+    bRow->addWidget(m_perReplica);
+    hf->addRow(tr("Global batch"), bRow);
+    m_optimizer = new QComboBox;
+    m_optimizer->addItems({"adam", "adamw", "sgd", "rmsprop"});
+    m_optimizer->setObjectName("optimizer");
+    hf->addRow(tr("Optimizer"), m_optimizer);
+    m_lr = new QDoubleSpinBox;
+    m_lr->setDecimals(6);
+    m_lr->setRange(0, 10);
+    m_lr->setSingleStep(1e-4);
+    m_lr->setObjectName("learningRate");
+    hf->addRow(tr("Learning rate"), m_lr);
+    m_schedule = new QComboBox;
+    m_schedule->addItem(tr("constant"), "constant");
+    m_schedule->addItem(tr("cosine decay over the run"), "cosine");
+    m_schedule->addItem(tr("step decay (x0.1 every epoch)"), "step");
+    m_schedule->setObjectName("schedule");
+    hf->addRow(tr("Schedule"), m_schedule);
+    m_precision = new QComboBox;
+    m_precision->addItems({tr("float32"), tr("mixed_float16"), tr("mixed_bfloat16")});
+    m_precision->setObjectName("precision");
+    const QString noGpu = tr("mixed precision needs a GPU backend (the CUDA plugin); the CPU backend computes in float32");
+    setComboItemEnabled(m_precision, 1, false, noGpu);
+    setComboItemEnabled(m_precision, 2, false, noGpu);
+    hf->addRow(tr("Precision policy"), m_precision);
+    m_seed = new QSpinBox;
+    m_seed->setRange(0, std::numeric_limits<int>::max());
+    m_seed->setObjectName("seed");
+    hf->addRow(tr("Seed"), m_seed);
+    layout->addWidget(hyper);
+
+    m_problems = new QLabel;
+    m_problems->setObjectName("problems");
+    m_problems->setWordWrap(true);
+    m_problems->setStyleSheet("QLabel { color: #c0392b; }");
+    layout->addWidget(m_problems);
+    layout->addStretch(1);
+
+    connect(browse, &QPushButton::clicked, this, [this] {
+        const QString dir = QFileDialog::getExistingDirectory(this, tr("IDX data folder"), m_dataDir->text());
+        if (!dir.isEmpty()) {
+            m_source->setCurrentIndex(1);
+            m_dataDir->setText(dir);
+        }
+    });
+    connect(m_source, &QComboBox::currentIndexChanged, this, [this](int i) {
+        if (i == 0) m_dataDir->setText(QString::fromStdString(defaultFashionMnistDir()));
+        m_dataDir->setReadOnly(i == 0);
+    });
+    m_dataDir->setText(QString::fromStdString(defaultFashionMnistDir()));
+    m_dataDir->setReadOnly(true);
+    auto changedSignal = [this] { updateDerived(); };
+    for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed})
+        connect(s, &QSpinBox::valueChanged, this, changedSignal);
+    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_strategy, m_optimizer, m_schedule, m_precision})
+        connect(c, &QComboBox::currentIndexChanged, this, changedSignal);
+    for (QCheckBox* c : {m_validate, m_usePipeline, m_shuffle, m_flip, m_crop}) connect(c, &QCheckBox::toggled, this, changedSignal);
+    connect(m_lr, &QDoubleSpinBox::valueChanged, this, changedSignal);
+    connect(m_dataDir, &QLineEdit::textChanged, this, changedSignal);
+    connect(m_devices, &QListWidget::itemChanged, this, changedSignal);
+}
+
+void RunSetupPanel::setModel(const ModelSpec& model)
+{
+    m_model = model;
+    const GraphAnalysis a = analyzeModel(model);
+    m_imageInput = false;
+    for (int i : a.inputNodes) {
+        const Shape& shape = a.nodes[static_cast<std::size_t>(i)].outputShape;
+        if (shape.rank() == 3) {
+            m_imageInput = true;
+            m_inputHeight = shape[0];
+            m_inputWidth = shape[1];
+        }
+    }
+    // The model's compile settings are defaults: re-applied only when they change, so the
+    // user's edits survive switching tabs.
+    const std::string compile = nlohmann::json{{"o", model.compile.optimizer}, {"e", model.compile.epochs},
+                                               {"b", model.compile.batchSize}}.dump();
+    if (compile == m_appliedCompile) {
+        updateDerived();
+        return;
+    }
+    m_appliedCompile = compile;
+    const QSignalBlocker b1(m_epochs), b2(m_batch), b3(m_optimizer), b4(m_lr);
+    m_epochs->setValue(static_cast<int>(std::max<int64_t>(1, model.compile.epochs)));
+    m_batch->setValue(static_cast<int>(std::max<int64_t>(1, model.compile.batchSize)));
+    const nlohmann::json& opt = model.compile.optimizer;
+    const QString type = QString::fromStdString(opt.value("type", std::string("adam")));
+    if (m_optimizer->findText(type) >= 0) m_optimizer->setCurrentText(type);
+    m_lr->setValue(opt.value("learning_rate", 1e-3));
+    updateDerived();
+}
+
+QString RunSetupPanel::strategy() const { return QString::fromLatin1(kStrategies[std::max(0, m_strategy->currentIndex())]); }
+
+void RunSetupPanel::setStrategy(const QString& kind)
+{
+    for (int i = 0; i < 4; ++i)
+        if (kind == QLatin1String(kStrategies[i])) m_strategy->setCurrentIndex(i);
+}
+
+QStringList RunSetupPanel::checkedDevices() const
+{
+    QStringList out;
+    for (int i = 0; i < m_devices->count(); ++i)
+        if (m_devices->item(i)->checkState() == Qt::Checked) out << m_devices->item(i)->data(Qt::UserRole).toString();
+    return out;
+}
+
+void RunSetupPanel::setCheckedDevices(const QStringList& devices)
+{
+    for (int i = 0; i < m_devices->count(); ++i) {
+        QListWidgetItem* item = m_devices->item(i);
+        item->setCheckState(devices.contains(item->data(Qt::UserRole).toString()) ? Qt::Checked : Qt::Unchecked);
+    }
+}
+
+int RunSetupPanel::replicaCount() const
+{
+    const int n = static_cast<int>(checkedDevices().size());
+    return strategy() == "one-device" ? std::min(n, 1) : n;
+}
+
+QString RunSetupPanel::perReplicaText() const { return m_perReplica->text(); }
+
+QString RunSetupPanel::dataDir() const { return m_dataDir->text().trimmed(); }
+
+void RunSetupPanel::updateDerived()
+{
+    const int replicas = std::max(1, replicaCount());
+    const int batch = m_batch->value();
+    m_perReplica->setText(batch % replicas == 0 ? tr("%1 per replica × %2").arg(batch / replicas).arg(replicas)
+                                                : tr("not divisible by %1 replicas").arg(replicas));
+    const bool pipe = m_usePipeline->isChecked();
+    for (QWidget* w : std::initializer_list<QWidget*>{m_shuffleBuffer, m_parallelism, m_prefetch}) w->setEnabled(pipe);
+    const QString noImage = tr("augmentation needs an image input (height, width, channels); this model's input is flat");
+    for (QCheckBox* c : {m_flip, m_crop}) {
+        c->setEnabled(pipe && m_imageInput);
+        c->setToolTip(m_imageInput ? QString() : noImage);
+    }
+    const QStringList p = problems();
+    m_problems->setText(p.isEmpty() ? QString() : QStringLiteral("• ") + p.join(QStringLiteral("\n• ")));
+    Q_EMIT changed();
+}
+
+QStringList RunSetupPanel::problems() const
+{
+    QStringList p;
+    const QStringList devices = checkedDevices();
+    if (devices.isEmpty()) p << tr("Devices: check at least one device to train on.");
+    if (strategy() == "one-device" && devices.size() > 1)
+        p << tr("Strategy: OneDevice trains on one device but %1 are checked; choose Mirrored to use them all, or uncheck all but one.")
+                 .arg(devices.size());
+    const int replicas = std::max(1, replicaCount());
+    if (m_batch->value() % replicas != 0)
+        p << tr("Global batch: %1 is not divisible by the %2 replicas; use %3 or %4.")
+                 .arg(m_batch->value())
+                 .arg(replicas)
+                 .arg(m_batch->value() / replicas * replicas == 0 ? replicas : m_batch->value() / replicas * replicas)
+                 .arg((m_batch->value() / replicas + 1) * replicas);
+    if (m_lr->value() <= 0) p << tr("Learning rate: must be greater than 0 (try 0.001 for adam).");
+    const QString dir = dataDir();
+    if (dir.isEmpty()) p << tr("Dataset: choose the folder with the IDX files.");
+    else if (!QFileInfo(dir).isDir())
+        p << tr("Dataset: folder %1 does not exist%2.")
+                 .arg(dir, m_source->currentIndex() == 0 ? tr(" (install the Debian package dataset-fashion-mnist, or set TRAINSTUDIO_FMNIST_DIR)") : QString());
+    if (m_usePipeline->isChecked() && (m_flip->isChecked() || m_crop->isChecked()) && !m_imageInput)
+        p << tr("Augmentation: random flip and crop need an image input; this model's input is flat.");
+    if (m_usePipeline->isChecked()) {
+        RunConfig c;
+        c.dataDir = dir.toStdString();
+        c.batchSize = m_batch->value();
+        c.seed = static_cast<uint64_t>(m_seed->value());
+        auto spec = PipelineSpec::fromJson(pipelineJson(c), "the run setup's pipeline");
+        if (!spec.ok()) p << tr("Input pipeline: %1").arg(QString::fromStdString(spec.error().toString()));
+    }
+    return p;
+}
+
+nlohmann::json RunSetupPanel::pipelineJson(const RunConfig& c) const
+{
+    const int par = m_parallelism->currentData().toInt();
+    nlohmann::json t = nlohmann::json::array();
+    // Augment the 8-bit image first, then normalise (the order tf.data tutorials use).
+    if (m_flip->isChecked() && m_imageInput) t.push_back({{"op", "map"}, {"fn", "random_flip"}, {"num_parallel_calls", par}});
+    if (m_crop->isChecked() && m_imageInput)
+        t.push_back({{"op", "map"}, {"fn", "random_crop"}, {"size", {m_inputHeight, m_inputWidth}}, {"padding", 4}, {"num_parallel_calls", par}});
+    t.push_back({{"op", "map"}, {"fn", "normalise"}, {"num_parallel_calls", par}});
+    if (m_shuffle->isChecked()) t.push_back({{"op", "shuffle"}, {"buffer_size", m_shuffleBuffer->value()}, {"reshuffle_each_iteration", true}});
+    t.push_back({{"op", "batch"}, {"size", c.batchSize}});
+    if (const int pf = m_prefetch->currentData().toInt(); pf != 0) t.push_back({{"op", "prefetch"}, {"buffer_size", pf}});
+    nlohmann::json src = {{"kind", "idx"}, {"dir", c.dataDir}, {"split", "train"}, {"layout", m_imageInput ? "image" : "flat"}};
+    return {{"source", src}, {"transformations", t}, {"seed", c.seed}};
+}
+
+RunConfig RunSetupPanel::config() const
+{
+    RunConfig c;
+    c.model = m_model;
+    c.dataDir = dataDir().toStdString();
+    c.limit = m_limit->value();
+    c.validate = m_validate->isChecked();
+    c.shuffle = m_shuffle->isChecked();
+    c.epochs = m_epochs->value();
+    c.batchSize = m_batch->value();
+    c.seed = static_cast<uint64_t>(m_seed->value());
+    c.optimizer = m_model.compile.optimizer.is_object() ? m_model.compile.optimizer : nlohmann::json::object();
+    c.optimizer["type"] = m_optimizer->currentText().toStdString();
+    c.optimizer["learning_rate"] = m_lr->value();
+    const QString schedule = m_schedule->currentData().toString();
+    if (schedule == "cosine") {
+        // decay_steps: the whole run, from the data size when it is known (Fashion-MNIST: 60000).
+        const int64_t examples = c.limit > 0 ? c.limit : 60000;
+        const int64_t steps = std::max<int64_t>(1, (examples + c.batchSize - 1) / c.batchSize * c.epochs);
+        c.schedule = {{"type", "cosine"}, {"decay_steps", steps}};
+    } else if (schedule == "step") {
+        const int64_t examples = c.limit > 0 ? c.limit : 60000;
+        c.schedule = {{"type", "step"}, {"step_size", std::max<int64_t>(1, (examples + c.batchSize - 1) / c.batchSize)}, {"gamma", 0.1}};
+    }
+    c.strategy.kind = strategy().toStdString();
+    for (const QString& d : checkedDevices()) {
+        auto dev = Device::parse(d.toStdString());
+        if (dev.ok()) c.strategy.devices.push_back(*dev);
+    }
+    if (c.strategy.kind == "one-device" && c.strategy.devices.size() > 1) c.strategy.devices.resize(1);
+    c.strategy.threads = m_threads->value();
+    if (m_usePipeline->isChecked()) {
+        auto spec = PipelineSpec::fromJson(pipelineJson(c), "the run setup's pipeline");
+        if (spec.ok()) c.pipeline = std::move(spec).value();  // problems() reports the error
+    }
+    return c;
+}
+
+void RunSetupPanel::setConfig(const RunConfig& c)
+{
+    if (!c.dataDir.empty() && c.dataDir != defaultFashionMnistDir()) {
+        m_source->setCurrentIndex(1);
+        m_dataDir->setText(QString::fromStdString(c.dataDir));
+    } else {
+        m_source->setCurrentIndex(0);
+    }
+    m_limit->setValue(static_cast<int>(c.limit));
+    m_validate->setChecked(c.validate);
+    m_shuffle->setChecked(c.shuffle);
+    if (c.epochs > 0) m_epochs->setValue(static_cast<int>(c.epochs));
+    if (c.batchSize > 0) m_batch->setValue(static_cast<int>(c.batchSize));
+    m_seed->setValue(static_cast<int>(c.seed));
+    if (c.optimizer.is_object()) {
+        const QString type = QString::fromStdString(c.optimizer.value("type", std::string("adam")));
+        if (m_optimizer->findText(type) >= 0) m_optimizer->setCurrentText(type);
+        m_lr->setValue(c.optimizer.value("learning_rate", m_lr->value()));
+    }
+    const std::string sched = c.schedule.is_object() ? c.schedule.value("type", std::string("constant")) : "constant";
+    m_schedule->setCurrentIndex(std::max(0, m_schedule->findData(QString::fromStdString(sched))));
+    setStrategy(QString::fromStdString(c.strategy.kind));
+    QStringList devices;
+    for (const auto& d : c.strategy.devices) devices << QString::fromStdString(d.toString());
+    if (!devices.isEmpty()) setCheckedDevices(devices);
+    m_threads->setValue(c.strategy.threads);
+    m_usePipeline->setChecked(c.pipeline.has_value());
+    if (c.pipeline) {
+        // Back from the pipeline's JSON to the form's few knobs.
+        const nlohmann::json p = c.pipeline->toJson();
+        m_flip->setChecked(false);
+        m_crop->setChecked(false);
+        m_shuffle->setChecked(false);
+        m_prefetch->setCurrentIndex(m_prefetch->findData(0));
+        auto count = [](const nlohmann::json& v) { return v.is_number_integer() ? v.get<int>() : -1; };  // "AUTOTUNE"
+        for (const auto& t : p.value("transformations", nlohmann::json::array())) {
+            const std::string op = t.value("op", std::string()), fn = t.value("fn", std::string());
+            if (op == "map" && fn == "random_flip") m_flip->setChecked(true);
+            if (op == "map" && fn == "random_crop") m_crop->setChecked(true);
+            if (op == "map" && fn == "normalise" && t.contains("num_parallel_calls"))
+                m_parallelism->setCurrentIndex(std::max(0, m_parallelism->findData(count(t["num_parallel_calls"]))));
+            if (op == "shuffle") {
+                m_shuffle->setChecked(true);
+                m_shuffleBuffer->setValue(t.value("buffer_size", m_shuffleBuffer->value()));
+            }
+            if (op == "prefetch" && t.contains("buffer_size"))
+                m_prefetch->setCurrentIndex(std::max(0, m_prefetch->findData(count(t["buffer_size"]))));
+        }
+    }
+    updateDerived();
+}
+
+void RunSetupPanel::refreshDeviceState()
+{
+    if (!isVisible() && m_lastJiffies) return;
+    // Live state: the host's per-core load since the last refresh and its free memory. CPU
+    // devices are logical (a share of the cores), so each shows the machine's load.
+    auto j = telemetry::readCpuJiffies("/proc/stat");
+    double load = -1;
+    if (j.ok() && m_lastJiffies && !j->total.empty() && !m_lastJiffies->total.empty()) {
+        const double busy = static_cast<double>(j->busy[0] - m_lastJiffies->busy[0]);
+        const double total = static_cast<double>(j->total[0] - m_lastJiffies->total[0]);
+        if (total > 0) load = busy / total;
+    }
+    if (j.ok()) m_lastJiffies = *j;
+    auto total = telemetry::readKbField("/proc/meminfo", "MemTotal");
+    auto avail = telemetry::readKbField("/proc/meminfo", "MemAvailable");
+    const uint64_t memTotal = total.ok() ? *total * 1024 : 0;
+    const uint64_t memFree = avail.ok() ? *avail * 1024 : 0;
+    const QSignalBlocker block(m_devices);
+    for (int i = 0; i < m_devices->count(); ++i) {
+        QListWidgetItem* item = m_devices->item(i);
+        const QString id = item->data(Qt::UserRole).toString();
+        const QString name = item->data(Qt::UserRole + 1).toString();
+        QString text = tr("%1 · memory %2 free of %3").arg(name.isEmpty() ? id : name, bytesText(memFree), bytesText(memTotal));
+        if (load >= 0) text += tr(" · load %1%").arg(100 * load, 0, 'f', 0);
+        item->setText(text);
+    }
+}
+
+} // namespace ts
