@@ -59,6 +59,7 @@ TrainPage::TrainPage(TrainingSession* session, QWidget* parent)
     scroll->setWidget(m_setup);
     scroll->setWidgetResizable(true);
     scroll->setMinimumWidth(300);
+    scroll->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
     auto* split = new QSplitter(Qt::Horizontal);
     split->addWidget(scroll);
     // Small windows scroll the dashboards rather than growing the window.
@@ -69,7 +70,7 @@ TrainPage::TrainPage(TrainingSession* session, QWidget* parent)
     m_dashboard->setMinimumSize(640, 560);
     split->addWidget(dashScroll);
     split->setStretchFactor(1, 1);
-    split->setSizes({380, 1000});
+    split->setSizes({400, 1000});
 
     auto* layout = new QVBoxLayout(this);
     layout->setContentsMargins(4, 4, 4, 4);

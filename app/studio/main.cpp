@@ -5,6 +5,12 @@
 //   trainstudio --screenshot OUT.png --open resources/models/seed_mlp.json [--select dense]
 //                                            render the window to a PNG and exit (works with
 //                                            QT_QPA_PLATFORM=offscreen on a headless machine)
+//   trainstudio --tab train [--train [--epochs N] [--limit N]] [--db FILE]
+//                                            open on a tab; start training the model at once
+//   trainstudio --screenshot OUT.png --tab train --train [--shot-at-step N]
+//                                            the dashboards of a real run (at the end, or at step N)
+//   trainstudio --bench-dashboard [--pairs N] [--epochs N]
+//                                            what the 30 Hz dashboards cost the training
 
 #include <QApplication>
 #include <QCommandLineParser>
@@ -14,7 +20,13 @@
 
 #include <cstdio>
 
+#include "bench_dashboard.h"
+#include "dashboard/dashboardwidget.h"
 #include "designer/designerscene.h"
+#include "session/trainingsession.h"
+#include "setup/runsetuppanel.h"
+#include "trainpage.h"
+#include <QSpinBox>
 #include "designer/format.h"
 #include "designer/theme.h"
 #include "mainwindow.h"
@@ -46,7 +58,23 @@ int main(int argc, char** argv)
                                        QStringLiteral("id"));
     const QCommandLineOption themeOpt(QStringLiteral("theme"), QStringLiteral("system, light or dark (this run only)."),
                                       QStringLiteral("mode"));
-    parser.addOptions({openOpt, templateOpt, shotOpt, sizeOpt, selectOpt, themeOpt});
+    const QCommandLineOption tabOpt(QStringLiteral("tab"), QStringLiteral("Open on a tab: design, train, profiler or runs."),
+                                    QStringLiteral("name"));
+    const QCommandLineOption trainOpt(QStringLiteral("train"), QStringLiteral("Start training the model at once."));
+    const QCommandLineOption epochsOpt(QStringLiteral("epochs"), QStringLiteral("Epochs for --train / --bench-dashboard."),
+                                       QStringLiteral("n"));
+    const QCommandLineOption limitOpt(QStringLiteral("limit"), QStringLiteral("Training examples for --train (0: all)."),
+                                      QStringLiteral("n"));
+    const QCommandLineOption dbOpt(QStringLiteral("db"), QStringLiteral("Run database (default: the user's)."), QStringLiteral("file"));
+    const QCommandLineOption shotStepOpt(QStringLiteral("shot-at-step"),
+                                         QStringLiteral("With --screenshot and --train: take it at this step, not at the end."),
+                                         QStringLiteral("n"));
+    const QCommandLineOption benchOpt(QStringLiteral("bench-dashboard"),
+                                      QStringLiteral("Measure the dashboards' cost to training throughput and exit."));
+    const QCommandLineOption pairsOpt(QStringLiteral("pairs"), QStringLiteral("Pairs for --bench-dashboard (default 4)."),
+                                      QStringLiteral("n"), QStringLiteral("4"));
+    parser.addOptions({openOpt, templateOpt, shotOpt, sizeOpt, selectOpt, themeOpt, tabOpt, trainOpt, epochsOpt, limitOpt, dbOpt,
+                       shotStepOpt, benchOpt, pairsOpt});
     parser.process(app);
 
     // A screenshot must not depend on (or change) the user's saved layout, theme or recent files.
@@ -58,7 +86,12 @@ int main(int argc, char** argv)
     if (parser.isSet(themeOpt))
         ts::applyThemeMode(ts::themeModeFromString(parser.value(themeOpt)));
 
+    if (parser.isSet(benchOpt))
+        return benchDashboard(parser.value(pairsOpt).toInt(), parser.isSet(epochsOpt) ? parser.value(epochsOpt).toInt() : 4,
+                              parser.value(dbOpt));
+
     ts::MainWindow window;
+    if (parser.isSet(dbOpt)) window.session()->setDatabasePath(parser.value(dbOpt));
     QString file = parser.value(openOpt);
     if (file.isEmpty() && !parser.positionalArguments().isEmpty())
         file = parser.positionalArguments().constFirst();
@@ -72,12 +105,37 @@ int main(int argc, char** argv)
         }
     } else if (parser.isSet(templateOpt)) {
         ok = window.newFromTemplate(parser.value(templateOpt));
-    } else if (!parser.isSet(shotOpt)) {
+    } else if (!parser.isSet(shotOpt) || parser.isSet(trainOpt) || parser.isSet(tabOpt)) {
         window.newFromTemplate(QStringLiteral("seed_mlp"));  // something to look at and edit
     }
     if (parser.isSet(selectOpt))
         window.scene()->selectIds({ts::toStdString(parser.value(selectOpt))});
 
+    if (parser.isSet(tabOpt)) window.showTab(parser.value(tabOpt));
+    if (parser.isSet(trainOpt)) {
+        window.showTab(QStringLiteral("train"));
+        ts::RunSetupPanel* setup = window.trainPage()->setup();
+        if (parser.isSet(epochsOpt)) setup->findChild<QSpinBox*>(QStringLiteral("epochs"))->setValue(parser.value(epochsOpt).toInt());
+        if (parser.isSet(limitOpt)) setup->findChild<QSpinBox*>(QStringLiteral("limit"))->setValue(parser.value(limitOpt).toInt());
+        QString error;
+        if (!window.trainPage()->startTraining(&error)) {
+            std::fprintf(stderr, "trainstudio: cannot train: %s\n", qPrintable(error));
+            if (parser.isSet(shotOpt)) return 1;
+        } else if (parser.isSet(shotOpt)) {
+            // The picture of a real run: wait for the step asked for, or the end.
+            const QStringList wh = parser.value(sizeOpt).split(QLatin1Char('x'));
+            if (wh.size() == 2) window.resize(wh[0].toInt(), wh[1].toInt());
+            window.show();
+            const int64_t at = parser.isSet(shotStepOpt) ? parser.value(shotStepOpt).toLongLong() : -1;
+            ts::TrainingSession* s = window.session();
+            while (s->isActive() && (at < 0 || s->data().lastStep() < at)) QApplication::processEvents(QEventLoop::AllEvents, 20);
+            if (at >= 0) {
+                window.trainPage()->dashboard()->setCrosshair(static_cast<double>(at) * 0.8);
+                s->pause();
+                s->waitForFinished(1500);  // let the last tick land; paused, the run stays active
+            }
+        }
+    }
     if (parser.isSet(shotOpt)) {
         const QStringList wh = parser.value(sizeOpt).split(QLatin1Char('x'));
         QSize size(1440, 900);
@@ -91,5 +149,6 @@ int main(int argc, char** argv)
         return ok ? 0 : 1;
     }
     window.show();
-    return app.exec();
+    const int code = app.exec();
+    return code;
 }

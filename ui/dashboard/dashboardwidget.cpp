@@ -62,6 +62,7 @@ QCustomPlot* makePlot(const QString& title, const QString& yLabel)
     lf.setPointSizeF(lf.pointSizeF() * 0.85);
     p->legend->setFont(lf);
     p->legend->setRowSpacing(0);
+    p->legend->setBrush(QColor(255, 255, 255, 190));  // the data shows through
     p->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
     p->setObjectName(title);
     return p;

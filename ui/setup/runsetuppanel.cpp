@@ -81,12 +81,13 @@ void RunSetupPanel::buildUi()
     m_limit->setSpecialValueText(tr("all"));
     m_limit->setObjectName("limit");
     df->addRow(tr("Training examples"), m_limit);
-    m_validate = new QCheckBox(tr("Validate on the test split after each epoch"));
+    m_validate = new QCheckBox(tr("Validate after each epoch"));
     m_validate->setChecked(true);
+    m_validate->setToolTip(tr("Evaluate on the test split after each epoch (val_loss, val_accuracy)"));
     df->addRow(QString(), m_validate);
-    m_usePipeline = new QCheckBox(tr("tf.data pipeline (parallel map, prefetch, augmentation)"));
+    m_usePipeline = new QCheckBox(tr("tf.data pipeline"));
     m_usePipeline->setObjectName("usePipeline");
-    m_usePipeline->setToolTip(tr("Off: batches are gathered from memory (fastest for datasets that fit in RAM)"));
+    m_usePipeline->setToolTip(tr("Parallel map, shuffle buffer, prefetch and augmentation like tf.data.\nOff: batches are gathered from memory (fastest for datasets that fit in RAM)"));
     df->addRow(QString(), m_usePipeline);
     m_shuffle = new QCheckBox(tr("Shuffle"));
     m_shuffle->setChecked(true);
@@ -110,8 +111,9 @@ void RunSetupPanel::buildUi()
     for (int i : {0, 1, 2, 4, 8}) m_prefetch->addItem(QString::number(i), i);
     m_prefetch->setObjectName("prefetch");
     df->addRow(tr("Prefetch (batches)"), m_prefetch);
-    m_flip = new QCheckBox(tr("Random horizontal flip"));
-    m_crop = new QCheckBox(tr("Random crop (pad 4)"));
+    m_flip = new QCheckBox(tr("Random flip"));
+    m_crop = new QCheckBox(tr("Random crop"));
+    m_crop->setStatusTip(tr("Random crop to the input size after padding 4 pixels"));
     auto* augRow = new QHBoxLayout;
     augRow->addWidget(m_flip);
     augRow->addWidget(m_crop);
@@ -478,6 +480,7 @@ void RunSetupPanel::refreshDeviceState()
         QString text = tr("%1 · memory %2 free of %3").arg(name.isEmpty() ? id : name, bytesText(memFree), bytesText(memTotal));
         if (load >= 0) text += tr(" · load %1%").arg(100 * load, 0, 'f', 0);
         item->setText(text);
+        item->setToolTip(text);
     }
 }
 
