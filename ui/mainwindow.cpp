@@ -35,7 +35,10 @@
 #include "designer/palettewidget.h"
 #include "designer/theme.h"
 #include "models/problemsmodel.h"
+#include "profiler/profilerpanel.h"
+#include "runs/runhistorypanel.h"
 #include "session/trainingsession.h"
+#include "store/run_store.h"
 #include "setup/runsetuppanel.h"
 #include "trainpage.h"
 
@@ -82,7 +85,36 @@ MainWindow::MainWindow(QWidget* parent)
     m_tabs->setDocumentMode(true);
     m_tabs->addTab(m_view, tr("Design"));
     m_tabs->addTab(m_trainPage, tr("Train"));
+    m_profiler = new ProfilerPanel(this);
+    m_profiler->setProperty("tabName", QStringLiteral("profiler"));
+    m_tabs->addTab(m_profiler, tr("Profiler"));
+    m_runs = new RunHistoryPanel(this);
+    m_runs->setProperty("tabName", QStringLiteral("runs"));
+    m_tabs->addTab(m_runs, tr("Runs"));
     setCentralWidget(m_tabs);
+    // A capture asked for in the profiler traces the running run; when the spans are in the
+    // store, the profiler shows them.
+    m_profiler->setCaptureEnabled(false);
+    connect(m_profiler, &ProfilerPanel::captureRequested, this, [this](int steps) {
+        QString error;
+        if (!m_session->captureTrace(steps, &error)) statusBar()->showMessage(tr("Capture: %1").arg(error), 8000);
+        else statusBar()->showMessage(tr("Capturing the next %1 steps…").arg(steps), 8000);
+    });
+    connect(m_trainPage, &TrainPage::captureReady, this, [this](const QString& runId) {
+        QString error;
+        if (!m_runs->store() || !m_profiler->openRun(*m_runs->store(), runId, &error))
+            statusBar()->showMessage(tr("Profiler: %1").arg(error), 8000);
+    });
+    connect(m_session, &TrainingSession::stateChanged, this, [this](TrainingSession::State s) {
+        m_profiler->setCaptureEnabled(s == TrainingSession::State::Running || s == TrainingSession::State::Paused);
+    });
+    connect(m_session, &TrainingSession::runStarted, m_runs, &RunHistoryPanel::refresh);
+    connect(m_trainPage, &TrainPage::runFinished, m_runs, &RunHistoryPanel::refresh);
+    connect(m_runs, &RunHistoryPanel::openRunRequested, this, [this](const QString& runId) {
+        QString error;
+        if (!openRecordedRun(runId, &error)) showError(tr("Open run"), error);
+    });
+    setDatabasePath(m_session->databasePath());
 
     createActions();
     createMenus();
@@ -893,6 +925,39 @@ void MainWindow::showTab(const QString& name)
         if (m_tabs->widget(i)->property("tabName").toString() == name || (i == 0 && name == QLatin1String("design"))
             || (m_tabs->widget(i) == m_trainPage && name == QLatin1String("train")))
             m_tabs->setCurrentIndex(i);
+}
+
+void MainWindow::setDatabasePath(const QString& path)
+{
+    m_session->setDatabasePath(path);
+    QString error;
+    // An unreadable history is shown in the Runs tab; training reports its own error.
+    if (!m_runs->setDatabase(path, &error)) statusBar()->showMessage(tr("Run history: %1").arg(error), 8000);
+}
+
+bool MainWindow::openRecordedRun(const QString& runId, QString* error)
+{
+    store::RunStore* store = m_runs->store();
+    if (!store) {
+        if (error) *error = tr("no run database is open");
+        return false;
+    }
+    auto data = RunData::load(*store, runId.toStdString());
+    if (!data.ok()) {
+        if (error) *error = QString::fromStdString(data.error().toString());
+        return false;
+    }
+    auto info = store->run(runId.toStdString());
+    const QString name = info.ok() ? QString::fromStdString(info->name) : runId.left(8);
+    m_trainPage->showRecordedRun(std::move(data).value(), tr("Run %1 (recorded)").arg(name));
+    // Its spans, if it has any, in the profiler (a run without a trace leaves it as it was).
+    auto counts = store->counts(runId.toStdString());
+    if (counts.ok() && counts->spans > 0) {
+        QString e;
+        if (!m_profiler->openRun(*store, runId, &e)) statusBar()->showMessage(tr("Profiler: %1").arg(e), 8000);
+    }
+    showTab(QStringLiteral("train"));
+    return true;
 }
 
 QString MainWindow::currentTab() const

@@ -27,6 +27,8 @@ class Inspector;
 class ModelDocument;
 class PaletteWidget;
 class ProblemsModel;
+class ProfilerPanel;
+class RunHistoryPanel;
 class TrainPage;
 class TrainingSession;
 
@@ -45,6 +47,12 @@ public:
     QUndoView* historyView() const { return m_history; }
     TrainingSession* session() const { return m_session; }
     TrainPage* trainPage() const { return m_trainPage; }
+    ProfilerPanel* profiler() const { return m_profiler; }
+    RunHistoryPanel* runHistory() const { return m_runs; }
+    // The run database the session records into and the history shows.
+    void setDatabasePath(const QString& path);
+    // Opens a recorded run: its dashboards on the Train tab and its trace in the profiler.
+    bool openRecordedRun(const QString& runId, QString* error = nullptr);
     // The central tabs: "design", "train" (run setup + dashboards), "profiler", "runs".
     QTabWidget* tabs() const { return m_tabs; }
     void showTab(const QString& name);
@@ -135,6 +143,8 @@ private:
     QTabWidget* m_tabs = nullptr;
     TrainingSession* m_session = nullptr;
     TrainPage* m_trainPage = nullptr;
+    ProfilerPanel* m_profiler = nullptr;
+    RunHistoryPanel* m_runs = nullptr;
     std::vector<QDockWidget*> m_designDocks;
     std::vector<bool> m_designDocksVisible;
     bool m_confirmStop = true;

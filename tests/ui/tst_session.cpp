@@ -22,6 +22,9 @@
 #include "dashboard/dashboardwidget.h"
 #include "data/dataset.h"
 #include "mainwindow.h"
+#include "profiler/profilerpanel.h"
+#include "runs/runhistorypanel.h"
+#include "runs/runsmodel.h"
 #include "session/rundata.h"
 #include "session/trainingsession.h"
 #include "setup/runsetuppanel.h"
@@ -63,7 +66,7 @@ std::unique_ptr<MainWindow> TestSession::window(int epochs, int limit)
 {
     auto w = std::make_unique<MainWindow>();
     w->setConfirmStopOnClose(false);
-    w->session()->setDatabasePath(db());
+    w->setDatabasePath(db());
     w->newFromTemplate("seed_mlp");
     w->resize(1300, 850);
     w->show();
@@ -125,6 +128,18 @@ void TestSession::trainFromTheGuiRecordsTheRun()
     QCOMPARE(page->dashboard()->lossPointCount(), 32);
     page->showLiveRun();
     QCOMPARE(page->dashboard()->data(), &w->session()->data());
+
+    // The Runs tab lists it; opening it from there shows it in the same dashboards.
+    QTRY_COMPARE_WITH_TIMEOUT(w->runHistory()->model()->rowCount(), 1, 5000);
+    w->showTab("runs");
+    QString error;
+    QVERIFY2(w->openRecordedRun(QString::fromStdString(id), &error), qPrintable(error));
+    QCOMPARE(w->currentTab(), QString("train"));
+    QCOMPARE(page->dashboard()->lossPointCount(), 32);
+    QVERIFY(page->dashboard()->data() != &w->session()->data());
+    QString bad;
+    QVERIFY(!w->openRecordedRun("no-such-run", &bad));
+    QVERIFY2(bad.contains("no-such-run"), qPrintable(bad));
 }
 
 void TestSession::pauseResumeStop()
@@ -241,6 +256,8 @@ void TestSession::captureOnDemandRecordsSpans()
     QTRY_VERIFY_WITH_TIMEOUT(s->data().lastStep() > 2, 30000);
     QVERIFY2(s->captureTrace(5, &error), qPrintable(error));
     QTRY_COMPARE_WITH_TIMEOUT(captured.count(), 1, 30000);
+    // The profiler tab shows the captured steps of the running run.
+    QTRY_VERIFY_WITH_TIMEOUT(w->profiler()->steps().size() >= 5, 10000);
     s->stop();
     QVERIFY(s->waitForFinished(20000));
     auto store = store::RunStore::open(db().toStdString(), {.readOnly = true});
