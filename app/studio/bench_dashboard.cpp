@@ -43,7 +43,7 @@ double runOnce(bool withDashboards, int epochs, const QString& db)
 {
     ts::MainWindow w;
     w.setConfirmStopOnClose(false);
-    w.session()->setDatabasePath(db);
+    w.setDatabasePath(db);
     w.newFromTemplate(QStringLiteral("seed_mlp"));
     w.showTab(QStringLiteral("train"));
     ts::RunConfig cfg = w.trainPage()->setup()->config();

@@ -69,12 +69,15 @@ int main(int argc, char** argv)
     const QCommandLineOption shotStepOpt(QStringLiteral("shot-at-step"),
                                          QStringLiteral("With --screenshot and --train: take it at this step, not at the end."),
                                          QStringLiteral("n"));
+    const QCommandLineOption captureOpt(QStringLiteral("capture"),
+                                        QStringLiteral("With --train: trace N steps of the run (from step 10) into the profiler."),
+                                        QStringLiteral("n"));
     const QCommandLineOption benchOpt(QStringLiteral("bench-dashboard"),
                                       QStringLiteral("Measure the dashboards' cost to training throughput and exit."));
     const QCommandLineOption pairsOpt(QStringLiteral("pairs"), QStringLiteral("Pairs for --bench-dashboard (default 4)."),
                                       QStringLiteral("n"), QStringLiteral("4"));
     parser.addOptions({openOpt, templateOpt, shotOpt, sizeOpt, selectOpt, themeOpt, tabOpt, trainOpt, epochsOpt, limitOpt, dbOpt,
-                       shotStepOpt, benchOpt, pairsOpt});
+                       shotStepOpt, benchOpt, pairsOpt, captureOpt});
     parser.process(app);
 
     // A screenshot must not depend on (or change) the user's saved layout, theme or recent files.
@@ -91,7 +94,7 @@ int main(int argc, char** argv)
                               parser.value(dbOpt));
 
     ts::MainWindow window;
-    if (parser.isSet(dbOpt)) window.session()->setDatabasePath(parser.value(dbOpt));
+    if (parser.isSet(dbOpt)) window.setDatabasePath(parser.value(dbOpt));
     QString file = parser.value(openOpt);
     if (file.isEmpty() && !parser.positionalArguments().isEmpty())
         file = parser.positionalArguments().constFirst();
@@ -118,6 +121,17 @@ int main(int argc, char** argv)
         if (parser.isSet(epochsOpt)) setup->findChild<QSpinBox*>(QStringLiteral("epochs"))->setValue(parser.value(epochsOpt).toInt());
         if (parser.isSet(limitOpt)) setup->findChild<QSpinBox*>(QStringLiteral("limit"))->setValue(parser.value(limitOpt).toInt());
         QString error;
+        const int capture = parser.isSet(captureOpt) ? parser.value(captureOpt).toInt() : 0;
+        bool captured = capture <= 0;
+        if (capture > 0) {
+            QObject::connect(window.session(), &ts::TrainingSession::updated, &window, [&window, capture, &captured] {
+                static bool asked = false;
+                if (!asked && window.session()->data().lastStep() >= 10) asked = window.session()->captureTrace(capture);
+            });
+            // The main window opens the capture in the profiler on captureReady; ours runs after it.
+            QObject::connect(window.trainPage(), &ts::TrainPage::captureReady, &window, [&captured] { captured = true; },
+                             Qt::QueuedConnection);
+        }
         if (!window.trainPage()->startTraining(&error)) {
             std::fprintf(stderr, "trainstudio: cannot train: %s\n", qPrintable(error));
             if (parser.isSet(shotOpt)) return 1;
@@ -128,7 +142,9 @@ int main(int argc, char** argv)
             window.show();
             const int64_t at = parser.isSet(shotStepOpt) ? parser.value(shotStepOpt).toLongLong() : -1;
             ts::TrainingSession* s = window.session();
-            while (s->isActive() && (at < 0 || s->data().lastStep() < at)) QApplication::processEvents(QEventLoop::AllEvents, 20);
+            while ((s->isActive() && (at < 0 || s->data().lastStep() < at)) || (!captured && s->isActive()))
+                QApplication::processEvents(QEventLoop::AllEvents, 20);
+            if (parser.isSet(tabOpt)) window.showTab(parser.value(tabOpt));
             if (at >= 0) {
                 window.trainPage()->dashboard()->setCrosshair(static_cast<double>(at) * 0.8);
                 s->pause();
