@@ -100,6 +100,7 @@ ProfilerPanel::ProfilerPanel(QWidget* parent)
     m_info->setObjectName(QStringLiteral("profilerInfo"));
     m_info->setTextInteractionFlags(Qt::TextSelectableByMouse);
     m_info->setWordWrap(true);
+    m_info->setContentsMargins(6, 0, 6, 0);
 
     m_details->setObjectName(QStringLiteral("spanDetails"));
     m_details->setOpenLinks(false);
