@@ -1,7 +1,6 @@
 #include "profiler/timelinedata.h"
 
 #include <algorithm>
-#include <numeric>
 #include <unordered_map>
 
 #include "telemetry/breakdown.h"
@@ -23,16 +22,23 @@ TimelineData::TimelineData(std::vector<telemetry::SpanEvent> spans, const std::s
     if (std::is_sorted(spans.begin(), spans.end(), before)) {
         m_spans = std::move(spans);
     } else {
-        std::vector<int32_t> order(spans.size());
-        std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-            const auto& x = spans[static_cast<std::size_t>(a)];
-            const auto& y = spans[static_cast<std::size_t>(b)];
-            return before(x, y) || (!before(y, x) && a < b);
-        });
+        // Compact keys sort without chasing each span through memory; the index keeps it stable.
+        struct Key {
+            int64_t start, negDuration;
+            int32_t index;
+            bool operator<(const Key& o) const
+            {
+                return start != o.start ? start < o.start
+                                        : negDuration != o.negDuration ? negDuration < o.negDuration : index < o.index;
+            }
+        };
+        std::vector<Key> order(spans.size());
+        for (std::size_t i = 0; i < spans.size(); ++i)
+            order[i] = {spans[i].startUs, -spans[i].durationUs, static_cast<int32_t>(i)};
+        std::sort(order.begin(), order.end());
         m_spans.reserve(spans.size());
-        for (int32_t i : order)
-            m_spans.push_back(std::move(spans[static_cast<std::size_t>(i)]));
+        for (const Key& k : order)
+            m_spans.push_back(std::move(spans[static_cast<std::size_t>(k.index)]));
     }
     const std::size_t n = m_spans.size();
     m_categoryIds.resize(n);
