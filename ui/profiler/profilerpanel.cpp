@@ -238,19 +238,19 @@ bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QStrin
         return fail(spans.error());
     const bool hasSpans = std::any_of(spans->begin(), spans->end(),
                                       [](const telemetry::SpanEvent& s) { return s.category != "counter"; });
-    if (!hasSpans) {
-        if (error)
-            *error = tr("Run %1 (%2) has no recorded trace spans in %3: trace it with “Capture next N steps” while "
-                        "it trains, or train with `trainstudio-cli train --trace FILE`.")
-                         .arg(runId, qs(info->name), qs(store.path()));
-        return false;
-    }
     auto breakdowns = store.breakdowns(id);
     if (!breakdowns.ok())
         return fail(breakdowns.error());
     auto findings = store.findings(id);
     if (!findings.ok())
         return fail(findings.error());
+    if (!hasSpans && breakdowns->empty() && findings->empty()) {
+        if (error)
+            *error = tr("Run %1 (%2) has no recorded trace spans, step breakdowns or findings in %3: trace it with "
+                        "“Capture next N steps” while it trains, or train with `trainstudio-cli train --trace FILE`.")
+                         .arg(runId, qs(info->name), qs(store.path()));
+        return false;
+    }
 
     std::vector<Step> steps;
     for (const auto& b : *breakdowns) {
@@ -259,7 +259,7 @@ bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QStrin
         steps.push_back({b.stamp.step, end - static_cast<int64_t>(std::llround(b.stepSeconds * 1e6)), end, b});
     }
     std::vector<telemetry::FindingEvent> found = std::move(*findings);
-    if (steps.empty() || found.empty()) {
+    if (hasSpans && (steps.empty() || found.empty())) {
         // Not recorded with the run (an older run, or advisor off): derive them from the spans.
         telemetry::Trace trace;
         trace.source = info->name;
@@ -294,8 +294,12 @@ void ProfilerPanel::load(std::vector<telemetry::SpanEvent> spans, const std::str
     m_findings = std::move(findings);
     m_rangeStats = RangeStats{};
     m_timeline->setData(m_data);
-    if (m_data->empty()) {
+    if (m_data->empty() && m_description.isEmpty()) {
         m_info->setText(tr("No trace loaded: open a Chrome trace file, or open a run from the history."));
+    } else if (m_data->empty()) {
+        m_info->setText(tr("%1 — no trace spans recorded (use “Capture next N steps” while it trains); %n step "
+                           "breakdown(s) and the findings are below.", nullptr, static_cast<int>(m_steps.size()))
+                            .arg(m_description));
     } else {
         m_info->setText(tr("%1 — %n span(s)", nullptr, static_cast<int>(m_data->spans().size())).arg(m_description) +
                         tr(", %n lane(s), ", nullptr, static_cast<int>(m_data->lanes().size())) +
