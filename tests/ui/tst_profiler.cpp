@@ -443,6 +443,24 @@ void TestProfiler::opensStoredRun()
     store->recordEvents(std::move(events));
     auto empty = store->createRun(spec);
     QVERIFY(empty.ok());
+    // A run recorded without tracing still has its breakdowns and the advisor's findings.
+    auto untraced = store->createRun(spec);
+    QVERIFY(untraced.ok());
+    tl::StepBreakdownEvent b;
+    b.stamp.runId = untraced->id;
+    b.stamp.step = 7;
+    b.stamp.wallTimeUs = t0;
+    b.stepSeconds = 2e-3;
+    b.forward = 1e-3;
+    b.other = 1e-3;
+    store->record(b);
+    tl::FindingEvent f;
+    f.stamp.runId = untraced->id;
+    f.kind = "host-overhead";
+    f.severity = "high";
+    f.message = "50% of step time is host overhead";
+    f.firstStep = f.lastStep = 7;
+    store->record(f);
     QVERIFY(store->flush().ok());
 
     ProfilerPanel panel;
@@ -459,7 +477,17 @@ void TestProfiler::opensStoredRun()
     panel.selectFinding(0);
     QCOMPARE(panel.timeline()->highlightedSpans().size(), std::size_t(4));  // the four input waits
 
-    // A run without spans, and an unknown run: errors that name them.
+    ProfilerPanel untracedPanel;
+    QVERIFY2(untracedPanel.openRun(*store, QString::fromStdString(untraced->id), &error), qPrintable(error));
+    QVERIFY(untracedPanel.timeline()->data()->empty());
+    QCOMPARE(untracedPanel.steps().size(), std::size_t(1));
+    QCOMPARE(untracedPanel.findings().size(), std::size_t(1));
+    QCOMPARE(untracedPanel.findingsView()->topLevelItemCount(), 1);
+    QCOMPARE(untracedPanel.stepPlot()->plottableCount(), tl::kStepPartCount);
+    untracedPanel.selectFinding(0);  // nothing to outline, and nothing breaks
+    QVERIFY(untracedPanel.timeline()->highlightedSpans().empty());
+
+    // A run with nothing recorded, and an unknown run: errors that name them.
     const QString emptyId = QString::fromStdString(empty->id);
     QVERIFY(!panel.openRun(*store, emptyId, &error));
     QVERIFY2(error.contains(emptyId) && error.contains("--trace"), qPrintable(error));
