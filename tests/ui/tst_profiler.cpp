@@ -8,6 +8,7 @@
 
 #include <QAbstractItemView>
 #include <QElapsedTimer>
+#include <QLabel>
 #include <QSpinBox>
 #include <QTabWidget>
 #include <QTemporaryDir>
@@ -134,6 +135,9 @@ void TestProfiler::opensFixtureTraces()
     QVERIFY(!data->lanes().empty());
     QCOMPARE(static_cast<int>(panel.steps().size()), steps);
     QVERIFY(panel.sourceDescription().contains(file));
+    // The colour key names every category on the timeline.
+    for (const std::string& c : data->categories())
+        QVERIFY2(panel.legend()->text().contains(QString::fromStdString(c).toHtmlEscaped()), c.c_str());
     // Every span is on exactly one row, and a row's spans never overlap.
     for (const TimelineRow& row : data->rows())
         for (std::size_t k = 1; k < row.starts.size(); ++k)

@@ -63,7 +63,7 @@ std::set<int> partsOfFinding(const std::string& kind)
 } // namespace
 
 ProfilerPanel::ProfilerPanel(QWidget* parent)
-    : QWidget(parent), m_timeline(new TimelineWidget(this)), m_info(new QLabel(this)), m_tabs(new QTabWidget(this)),
+    : QWidget(parent), m_timeline(new TimelineWidget(this)), m_info(new QLabel(this)), m_legend(new QLabel(this)), m_tabs(new QTabWidget(this)),
       m_details(new QTextBrowser(this)), m_rangeLabel(new QLabel(this)), m_categoryView(new QTreeWidget(this)),
       m_topView(new QTreeWidget(this)), m_stepPlot(new QCustomPlot(this)), m_findingsView(new QTreeWidget(this)),
       m_openAction(new QAction(tr("Open Chrome Trace…"), this)), m_captureSteps(new QSpinBox(this)),
@@ -101,6 +101,10 @@ ProfilerPanel::ProfilerPanel(QWidget* parent)
     m_info->setTextInteractionFlags(Qt::TextSelectableByMouse);
     m_info->setWordWrap(true);
     m_info->setContentsMargins(6, 0, 6, 0);
+    m_legend->setObjectName(QStringLiteral("categoryLegend"));
+    m_legend->setContentsMargins(6, 0, 6, 0);
+    m_legend->setTextFormat(Qt::RichText);
+    m_legend->setWordWrap(true);
 
     m_details->setObjectName(QStringLiteral("spanDetails"));
     m_details->setOpenLinks(false);
@@ -164,6 +168,7 @@ ProfilerPanel::ProfilerPanel(QWidget* parent)
     layout->setSpacing(2);
     layout->addWidget(toolbar);
     layout->addWidget(m_info);
+    layout->addWidget(m_legend);
     layout->addWidget(split, 1);
 
     connect(m_timeline, &TimelineWidget::spanSelected, this, [this](int span) {
@@ -306,6 +311,19 @@ void ProfilerPanel::load(std::vector<telemetry::SpanEvent> spans, const std::str
                         formatMicros(static_cast<double>(m_data->endUs() - m_data->startUs())) +
                         (m_steps.empty() ? tr(", no step markers") : tr(", %n step(s)", nullptr, static_cast<int>(m_steps.size()))));
     }
+    // The colour key: the trace's categories, those with the most spans first.
+    std::vector<std::pair<int64_t, std::size_t>> counts(m_data->categories().size());
+    for (std::size_t c = 0; c < counts.size(); ++c)
+        counts[c].second = c;
+    for (std::size_t i = 0; i < m_data->spans().size(); ++i)
+        --counts[static_cast<std::size_t>(m_data->categoryIdOf(static_cast<int>(i)))].first;
+    std::sort(counts.begin(), counts.end());
+    QStringList keys;
+    for (const auto& [negCount, c] : counts)
+        keys << QStringLiteral("<span style='color:%1'>&#9632;</span>&nbsp;%2")
+                    .arg(timelineCategoryColor(m_data->categories()[c]).name(), qs(m_data->categories()[c]).toHtmlEscaped());
+    m_legend->setText(keys.join(QStringLiteral(" &nbsp; ")));
+    m_legend->setVisible(!keys.isEmpty());
     showSpanDetails(-1);
     m_categoryView->clear();
     m_topView->clear();

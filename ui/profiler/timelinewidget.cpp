@@ -192,9 +192,10 @@ void TimelineWidget::zoomBy(double factor, double anchorFraction)
     if (!(factor > 0))
         return;
     const double span = m_t1 - m_t0;
-    const double anchor = m_t0 + std::clamp(anchorFraction, 0.0, 1.0) * span;
+    const double fraction = std::clamp(anchorFraction, 0.0, 1.0);
+    const double anchor = m_t0 + fraction * span;
     const double newSpan = std::max(kMinVisibleUs, span / factor);
-    setVisibleRange(anchor - anchorFraction * newSpan, anchor - anchorFraction * newSpan + newSpan);
+    setVisibleRange(anchor - fraction * newSpan, anchor - fraction * newSpan + newSpan);
 }
 
 void TimelineWidget::panByPixels(double dx)
