@@ -9,6 +9,8 @@
 #include <QComboBox>
 #include <QFile>
 #include <QLineEdit>
+#include <QMessageBox>
+#include <QAbstractButton>
 #include <QTableView>
 #include <QTemporaryDir>
 
@@ -280,9 +282,35 @@ void TestRuns::renameTagDeleteReachTheStore()
     QCOMPARE(panel.model()->index(panel.model()->rowOfRun(m_mirrored), RunsModel::Tags).data().toString(),
              QStringLiteral("best, fast"));
 
+    // Delete asks first: Cancel keeps the run, Delete removes it.
+    auto answerDelete = [](QMessageBox::ButtonRole role) {
+        auto* poll = new QTimer;
+        poll->setInterval(10);
+        QObject::connect(poll, &QTimer::timeout, [poll, role] {
+            auto* box = qobject_cast<QMessageBox*>(QApplication::activeModalWidget());
+            if (!box)
+                return;
+            for (QAbstractButton* b : box->buttons())
+                if (box->buttonRole(b) == role) {
+                    poll->deleteLater();
+                    b->click();
+                    return;
+                }
+        });
+        poll->start();
+    };
+    panel.selectRuns({m_adam});
+    answerDelete(QMessageBox::RejectRole);
+    panel.findChild<QAction*>("deleteRunAction")->trigger();
+    QVERIFY(m_writer->run(m_adam.toStdString()).ok());
+    answerDelete(QMessageBox::DestructiveRole);
+    panel.findChild<QAction*>("deleteRunAction")->trigger();
+    QVERIFY(!m_writer->run(m_adam.toStdString()).ok());
+    QCOMPARE(panel.model()->rowOfRun(m_adam), -1);
+
     QVERIFY2(panel.deleteRun(m_sgd, true, &error), qPrintable(error));
     QVERIFY(!m_writer->run(m_sgd.toStdString()).ok());
-    QCOMPARE(panel.model()->rowCount(), 2);
+    QCOMPARE(panel.model()->rowCount(), 1);
     QCOMPARE(panel.model()->rowOfRun(m_sgd), -1);
     QVERIFY(!panel.deleteRun(m_sgd, true, &error));
     QVERIFY2(error.contains(m_sgd), qPrintable(error));
