@@ -8,6 +8,7 @@
 
 #include <QAbstractItemView>
 #include <QElapsedTimer>
+#include <QLabel>
 #include <QSpinBox>
 #include <QTabWidget>
 #include <QTemporaryDir>
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <ctime>
 #include <fstream>
 
 #include "profiler/profilerpanel.h"
@@ -69,6 +71,13 @@ const char* kKnownTrace = R"({"traceEvents": [
   {"ph": "X", "name": "backward", "cat": "backward", "pid": 1, "tid": 1, "ts": 1000500, "dur": 400},
   {"ph": "X", "name": "all-reduce", "cat": "communication", "pid": 1, "tid": 2, "ts": 1000600, "dur": 200}
 ]})";
+
+double threadCpuMs()
+{
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
 
 QString writeText(const QTemporaryDir& dir, const QString& name, const std::string& text)
 {
@@ -126,6 +135,9 @@ void TestProfiler::opensFixtureTraces()
     QVERIFY(!data->lanes().empty());
     QCOMPARE(static_cast<int>(panel.steps().size()), steps);
     QVERIFY(panel.sourceDescription().contains(file));
+    // The colour key names every category on the timeline.
+    for (const std::string& c : data->categories())
+        QVERIFY2(panel.legend()->text().contains(QString::fromStdString(c).toHtmlEscaped()), c.c_str());
     // Every span is on exactly one row, and a row's spans never overlap.
     for (const TimelineRow& row : data->rows())
         for (std::size_t k = 1; k < row.starts.size(); ++k)
@@ -435,6 +447,24 @@ void TestProfiler::opensStoredRun()
     store->recordEvents(std::move(events));
     auto empty = store->createRun(spec);
     QVERIFY(empty.ok());
+    // A run recorded without tracing still has its breakdowns and the advisor's findings.
+    auto untraced = store->createRun(spec);
+    QVERIFY(untraced.ok());
+    tl::StepBreakdownEvent b;
+    b.stamp.runId = untraced->id;
+    b.stamp.step = 7;
+    b.stamp.wallTimeUs = t0;
+    b.stepSeconds = 2e-3;
+    b.forward = 1e-3;
+    b.other = 1e-3;
+    store->record(b);
+    tl::FindingEvent f;
+    f.stamp.runId = untraced->id;
+    f.kind = "host-overhead";
+    f.severity = "high";
+    f.message = "50% of step time is host overhead";
+    f.firstStep = f.lastStep = 7;
+    store->record(f);
     QVERIFY(store->flush().ok());
 
     ProfilerPanel panel;
@@ -451,7 +481,17 @@ void TestProfiler::opensStoredRun()
     panel.selectFinding(0);
     QCOMPARE(panel.timeline()->highlightedSpans().size(), std::size_t(4));  // the four input waits
 
-    // A run without spans, and an unknown run: errors that name them.
+    ProfilerPanel untracedPanel;
+    QVERIFY2(untracedPanel.openRun(*store, QString::fromStdString(untraced->id), &error), qPrintable(error));
+    QVERIFY(untracedPanel.timeline()->data()->empty());
+    QCOMPARE(untracedPanel.steps().size(), std::size_t(1));
+    QCOMPARE(untracedPanel.findings().size(), std::size_t(1));
+    QCOMPARE(untracedPanel.findingsView()->topLevelItemCount(), 1);
+    QCOMPARE(untracedPanel.stepPlot()->plottableCount(), tl::kStepPartCount);
+    untracedPanel.selectFinding(0);  // nothing to outline, and nothing breaks
+    QVERIFY(untracedPanel.timeline()->highlightedSpans().empty());
+
+    // A run with nothing recorded, and an unknown run: errors that name them.
     const QString emptyId = QString::fromStdString(empty->id);
     QVERIFY(!panel.openRun(*store, emptyId, &error));
     QVERIFY2(error.contains(emptyId) && error.contains("--trace"), qPrintable(error));
@@ -515,19 +555,34 @@ void TestProfiler::millionSpanFrameTime()
     QVERIFY(QTest::qWaitForWindowExposed(&tw));
     (void)tw.grab();  // warm up fonts and caches
 
+    // Two measures per frame: render() into a reused image (what a steady on-screen frame costs:
+    // the backing store is not reallocated), and grab(), which also allocates and clears a new
+    // 1600x900 pixmap every time.
+    // The thread's CPU time is printed too: on a shared machine the wall time includes waiting
+    // for a core, which says nothing about the drawing.
     struct Phase {
         const char* name;
-        double worst = 0, sum = 0, paintWorst = 0;
+        double worst = 0, sum = 0, grabWorst = 0, grabSum = 0, cpuSum = 0, cpuWorst = 0;
         int frames = 0;
     };
-    auto frame = [&tw](Phase& ph) {
+    QImage backing(tw.size(), QImage::Format_ARGB32_Premultiplied);
+    tw.render(&backing);  // the first render faults the image's pages in
+    auto frame = [&tw, &backing](Phase& ph) {
         QElapsedTimer t;
+        const double cpu0 = threadCpuMs();
         t.start();
-        const QPixmap pm = tw.grab();
+        tw.render(&backing);
         const double ms = static_cast<double>(t.nsecsElapsed()) / 1e6;
+        const double cpu = threadCpuMs() - cpu0;
+        ph.cpuSum += cpu;
+        ph.cpuWorst = std::max(ph.cpuWorst, cpu);
+        t.restart();
+        const QPixmap pm = tw.grab();
+        const double grabMs = static_cast<double>(t.nsecsElapsed()) / 1e6;
         ph.worst = std::max(ph.worst, ms);
-        ph.paintWorst = std::max(ph.paintWorst, tw.lastFrameMs());
         ph.sum += ms;
+        ph.grabWorst = std::max(ph.grabWorst, grabMs);
+        ph.grabSum += grabMs;
         ++ph.frames;
         return !pm.isNull();
     };
@@ -548,15 +603,18 @@ void TestProfiler::millionSpanFrameTime()
         tw.panByPixels(-40);
         QVERIFY(frame(deep));
     }
-    double worst = 0;
+    double worstCpu = 0;
     for (const Phase* ph : {&whole, &zoom, &pan, &deep}) {
-        qInfo("1M spans, %-22s: grab() mean %.2f ms, worst %.2f ms (paintEvent worst %.2f ms) over %d frames", ph->name,
-              ph->sum / ph->frames, ph->worst, ph->paintWorst, ph->frames);
-        worst = std::max(worst, ph->worst);
+        qInfo("1M spans, %-22s: frame mean %.2f ms, worst %.2f ms (CPU mean %.2f, worst %.2f); grab() mean %.2f ms, "
+              "worst %.2f ms (%d frames)",
+              ph->name, ph->sum / ph->frames, ph->worst, ph->cpuSum / ph->frames, ph->cpuWorst, ph->grabSum / ph->frames,
+              ph->grabWorst, ph->frames);
+        worstCpu = std::max(worstCpu, ph->cpuWorst);
     }
     qInfo("1M spans: layout built in %lld ms", static_cast<long long>(buildMs));
-    // The target is 16 ms; the bound leaves room for a loaded or sanitised test machine.
-    QVERIFY2(worst < 100.0, qPrintable(QStringLiteral("worst frame %1 ms").arg(worst)));
+    // The target is 16 ms; the bound leaves room for a slow or sanitised test machine. CPU time,
+    // not wall time: a busy neighbour must not fail the test.
+    QVERIFY2(worstCpu < 50.0, qPrintable(QStringLiteral("worst frame %1 ms of CPU").arg(worstCpu)));
 }
 
 QTEST_MAIN(TestProfiler)

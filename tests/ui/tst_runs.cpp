@@ -9,6 +9,8 @@
 #include <QComboBox>
 #include <QFile>
 #include <QLineEdit>
+#include <QMessageBox>
+#include <QAbstractButton>
 #include <QTableView>
 #include <QTemporaryDir>
 
@@ -117,6 +119,7 @@ private Q_SLOTS:
     void renameTagDeleteReachTheStore();
     void exportsWriteFiles();
     void compareViewHasOneGraphPerRun();
+    void compareReadsTheZoomedStepsAtPixelResolution();
     void badDatabaseNamesTheFile();
 
 private:
@@ -279,9 +282,35 @@ void TestRuns::renameTagDeleteReachTheStore()
     QCOMPARE(panel.model()->index(panel.model()->rowOfRun(m_mirrored), RunsModel::Tags).data().toString(),
              QStringLiteral("best, fast"));
 
+    // Delete asks first: Cancel keeps the run, Delete removes it.
+    auto answerDelete = [](QMessageBox::ButtonRole role) {
+        auto* poll = new QTimer;
+        poll->setInterval(10);
+        QObject::connect(poll, &QTimer::timeout, [poll, role] {
+            auto* box = qobject_cast<QMessageBox*>(QApplication::activeModalWidget());
+            if (!box)
+                return;
+            for (QAbstractButton* b : box->buttons())
+                if (box->buttonRole(b) == role) {
+                    poll->deleteLater();
+                    b->click();
+                    return;
+                }
+        });
+        poll->start();
+    };
+    panel.selectRuns({m_adam});
+    answerDelete(QMessageBox::RejectRole);
+    panel.findChild<QAction*>("deleteRunAction")->trigger();
+    QVERIFY(m_writer->run(m_adam.toStdString()).ok());
+    answerDelete(QMessageBox::DestructiveRole);
+    panel.findChild<QAction*>("deleteRunAction")->trigger();
+    QVERIFY(!m_writer->run(m_adam.toStdString()).ok());
+    QCOMPARE(panel.model()->rowOfRun(m_adam), -1);
+
     QVERIFY2(panel.deleteRun(m_sgd, true, &error), qPrintable(error));
     QVERIFY(!m_writer->run(m_sgd.toStdString()).ok());
-    QCOMPARE(panel.model()->rowCount(), 2);
+    QCOMPARE(panel.model()->rowCount(), 1);
     QCOMPARE(panel.model()->rowOfRun(m_sgd), -1);
     QVERIFY(!panel.deleteRun(m_sgd, true, &error));
     QVERIFY2(error.contains(m_sgd), qPrintable(error));
@@ -360,6 +389,50 @@ void TestRuns::compareViewHasOneGraphPerRun()
     // Deleting a compared run takes it out of the plot.
     QVERIFY(panel.deleteRun(m_sgd, true, &error));
     QCOMPARE(view->plot()->graphCount(), 1);
+}
+
+void TestRuns::compareReadsTheZoomedStepsAtPixelResolution()
+{
+    // 20'000 steps do not fit in a plot's width: the store downsamples them (M4) and the view
+    // asks again for the visible steps when the user zooms.
+    st::NewRun spec;
+    spec.name = "long run";
+    spec.model = {{"name", "seed_mlp"}};
+    auto run = m_writer->createRun(spec);
+    QVERIFY(run.ok());
+    std::vector<tl::Event> events;
+    for (int s = 1; s <= 20'000; ++s) {
+        tl::StepMetricsEvent m;
+        m.stamp.runId = run->id;
+        m.stamp.step = s;
+        m.loss = s == 12'345 ? 50.0 : 1.0 + (s % 7) * 0.01;  // one spike
+        events.push_back(m);
+    }
+    m_writer->recordEvents(std::move(events));
+    QVERIFY(m_writer->flush().ok());
+
+    RunCompareView view;
+    view.resize(800, 400);
+    view.setStore(m_writer.get());
+    view.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&view));
+    QString error;
+    QVERIFY2(view.setRuns({QString::fromStdString(run->id)}, &error), qPrintable(error));
+    QCPGraph* g = view.plot()->graph(0);
+    QVERIFY(g->dataCount() < 4 * 800);  // at most four points per pixel column
+    double peak = 0;
+    for (auto it = g->data()->constBegin(); it != g->data()->constEnd(); ++it)
+        peak = std::max(peak, it->value);
+    QCOMPARE(peak, 50.0);  // the spike survives downsampling
+
+    view.plot()->xAxis->setRange(12'300, 12'400);
+    // Re-read once the zoom settles: only the visible steps, every one of them.
+    QTRY_VERIFY(view.plot()->graph(0)->data()->constBegin()->key >= 12'299);
+    QCPGraph* zoomed = view.plot()->graph(0);
+    QVERIFY(zoomed->dataCount() >= 100);
+    QVERIFY2(zoomed->data()->constBegin()->key >= 12'299, qPrintable(QStringLiteral("%1 .. %2, %3 points").arg(zoomed->data()->constBegin()->key).arg((zoomed->data()->constEnd() - 1)->key).arg(zoomed->dataCount())));
+    QVERIFY((zoomed->data()->constEnd() - 1)->key <= 12'401);
+    QCOMPARE(view.plot()->xAxis->range().lower, 12'300.0);  // the user's range is kept
 }
 
 void TestRuns::badDatabaseNamesTheFile()

@@ -63,7 +63,7 @@ std::set<int> partsOfFinding(const std::string& kind)
 } // namespace
 
 ProfilerPanel::ProfilerPanel(QWidget* parent)
-    : QWidget(parent), m_timeline(new TimelineWidget(this)), m_info(new QLabel(this)), m_tabs(new QTabWidget(this)),
+    : QWidget(parent), m_timeline(new TimelineWidget(this)), m_info(new QLabel(this)), m_legend(new QLabel(this)), m_tabs(new QTabWidget(this)),
       m_details(new QTextBrowser(this)), m_rangeLabel(new QLabel(this)), m_categoryView(new QTreeWidget(this)),
       m_topView(new QTreeWidget(this)), m_stepPlot(new QCustomPlot(this)), m_findingsView(new QTreeWidget(this)),
       m_openAction(new QAction(tr("Open Chrome Trace…"), this)), m_captureSteps(new QSpinBox(this)),
@@ -100,6 +100,11 @@ ProfilerPanel::ProfilerPanel(QWidget* parent)
     m_info->setObjectName(QStringLiteral("profilerInfo"));
     m_info->setTextInteractionFlags(Qt::TextSelectableByMouse);
     m_info->setWordWrap(true);
+    m_info->setContentsMargins(6, 0, 6, 0);
+    m_legend->setObjectName(QStringLiteral("categoryLegend"));
+    m_legend->setContentsMargins(6, 0, 6, 0);
+    m_legend->setTextFormat(Qt::RichText);
+    m_legend->setWordWrap(true);
 
     m_details->setObjectName(QStringLiteral("spanDetails"));
     m_details->setOpenLinks(false);
@@ -163,6 +168,7 @@ ProfilerPanel::ProfilerPanel(QWidget* parent)
     layout->setSpacing(2);
     layout->addWidget(toolbar);
     layout->addWidget(m_info);
+    layout->addWidget(m_legend);
     layout->addWidget(split, 1);
 
     connect(m_timeline, &TimelineWidget::spanSelected, this, [this](int span) {
@@ -237,19 +243,19 @@ bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QStrin
         return fail(spans.error());
     const bool hasSpans = std::any_of(spans->begin(), spans->end(),
                                       [](const telemetry::SpanEvent& s) { return s.category != "counter"; });
-    if (!hasSpans) {
-        if (error)
-            *error = tr("Run %1 (%2) has no recorded trace spans in %3: trace it with “Capture next N steps” while "
-                        "it trains, or train with `trainstudio-cli train --trace FILE`.")
-                         .arg(runId, qs(info->name), qs(store.path()));
-        return false;
-    }
     auto breakdowns = store.breakdowns(id);
     if (!breakdowns.ok())
         return fail(breakdowns.error());
     auto findings = store.findings(id);
     if (!findings.ok())
         return fail(findings.error());
+    if (!hasSpans && breakdowns->empty() && findings->empty()) {
+        if (error)
+            *error = tr("Run %1 (%2) has no recorded trace spans, step breakdowns or findings in %3: trace it with "
+                        "“Capture next N steps” while it trains, or train with `trainstudio-cli train --trace FILE`.")
+                         .arg(runId, qs(info->name), qs(store.path()));
+        return false;
+    }
 
     std::vector<Step> steps;
     for (const auto& b : *breakdowns) {
@@ -258,7 +264,7 @@ bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QStrin
         steps.push_back({b.stamp.step, end - static_cast<int64_t>(std::llround(b.stepSeconds * 1e6)), end, b});
     }
     std::vector<telemetry::FindingEvent> found = std::move(*findings);
-    if (steps.empty() || found.empty()) {
+    if (hasSpans && (steps.empty() || found.empty())) {
         // Not recorded with the run (an older run, or advisor off): derive them from the spans.
         telemetry::Trace trace;
         trace.source = info->name;
@@ -293,14 +299,31 @@ void ProfilerPanel::load(std::vector<telemetry::SpanEvent> spans, const std::str
     m_findings = std::move(findings);
     m_rangeStats = RangeStats{};
     m_timeline->setData(m_data);
-    if (m_data->empty()) {
+    if (m_data->empty() && m_description.isEmpty()) {
         m_info->setText(tr("No trace loaded: open a Chrome trace file, or open a run from the history."));
+    } else if (m_data->empty()) {
+        m_info->setText(tr("%1 — no trace spans recorded (use “Capture next N steps” while it trains); %n step "
+                           "breakdown(s) and the findings are below.", nullptr, static_cast<int>(m_steps.size()))
+                            .arg(m_description));
     } else {
         m_info->setText(tr("%1 — %n span(s)", nullptr, static_cast<int>(m_data->spans().size())).arg(m_description) +
                         tr(", %n lane(s), ", nullptr, static_cast<int>(m_data->lanes().size())) +
                         formatMicros(static_cast<double>(m_data->endUs() - m_data->startUs())) +
                         (m_steps.empty() ? tr(", no step markers") : tr(", %n step(s)", nullptr, static_cast<int>(m_steps.size()))));
     }
+    // The colour key: the trace's categories, those with the most spans first.
+    std::vector<std::pair<int64_t, std::size_t>> counts(m_data->categories().size());
+    for (std::size_t c = 0; c < counts.size(); ++c)
+        counts[c].second = c;
+    for (std::size_t i = 0; i < m_data->spans().size(); ++i)
+        --counts[static_cast<std::size_t>(m_data->categoryIdOf(static_cast<int>(i)))].first;
+    std::sort(counts.begin(), counts.end());
+    QStringList keys;
+    for (const auto& [negCount, c] : counts)
+        keys << QStringLiteral("<span style='color:%1'>&#9632;</span>&nbsp;%2")
+                    .arg(timelineCategoryColor(m_data->categories()[c]).name(), qs(m_data->categories()[c]).toHtmlEscaped());
+    m_legend->setText(keys.join(QStringLiteral(" &nbsp; ")));
+    m_legend->setVisible(!keys.isEmpty());
     showSpanDetails(-1);
     m_categoryView->clear();
     m_topView->clear();

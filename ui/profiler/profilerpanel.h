@@ -66,6 +66,7 @@ public:
 
     // Child widgets, for the integrator's layout and for tests.
     QTreeWidget* findingsView() const { return m_findingsView; }
+    QLabel* legend() const { return m_legend; }
     QTreeWidget* categoryView() const { return m_categoryView; }
     QTreeWidget* topSpansView() const { return m_topView; }
     QTextBrowser* detailsView() const { return m_details; }
@@ -92,6 +93,7 @@ private:
 
     TimelineWidget* m_timeline;
     QLabel* m_info;
+    QLabel* m_legend;
     QTabWidget* m_tabs;
     QTextBrowser* m_details;
     QLabel* m_rangeLabel;

@@ -1,7 +1,6 @@
 #include "profiler/timelinedata.h"
 
 #include <algorithm>
-#include <numeric>
 #include <unordered_map>
 
 #include "telemetry/breakdown.h"
@@ -23,16 +22,23 @@ TimelineData::TimelineData(std::vector<telemetry::SpanEvent> spans, const std::s
     if (std::is_sorted(spans.begin(), spans.end(), before)) {
         m_spans = std::move(spans);
     } else {
-        std::vector<int32_t> order(spans.size());
-        std::iota(order.begin(), order.end(), 0);
-        std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-            const auto& x = spans[static_cast<std::size_t>(a)];
-            const auto& y = spans[static_cast<std::size_t>(b)];
-            return before(x, y) || (!before(y, x) && a < b);
-        });
+        // Compact keys sort without chasing each span through memory; the index keeps it stable.
+        struct Key {
+            int64_t start, negDuration;
+            int32_t index;
+            bool operator<(const Key& o) const
+            {
+                return start != o.start ? start < o.start
+                                        : negDuration != o.negDuration ? negDuration < o.negDuration : index < o.index;
+            }
+        };
+        std::vector<Key> order(spans.size());
+        for (std::size_t i = 0; i < spans.size(); ++i)
+            order[i] = {spans[i].startUs, -spans[i].durationUs, static_cast<int32_t>(i)};
+        std::sort(order.begin(), order.end());
         m_spans.reserve(spans.size());
-        for (int32_t i : order)
-            m_spans.push_back(std::move(spans[static_cast<std::size_t>(i)]));
+        for (const Key& k : order)
+            m_spans.push_back(std::move(spans[static_cast<std::size_t>(k.index)]));
     }
     const std::size_t n = m_spans.size();
     m_categoryIds.resize(n);
@@ -49,27 +55,44 @@ TimelineData::TimelineData(std::vector<telemetry::SpanEvent> spans, const std::s
     for (std::size_t i = 0; i < n; ++i) {
         const telemetry::SpanEvent& s = m_spans[i];
         m_endUs = std::max(m_endUs, s.startUs + s.durationUs);
-        std::string category = s.category;
-        if (category.empty()) {
+        const std::string* category = &s.category;
+        std::string byPart;
+        if (category->empty()) {
             const int part = telemetry::classifySpan(s, m_format);
-            category = part >= 0 ? telemetry::stepPartName(static_cast<telemetry::StepPart>(part)) : "uncategorised";
+            byPart = part >= 0 ? telemetry::stepPartName(static_cast<telemetry::StepPart>(part)) : "uncategorised";
+            category = &byPart;
         }
-        auto [cit, newCategory] = categoryIndex.try_emplace(category, static_cast<int32_t>(m_categories.size()));
-        if (newCategory)
-            m_categories.push_back(category);
+        auto cit = categoryIndex.find(*category);
+        if (cit == categoryIndex.end()) {
+            cit = categoryIndex.emplace(*category, static_cast<int32_t>(m_categories.size())).first;
+            m_categories.push_back(*category);
+        }
         m_categoryIds[i] = cit->second;
 
-        // Worker and device are part of the key: two workers may both have a "main" thread.
-        const std::string key = s.stamp.lane.worker + '\x1f' + s.stamp.lane.device + '\x1f' + s.stamp.lane.thread;
-        auto [lit, newLane] = laneIndex.try_emplace(key, static_cast<int>(m_lanes.size()));
-        if (newLane) {
-            TimelineLane lane;
-            lane.lane = s.stamp.lane;
-            lane.label = telemetry::laneLabel(s.stamp.lane);
-            m_lanes.push_back(std::move(lane));
-            laneSpans.emplace_back();
+        // Worker and device are part of the lane: two workers may both have a "main" thread. A
+        // trace has a handful of lanes, so comparing is cheaper than building a hash key per span.
+        int lane = -1;
+        if (m_lanes.size() <= 32) {
+            for (std::size_t l = 0; l < m_lanes.size() && lane < 0; ++l)
+                if (m_lanes[l].lane == s.stamp.lane)
+                    lane = static_cast<int>(l);
+        } else {
+            const std::string key = s.stamp.lane.worker + '\x1f' + s.stamp.lane.device + '\x1f' + s.stamp.lane.thread;
+            const auto lit = laneIndex.find(key);
+            if (lit != laneIndex.end())
+                lane = lit->second;
         }
-        laneSpans[static_cast<std::size_t>(lit->second)].push_back(static_cast<int32_t>(i));
+        if (lane < 0) {
+            lane = static_cast<int>(m_lanes.size());
+            TimelineLane entry;
+            entry.lane = s.stamp.lane;
+            entry.label = telemetry::laneLabel(s.stamp.lane);
+            m_lanes.push_back(std::move(entry));
+            laneSpans.emplace_back();
+            // The index is kept complete so it can take over once there are many lanes.
+            laneIndex.emplace(s.stamp.lane.worker + '\x1f' + s.stamp.lane.device + '\x1f' + s.stamp.lane.thread, lane);
+        }
+        laneSpans[static_cast<std::size_t>(lane)].push_back(static_cast<int32_t>(i));
     }
 
     // Depth by nesting: stack[k] is the open span at depth k, so a row's spans never overlap.

@@ -96,7 +96,6 @@ private:
     void setScroll(int y);
     void paintRuler(class QPainter& p);
     void paintRow(class QPainter& p, int row, int y);
-    QColor categoryColor(int categoryId) const;
 
     std::shared_ptr<const TimelineData> m_data;
     std::vector<int> m_rowY;         // content y of each row

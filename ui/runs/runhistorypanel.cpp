@@ -131,7 +131,7 @@ RunHistoryPanel::RunHistoryPanel(QWidget* parent)
     m_view->addActions({m_openAction, m_compareAction, m_renameAction, m_tagAction, m_deleteAction});
     m_view->addAction(exportMenu->menuAction());
     connect(m_view, &QTableView::doubleClicked, this, [this](const QModelIndex& index) {
-        if (index.isValid() && index.column() != RunsModel::Name)
+        if (index.isValid())
             Q_EMIT openRunRequested(index.data(RunsModel::RunIdRole).toString());
     });
     connect(m_view->selectionModel(), &QItemSelectionModel::selectionChanged, this, &RunHistoryPanel::updateActions);
@@ -296,7 +296,7 @@ bool RunHistoryPanel::renameRun(const QString& runId, const QString& name, QStri
 {
     if (!m_store || name.trimmed().isEmpty()) {
         if (error)
-            *error = !m_store ? tr("No run database is open.") : tr("Run %1: a run needs a non-empty name.").arg(runId);
+            *error = !m_store ? tr("No run database is open: open the run history’s database first.") : tr("Run %1: type a name that is not empty.").arg(runId);
         return false;
     }
     const Status s = m_store->renameRun(runId.toStdString(), name.trimmed().toStdString());
@@ -313,7 +313,7 @@ bool RunHistoryPanel::setRunTags(const QString& runId, const QStringList& tags, 
 {
     if (!m_store) {
         if (error)
-            *error = tr("No run database is open.");
+            *error = tr("No run database is open: open the run history’s database first.");
         return false;
     }
     std::vector<std::string> list;
@@ -334,7 +334,7 @@ bool RunHistoryPanel::deleteRun(const QString& runId, bool removeFiles, QString*
 {
     if (!m_store) {
         if (error)
-            *error = tr("No run database is open.");
+            *error = tr("No run database is open: open the run history’s database first.");
         return false;
     }
     auto report = m_store->deleteRun(runId.toStdString(), removeFiles);
@@ -364,7 +364,7 @@ bool RunHistoryPanel::exportMetricsCsv(const QString& runId, const QString& path
 {
     if (!m_store) {
         if (error)
-            *error = tr("No run database is open.");
+            *error = tr("No run database is open: open the run history’s database first.");
         return false;
     }
     std::ostringstream out;
@@ -391,7 +391,7 @@ bool RunHistoryPanel::exportTrace(const QString& runId, const QString& path, QSt
 {
     if (!m_store) {
         if (error)
-            *error = tr("No run database is open.");
+            *error = tr("No run database is open: open the run history’s database first.");
         return false;
     }
     auto spans = store::exportChromeTrace(*m_store, runId.toStdString(), path.toStdString());
@@ -409,7 +409,7 @@ bool RunHistoryPanel::exportWeights(const QString& runId, const QString& path, Q
 {
     if (!m_store) {
         if (error)
-            *error = tr("No run database is open.");
+            *error = tr("No run database is open: open the run history’s database first.");
         return false;
     }
     auto checkpoint = store::exportFinalWeights(*m_store, runId.toStdString(), path.toStdString());

@@ -236,10 +236,14 @@ QString RunsModel::bestMetricText(int row) const
 {
     if (row < 0 || static_cast<std::size_t>(row) >= m_rows.size())
         return {};
-    const Row& r = m_rows[static_cast<std::size_t>(row)];
-    if (r.bestName.isEmpty())
+    return bestText(m_rows[static_cast<std::size_t>(row)]);
+}
+
+QString RunsModel::bestText(const Row& row)
+{
+    if (row.bestName.isEmpty())
         return {};
-    return QStringLiteral("%1 %2").arg(r.bestName).arg(r.bestValue, 0, 'g', 4);
+    return QStringLiteral("%1 %2").arg(row.bestName).arg(row.bestValue, 0, 'g', 4);
 }
 
 int RunsModel::rowCount(const QModelIndex& parent) const
@@ -267,7 +271,7 @@ QVariant RunsModel::display(const Row& row, int column) const
     case Status:
         return QString::fromLatin1(store::statusName(r.status));
     case BestMetric:
-        return row.bestName.isEmpty() ? QString() : QStringLiteral("%1 %2").arg(row.bestName).arg(row.bestValue, 0, 'g', 4);
+        return bestText(row);
     case Duration: {
         const double s = durationSeconds(r);
         return s < 0 ? QString() : durationText(s);

@@ -63,6 +63,7 @@ private:
         int statusKey = -1;
         int64_t lastStep = -2, endedUs = -1;
     };
+    static QString bestText(const Row& row);
     void fillDetails(Row& row);
     QVariant display(const Row& row, int column) const;
     QVariant sortValue(const Row& row, int column) const;
