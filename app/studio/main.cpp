@@ -143,7 +143,7 @@ int main(int argc, char** argv)
             const int64_t at = parser.isSet(shotStepOpt) ? parser.value(shotStepOpt).toLongLong() : -1;
             ts::TrainingSession* s = window.session();
             while ((s->isActive() && (at < 0 || s->data().lastStep() < at)) || (!captured && s->isActive()))
-                QApplication::processEvents(QEventLoop::AllEvents, 20);
+                QApplication::processEvents(QEventLoop::WaitForMoreEvents);  // the session's 30 Hz tick wakes it
             if (parser.isSet(tabOpt)) window.showTab(parser.value(tabOpt));
             if (at >= 0) {
                 window.trainPage()->dashboard()->setCrosshair(static_cast<double>(at) * 0.8);

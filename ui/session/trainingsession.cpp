@@ -1,7 +1,7 @@
 #include "session/trainingsession.h"
 
 #include <QCoreApplication>
-#include <QElapsedTimer>
+#include <QEventLoop>
 #include <QMetaObject>
 
 #include "store/recording.h"
@@ -224,9 +224,13 @@ bool TrainingSession::captureTrace(int steps, QString* error)
 
 bool TrainingSession::waitForFinished(int ms)
 {
-    QElapsedTimer t;
-    t.start();
-    while (isActive() && t.elapsed() < ms) QCoreApplication::processEvents(QEventLoop::AllEvents, 20);
+    if (!isActive()) return true;
+    // A nested event loop that sleeps until finished() or the timeout (never a polling loop:
+    // that would take a core from the training).
+    QEventLoop loop;
+    connect(this, &TrainingSession::finished, &loop, &QEventLoop::quit);
+    QTimer::singleShot(ms, &loop, &QEventLoop::quit);
+    loop.exec();
     return !isActive();
 }
 
