@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "bench_dashboard.h"
+#include "dashboard/dashboardwidget.h"
 #include "mainwindow.h"
 #include "store/recording.h"
 #include "telemetry/bus.h"
@@ -133,6 +134,9 @@ double runOnce(bool withDashboards, int epochs, const QString& db)
     wall.start();
     w.session()->waitForFinished(600000);
     g_lastCost = {threadCpuSeconds() - c0, wall.nsecsElapsed() * 1e-9};
+    const ts::DashboardWidget* dash = w.trainPage()->dashboard();
+    std::printf("           dashboards: %d live frames in %.1f s (%.1f per second), %.2f ms per frame (five plots)\n",
+                dash->liveReplots(), g_lastCost.wall, dash->liveReplots() / std::max(1e-9, g_lastCost.wall), dash->frameMs());
     return throughput(w.session()->data());
 }
 

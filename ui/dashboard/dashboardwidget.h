@@ -8,6 +8,7 @@
 // draws each graph downsampled per visible pixel (adaptive sampling), so 1M-point series stay
 // interactive.
 
+#include <QElapsedTimer>
 #include <QWidget>
 
 #include <cstddef>
@@ -27,6 +28,7 @@ class QLabel;
 class QListWidget;
 class QMouseEvent;
 class QSlider;
+class QTimer;
 
 namespace ts {
 
@@ -59,6 +61,15 @@ public:
     // double-click (or setFollow(true)) turns it back on.
     void setFollow(bool on);
     bool follow() const { return m_follow; }
+
+    // The most CPU the live replots may take, as a fraction of the whole machine (all cores):
+    // replots run at up to 30 Hz, fewer when a frame costs more than the budget allows (a
+    // dashboard must not slow the training it shows). Default 0.02. Interaction is not limited.
+    void setCpuBudget(double fractionOfMachine) { m_cpuBudget = fractionOfMachine; }
+    double cpuBudget() const { return m_cpuBudget; }
+    // Live replots done and their mean CPU cost (ms, all five plots).
+    int liveReplots() const { return m_liveReplots; }
+    double frameMs() const { return m_frameMs; }
 
     // Moves every plot's crosshair to x (in the current x units) and fills the readout.
     void setCrosshair(double x);
@@ -100,6 +111,9 @@ private:
     double keyOf(double step, double wall) const;
     QCPGraph* deviceGraph(const std::string& key, const QString& name, bool memory);
     void replotAll();
+    void scheduleLiveReplot();
+    void liveReplot();
+    void showEvent(QShowEvent* event) override;
 
     const RunData* m_data = nullptr;
     XAxis m_xAxis = XAxis::Step;
@@ -132,6 +146,12 @@ private:
     std::map<std::string, std::size_t> m_deviceRows;
     std::size_t m_findingCount = static_cast<std::size_t>(-1);
     uint64_t m_findingRevision = 0;
+    double m_cpuBudget = 0.02;
+    double m_frameMs = 0;            // moving average of a live frame's cost
+    int m_liveReplots = 0;
+    bool m_dirty = false;
+    QTimer* m_replotTimer = nullptr;
+    QElapsedTimer m_sinceReplot;
 };
 
 } // namespace ts
