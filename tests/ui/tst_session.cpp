@@ -46,6 +46,7 @@ private slots:
     void captureOnDemandRecordsSpans();
     void setupBuildsThePipelineAndSchedule();
     void millionPointSeriesStaysInteractive();
+    void liveReplotsKeepToTheirBudget();
 
 private:
     // A window with the seed's MLP on the Train tab, recording into this test's database.
@@ -330,6 +331,53 @@ void TestSession::millionPointSeriesStaysInteractive()
     qInfo("1M-point dashboard frame (5 plots): median %.2f ms, worst %.2f ms", ms[ms.size() / 2], ms.back());
     // The goal is 16 ms; the bound leaves room for a loaded CI machine and sanitizers.
     QVERIFY2(ms[ms.size() / 2] < 100, qPrintable(QString("median frame %1 ms").arg(ms[ms.size() / 2])));
+}
+
+void TestSession::liveReplotsKeepToTheirBudget()
+{
+    RunData data;
+    auto addStep = [&data](int i) {
+        telemetry::StepMetricsEvent e;
+        e.stamp.step = i;
+        e.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
+        e.epoch = 1;
+        e.loss = 1.0 / i;
+        data.add(telemetry::Event(std::move(e)));
+    };
+    DashboardWidget dash;
+    dash.resize(900, 700);
+    dash.setData(&data);
+    for (int i = 1; i <= 10; ++i) {
+        addStep(i);
+        dash.refresh();
+    }
+    QCOMPARE(dash.liveReplots(), 0);  // hidden: data appended, nothing drawn
+    QCOMPARE(dash.lossPointCount(), 10);
+    dash.show();
+    QTRY_COMPARE(dash.liveReplots(), 1);  // drawn once when shown
+    // Ticks far faster than 30 Hz are coalesced: at most ~30 frames a second.
+    dash.setCpuBudget(1.0);
+    QElapsedTimer t;
+    t.start();
+    int i = 10;
+    while (t.elapsed() < 500) {
+        addStep(++i);
+        dash.refresh();
+        QTest::qWait(2);
+    }
+    const int frames = dash.liveReplots() - 1;
+    QVERIFY2(frames >= 3 && frames <= 20, qPrintable(QString("%1 frames in 0.5 s").arg(frames)));
+    // A tiny budget slows the frames down further (each costs its CPU time / budget).
+    dash.setCpuBudget(1e-5);
+    const int before = dash.liveReplots();
+    t.restart();
+    while (t.elapsed() < 500) {
+        addStep(++i);
+        dash.refresh();
+        QTest::qWait(2);
+    }
+    QVERIFY2(dash.liveReplots() - before <= 2, qPrintable(QString("%1 frames").arg(dash.liveReplots() - before)));
+    QCOMPARE(dash.lossPointCount(), i);
 }
 
 QTEST_MAIN(TestSession)
