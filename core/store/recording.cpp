@@ -50,6 +50,12 @@ void RunRecording::begin(PreparedRun& run, telemetry::EventBus& bus)
     run.trainer->setTelemetry(&bus, m_id, false);
 }
 
+void RunRecording::beginRemote(const RunConfig& config, telemetry::EventBus& bus)
+{
+    if (!create(config, nullptr)) return;
+    m_sink = std::make_unique<StoreSink>(bus, m_store);
+}
+
 void RunRecording::prepareFailed(const RunConfig& config, const Error& error)
 {
     if (!create(config, nullptr)) return;

@@ -53,6 +53,9 @@ public:
     // After prepareRun: creates the run, subscribes the store (and the advisor) to `bus` and
     // points the trainer's telemetry at it (a later setTelemetry for tracing must keep runId()).
     void begin(PreparedRun& run, telemetry::EventBus& bus);
+    // A run trained by remote workers (train --cluster): creates the run from its configuration
+    // and records what the coordinator publishes on `bus` (the workers' merged streams).
+    void beginRemote(const RunConfig& config, telemetry::EventBus& bus);
     // prepareRun failed: the run is recorded as failed with its error.
     void prepareFailed(const RunConfig& config, const Error& error);
     // fit() returned: drains the bus into the store; completed, cancelled or failed. With
