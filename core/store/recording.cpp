@@ -81,39 +81,36 @@ void RunRecording::fitDone(const Result<FitResult>& result, bool interrupted)
     if (!s.ok()) warn(s.error());
 }
 
+void RunRecording::saveCheckpoint(PreparedRun& run, const std::string& fileName, int64_t step, const std::string& kind)
+{
+    const std::filesystem::path dir = m_store.runFilesDir(m_id);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::string path = (dir / fileName).string();
+    Status s = run.trainer->saveWeights(path);
+    if (!s.ok()) {
+        warn(s.error());
+        return;
+    }
+    auto c = m_store.addCheckpoint(m_id, path, step, kind);
+    if (!c.ok()) warn(c.error());
+}
+
 void RunRecording::keepWeights(PreparedRun& run, const std::string& savedPath, int64_t step)
 {
     if (m_id.empty()) return;
-    std::string path = savedPath;
-    if (path.empty()) {
-        const std::filesystem::path dir = m_store.runFilesDir(m_id);
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        path = (dir / "final.safetensors").string();
-        Status s = run.trainer->saveWeights(path);
-        if (!s.ok()) {
-            warn(s.error());
-            return;
-        }
+    if (savedPath.empty()) {
+        saveCheckpoint(run, "final.safetensors", step, "final");
+        return;
     }
-    auto c = m_store.addCheckpoint(m_id, path, step, "final");
+    auto c = m_store.addCheckpoint(m_id, savedPath, step, "final");
     if (!c.ok()) warn(c.error());
 }
 
 void RunRecording::checkpoint(PreparedRun& run, int64_t epoch, int64_t step)
 {
     if (m_id.empty()) return;
-    const std::filesystem::path dir = m_store.runFilesDir(m_id);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    const std::string path = (dir / ("epoch-" + std::to_string(epoch) + ".safetensors")).string();
-    Status s = run.trainer->saveWeights(path);
-    if (!s.ok()) {
-        warn(s.error());
-        return;
-    }
-    auto c = m_store.addCheckpoint(m_id, path, step, "periodic");
-    if (!c.ok()) warn(c.error());
+    saveCheckpoint(run, "epoch-" + std::to_string(epoch) + ".safetensors", step, "periodic");
 }
 
 void RunRecording::keepFile(const std::string& kind, const std::string& path)

@@ -76,6 +76,8 @@ public:
 private:
     void warn(const Error& e) const;
     bool create(const RunConfig& config, const PreparedRun* run);
+    // Writes `run`'s weights into the run's folder and records them as a checkpoint of `kind`.
+    void saveCheckpoint(PreparedRun& run, const std::string& fileName, int64_t step, const std::string& kind);
 
     RunStore m_store;
     RecordingOptions m_options;
