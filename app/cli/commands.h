@@ -49,6 +49,12 @@ struct TrainOptions {
     std::string trace;
     bool traceLayers = false;
     int checkpointEvery = 0;  // epochs between checkpoints kept with the recorded run (0: final only)
+    // multi-worker-mirrored: this process is one task of the cluster in TF_CONFIG (the env var,
+    // or the file --tf-config); --task overrides its "task". Token: --token-file or env.
+    std::string tfConfig;
+    std::string task;
+    std::string tokenFile;
+    double collectiveTimeout = 30;  // seconds before a silent transfer fails
 };
 
 struct BenchOptions {

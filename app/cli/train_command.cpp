@@ -7,13 +7,17 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "distribute/cluster_spec.h"
 #include "embedded_models.h"
+#include "remote/auth.h"
+#include "remote/cluster.h"
 #include "store/run_store.h"
 #include "telemetry/bus.h"
 #include "telemetry/trace_sink.h"
@@ -150,7 +154,14 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)");
     c->add_option("--optimizer", o.optimizer, "adam, adamw, sgd or rmsprop (overrides the model's)");
     c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)");
-    c->add_option("--strategy", o.strategy, "one-device or mirrored")->check(CLI::IsMember({"one-device", "mirrored"}));
+    c->add_option("--strategy", o.strategy, "one-device, mirrored or multi-worker-mirrored (one process per task of TF_CONFIG)")
+        ->check(CLI::IsMember({"one-device", "mirrored", "multi-worker-mirrored"}));
+    c->add_option("--tf-config", o.tfConfig, "multi-worker: TF_CONFIG file (default: the TF_CONFIG environment variable)");
+    c->add_option("--task", o.task, "multi-worker: this process's task, e.g. worker:1 (overrides TF_CONFIG's \"task\")");
+    c->add_option("--token-file", o.tokenFile,
+                  "multi-worker: file with the cluster's shared token (default: $" + std::string(ts::remote::kTokenEnv) + ")");
+    c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run")
+        ->check(CLI::PositiveNumber);
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
     c->add_option("--threads", o.threads, "total CPU threads (default: all cores)");
     c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout)");
@@ -174,8 +185,62 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
         ->check(CLI::NonNegativeNumber);
 }
 
-int runTrain(const TrainOptions& o)
+namespace {
+
+// multi-worker-mirrored: read the cluster, check it, and join the other tasks (blocks until all
+// have joined). Non-coordinator tasks neither record the run nor keep checkpoints: the chief does.
+ts::Result<ts::remote::ClusterConnection> joinCluster(const TrainOptions& o)
 {
+    auto spec = o.tfConfig.empty() ? ts::ClusterSpec::fromEnvironment() : ts::ClusterSpec::fromFile(o.tfConfig);
+    if (!spec.ok()) return spec.takeError();
+    ts::ClusterSpec cluster = std::move(spec).value();
+    if (!o.task.empty()) {
+        const auto colon = o.task.find(':');
+        ts::TaskId t;
+        t.type = o.task.substr(0, colon);
+        try {
+            if (colon == std::string::npos) throw std::invalid_argument("no index");
+            std::size_t used = 0;
+            t.index = std::stoi(o.task.substr(colon + 1), &used);
+            if (used != o.task.size() - colon - 1) throw std::invalid_argument("trailing text");
+        } catch (const std::exception&) {
+            return ts::makeError(ts::ErrorCode::InvalidArgument, "--task " + o.task + ": expected type:index", "e.g. --task worker:1 or --task chief:0");
+        }
+        TS_ASSIGN(cluster, cluster.withTask(t));
+    }
+    TS_TRY(cluster.validateFor("multi-worker-mirrored"));
+    TS_ASSIGN(std::string token, ts::remote::loadToken(o.tokenFile));
+    ts::remote::ClusterOptions co;
+    co.token = token;
+    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    return ts::remote::connectCluster(cluster, co);
+}
+
+} // namespace
+
+int runTrain(const TrainOptions& options)
+{
+    TrainOptions o = options;
+    std::optional<ts::remote::ClusterConnection> cluster;
+    if (o.strategy == "multi-worker-mirrored") {
+        auto joined = joinCluster(o);
+        if (!joined.ok()) {
+            printError(joined.error());
+            return 2;
+        }
+        cluster = std::move(joined).value();
+        if (!cluster->coordinator) {
+            o.noRecord = true;
+            o.checkpointEvery = 0;
+        }
+        if (!o.quiet && !o.json)
+            std::printf("Joined the cluster as %s, rank %d of %d%s\n", cluster->taskName.c_str(), cluster->rank, cluster->size,
+                        cluster->coordinator ? " (coordinator: records the run)" : "");
+        std::fflush(stdout);
+    } else if (!o.tfConfig.empty() || !o.task.empty()) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--tf-config and --task are for --strategy multi-worker-mirrored"));
+        return 2;
+    }
     ts::RunConfig cfg;
     if (!o.config.empty()) {
         std::ifstream in(o.config);
@@ -226,6 +291,10 @@ int runTrain(const TrainOptions& o)
         cfg.optimizer = opt;
     }
     cfg.strategy.kind = o.strategy;
+    if (cluster) {
+        cfg.strategy.crossProcess = cluster->communicator;
+        cfg.strategy.processRank = cluster->rank;
+    }
     if (!o.devices.empty()) {
         cfg.strategy.devices.clear();
         std::stringstream ss(o.devices);

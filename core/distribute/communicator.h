@@ -37,4 +37,13 @@ public:
 // rank order and writes it back to all ranks, so the work is split evenly across threads.
 std::unique_ptr<Communicator> makeLocalCommunicator(int size);
 
+// This process's `localSize` replicas (ranks as threads, rank = local replica index) joined to
+// the other processes of a multi-worker run through `crossProcess` (one rank per process, e.g.
+// Gloo). Size is localSize * crossProcess->size(); global replica g = processRank * localSize + r.
+// All-reduce: local sum, then local replica 0 all-reduces across processes, then a local
+// broadcast, so only one rank per process talks over the network. A failure on either level
+// aborts both, and the local replicas' errors carry the cross-process one.
+std::unique_ptr<Communicator> makeHierarchicalCommunicator(int localSize, std::shared_ptr<Communicator> crossProcess,
+                                                           int processRank);
+
 } // namespace ts
