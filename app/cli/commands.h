@@ -54,6 +54,7 @@ struct TrainOptions {
     std::string tfConfig;
     std::string task;
     std::string tokenFile;
+    std::string cluster;            // coordinator: TF_CONFIG-style file of trainstudio-worker addresses
     double collectiveTimeout = 30;  // seconds before a silent transfer fails
 };
 
@@ -102,6 +103,9 @@ public:
     virtual void begin(ts::PreparedRun& run, ts::telemetry::EventBus& bus) = 0;
     // prepareRun failed: the run is recorded as failed with its error.
     virtual void prepareFailed(const ts::RunConfig& config, const ts::Error& error) = 0;
+    // A run trained by remote workers (train --cluster): creates the run from its configuration
+    // and records what the coordinator publishes on `bus` (the workers' merged streams).
+    virtual void beginRemote(const ts::RunConfig& config, ts::telemetry::EventBus& bus) = 0;
     // fit() returned: drains the bus into the store; completed, cancelled or failed.
     virtual void fitDone(const ts::Result<ts::FitResult>& result) = 0;
     // Keeps the final weights: `savedPath` (the --save-weights file) if given, else a file in the
@@ -132,6 +136,9 @@ void addRunsCommand(CLI::App& app, RunsOptions& o);
 int runRuns(const RunsOptions& o);
 void addBenchCommand(CLI::App& app, BenchOptions& o);
 int runTrain(const TrainOptions& o);
+// train --cluster FILE (coordinator.cpp): pre-flight, start the tasks on the workers, merge their
+// streams into one recorded run. `cfg` is the run built from the flags.
+int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* recording);
 int runValidate(const std::string& file, bool json);
 int runBench(const BenchOptions& o);
 

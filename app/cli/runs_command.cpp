@@ -522,6 +522,12 @@ public:
         run.trainer->setTelemetry(&bus, m_id, false);
     }
 
+    void beginRemote(const ts::RunConfig& config, ts::telemetry::EventBus& bus) override
+    {
+        if (!create(config, nullptr)) return;
+        m_sink = std::make_unique<st::StoreSink>(bus, m_store);
+    }
+
     void prepareFailed(const ts::RunConfig& config, const ts::Error& error) override
     {
         if (!create(config, nullptr)) return;

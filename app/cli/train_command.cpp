@@ -160,6 +160,8 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--task", o.task, "multi-worker: this process's task, e.g. worker:1 (overrides TF_CONFIG's \"task\")");
     c->add_option("--token-file", o.tokenFile,
                   "multi-worker: file with the cluster's shared token (default: $" + std::string(ts::remote::kTokenEnv) + ")");
+    c->add_option("--cluster", o.cluster,
+                  "coordinate a multi-worker-mirrored run on the trainstudio-worker daemons listed in FILE (TF_CONFIG \"cluster\" format)");
     c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run")
         ->check(CLI::PositiveNumber);
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
@@ -222,7 +224,12 @@ int runTrain(const TrainOptions& options)
 {
     TrainOptions o = options;
     std::optional<ts::remote::ClusterConnection> cluster;
-    if (o.strategy == "multi-worker-mirrored") {
+    if (!o.cluster.empty() && (!o.tfConfig.empty() || !o.task.empty())) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--cluster coordinates remote workers; --tf-config/--task make this process a task",
+                                 "use one or the other"));
+        return 2;
+    }
+    if (o.strategy == "multi-worker-mirrored" && o.cluster.empty()) {
         auto joined = joinCluster(o);
         if (!joined.ok()) {
             printError(joined.error());
@@ -318,6 +325,14 @@ int runTrain(const TrainOptions& options)
     if (!o.loadWeights.empty()) cfg.loadWeights = o.loadWeights;
     if (!o.saveWeights.empty()) cfg.saveWeights = o.saveWeights;
 
+    if (!o.cluster.empty()) {
+        auto recordingOpened = openTrainRecording(o);
+        if (!recordingOpened.ok()) {
+            printError(recordingOpened.error());
+            return 2;
+        }
+        return runCoordinated(o, std::move(cfg), recordingOpened->get());
+    }
     if (o.checkpointEvery > 0 && o.noRecord) {
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--checkpoint-every keeps checkpoints with the recorded run",
                                  "drop --no-record (choose the database with --db), or use --save-weights for the final weights"));

@@ -49,7 +49,7 @@ Result<ClusterConnection> connectCluster(const ClusterSpec& spec, const ClusterO
     TS_ASSIGN(std::string coordAddress, spec.address(coord));
 
     std::unique_ptr<RendezvousServer> server;
-    if (c.coordinator) {
+    if (c.coordinator && !options.rendezvousAlreadyServed) {
         RendezvousServer::Options so;
         so.bindAddress = coordAddress;
         so.token = options.token;

@@ -27,6 +27,9 @@ struct ClusterOptions {
     std::chrono::milliseconds timeout{60000};
     std::chrono::milliseconds heartbeat{1000};
     TlsFiles tls;
+    // The coordinator's rendezvous is already served (by trainstudio-worker, next to its control
+    // service at the task's address): do not start another.
+    bool rendezvousAlreadyServed = false;
 };
 
 struct ClusterConnection {

@@ -128,6 +128,11 @@ private:
 
 } // namespace
 
+std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes)
+{
+    return std::make_unique<RendezvousService>(token, maxValueBytes);
+}
+
 class RendezvousServer::Impl {
 public:
     std::unique_ptr<RendezvousService> service;

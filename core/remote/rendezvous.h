@@ -40,6 +40,9 @@ private:
     std::unique_ptr<Impl> m_impl;
 };
 
+// The service alone, to serve next to others on one port (trainstudio-worker does).
+std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes = 1 << 20);
+
 class RendezvousClient {
 public:
     static Result<std::unique_ptr<RendezvousClient>> connect(const std::string& address, const std::string& token,
