@@ -7,8 +7,9 @@
 //    one process per rank for Gloo/NCCL). A call returns once this rank's result is complete.
 //  - Errors: a peer that fails (or calls abort()) makes every pending and later call on every
 //    rank return Cancelled/an error naming the rank, instead of hanging.
-//  - Determinism: sums are accumulated in rank order, so results are bit-identical across ranks
-//    and runs.
+//  - Determinism: results are bit-identical across ranks and runs. LocalCommunicator sums in
+//    rank order; Gloo's ring sums each chunk in ring order (fixed for a given size), so its sums
+//    can differ from the local ones in the last bits.
 
 #include <memory>
 #include <string>

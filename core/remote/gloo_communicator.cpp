@@ -8,7 +8,7 @@
 #include <mutex>
 #include <thread>
 
-#include <gloo/allreduce_ring.h>
+#include <gloo/allreduce_ring_chunked.h>
 #include <gloo/barrier_all_to_all.h>
 #include <gloo/broadcast_one_to_all.h>
 #include <gloo/common/error.h>
@@ -111,7 +111,7 @@ public:
             auto& slot = m_allreduce[n];
             if (!slot.algorithm) {
                 slot.buffer.assign(static_cast<std::size_t>(n), 0.f);
-                slot.algorithm = std::make_unique<gloo::AllreduceRing<float>>(m_context, std::vector<float*>{slot.buffer.data()}, static_cast<int>(n));
+                slot.algorithm = std::make_unique<gloo::AllreduceRingChunked<float>>(m_context, std::vector<float*>{slot.buffer.data()}, static_cast<int>(n));
             }
             std::memcpy(slot.buffer.data(), t.data<float>(), static_cast<std::size_t>(n) * sizeof(float));
             slot.algorithm->run();
@@ -174,7 +174,7 @@ public:
 private:
     struct AllreduceSlot {
         std::vector<float> buffer;
-        std::unique_ptr<gloo::AllreduceRing<float>> algorithm;
+        std::unique_ptr<gloo::AllreduceRingChunked<float>> algorithm;
     };
     struct BroadcastSlot {
         std::vector<uint8_t> buffer;

@@ -5,9 +5,11 @@
 // Contract (in addition to communicator.h's):
 //  - Threading: collectives are called by this rank's one thread, with `rank` equal to
 //    options.rank; abort() may be called from any thread.
-//  - Algorithms: ring all-reduce (gloo::AllreduceRing) for F32, one-to-all broadcast, all-to-all
-//    barrier. Every rank gets bitwise the same sums (the ring's all-gather copies them), and a
-//    run is repeatable, but the summation order is the ring's, not rank order.
+//  - Algorithms: chunked ring all-reduce (gloo::AllreduceRingChunked: reduce-scatter, then the
+//    reduced chunks are copied around) for F32, one-to-all broadcast, all-to-all barrier. Every
+//    rank gets bitwise the same sums and a run is repeatable, but the summation order is the
+//    ring's, not rank order. (gloo::AllreduceRing passes whole buffers around and each rank sums
+//    in its own order: with more than 2 ranks their results differ in the last bits.)
 //  - Faults: every transfer has options.timeout. A peer that dies closes its sockets, so calls
 //    fail at once; a peer that hangs fails them after the timeout. The error names the rank and
 //    task that stopped responding, found through the ranks' heartbeats to the rendezvous service

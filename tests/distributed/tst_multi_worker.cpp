@@ -136,6 +136,7 @@ void TestMultiWorker::sameWeightsAsOneProcess_data()
     QTest::addColumn<QString>("devices");
     QTest::newRow("2 processes x 1 replica") << 2 << "cpu:0";
     QTest::newRow("2 processes x 2 local replicas") << 2 << "cpu:0,cpu:1";
+    QTest::newRow("4 processes x 1 replica") << 4 << "cpu:0";
 }
 
 void TestMultiWorker::sameWeightsAsOneProcess()
@@ -150,7 +151,7 @@ void TestMultiWorker::sameWeightsAsOneProcess()
     std::vector<QString> weights;
     for (int t = 0; t < workers; ++t) {
         const QString task = t == 0 ? "chief:0" : QString("worker:%1").arg(t - 1);
-        weights.push_back(m_dir.filePath(QString("w%1-%2.safetensors").arg(t).arg(devices.count(',') + 1)));
+        weights.push_back(m_dir.filePath(QString("w%1-%2-%3.safetensors").arg(t).arg(workers).arg(devices.count(',') + 1)));
         QStringList args = trainArgs();
         args.removeAll("--quiet");
         args << "--strategy" << "multi-worker-mirrored" << "--task" << task << "--devices" << devices << "--db" << db
@@ -170,7 +171,7 @@ void TestMultiWorker::sameWeightsAsOneProcess()
         QVERIFY2(d <= 1e-5, qPrintable(QString("task %1 differs from one process by %2").arg(t).arg(d)));
     }
     // The processes agree with each other exactly: they apply the same all-reduced update.
-    QCOMPARE(maxDiff(weights[0], weights[1]), 0.0);
+    for (int t = 1; t < workers; ++t) QCOMPARE(maxDiff(weights[0], weights[static_cast<std::size_t>(t)]), 0.0);
 }
 
 void TestMultiWorker::killedWorkerIsNamed()
