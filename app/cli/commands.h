@@ -55,6 +55,7 @@ struct TrainOptions {
     std::string task;
     std::string tokenFile;
     std::string cluster;            // coordinator: TF_CONFIG-style file of trainstudio-worker addresses
+    std::string tlsCa;              // coordinator: verify the workers' TLS certificates with this CA
     double collectiveTimeout = 30;  // seconds before a silent transfer fails
 };
 

@@ -95,7 +95,9 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         t.id = id;
         t.address = *spec->address(id);
         t.label = id.toString() + " at " + t.address;
-        auto c = ts::remote::WorkerClient::connect(t.label, t.address, *token);
+        ts::remote::TlsFiles tls;
+        tls.rootCa = o.tlsCa;
+        auto c = ts::remote::WorkerClient::connect(t.label, t.address, *token, tls);
         if (!c.ok()) {
             printError(c.error());
             return 2;

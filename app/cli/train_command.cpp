@@ -162,6 +162,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
                   "multi-worker: file with the cluster's shared token (default: $" + std::string(ts::remote::kTokenEnv) + ")");
     c->add_option("--cluster", o.cluster,
                   "coordinate a multi-worker-mirrored run on the trainstudio-worker daemons listed in FILE (TF_CONFIG \"cluster\" format)");
+    c->add_option("--tls-ca", o.tlsCa, "with --cluster: talk TLS to the workers, verifying them with this PEM CA");
     c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run")
         ->check(CLI::PositiveNumber);
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");

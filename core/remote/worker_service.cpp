@@ -39,7 +39,7 @@ grpc::Status refuse(const grpc::ServerContext& ctx, grpc::StatusCode code, const
 
 class WorkerService final : public Worker::Service {
 public:
-    WorkerService(std::string token, std::string name) : m_token(std::move(token)), m_name(std::move(name)) {}
+    WorkerService(std::string token, std::string name, TlsFiles tls) : m_token(std::move(token)), m_name(std::move(name)), m_tls(std::move(tls)) {}
     ~WorkerService() override { shutdown(); }
 
     void setName(std::string name) { m_name = std::move(name); }
@@ -220,6 +220,7 @@ private:
         ClusterOptions co;
         co.token = m_token;
         co.group = m_runId;
+        co.tls = m_tls;  // the rendezvous is served by a daemon like this one, with the same TLS
         co.rendezvousAlreadyServed = spec.task() == spec.coordinator();  // served by this daemon
         auto joined = connectCluster(spec, co);
         if (!joined.ok()) return finish("failed", joined.error().message, joined.error().hint);
@@ -253,6 +254,7 @@ private:
 
     std::string m_token;
     std::string m_name;
+    TlsFiles m_tls;
     std::mutex m_startMutex;
     std::mutex m_mutex;
     std::condition_variable m_cv;
@@ -310,7 +312,7 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
         return makeError(ErrorCode::InvalidArgument, "trainstudio-worker needs a shared token", "pass --token-file or set $" + std::string(kTokenEnv));
     TS_ASSIGN(auto creds, serverCredentials(options.tls));
     auto impl = std::make_unique<Impl>();
-    impl->worker = std::make_unique<WorkerService>(options.token, options.name);
+    impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls);
     impl->rendezvous = makeRendezvousService(options.token);
     grpc::ServerBuilder builder;
     builder.AddListeningPort(options.listen, creds, &impl->port);

@@ -26,7 +26,8 @@ struct WorkerOptions {
     std::string token;
     std::string name;                     // how the worker calls itself (default: host:port)
     int maxMessageBytes = 4 << 20;        // bounds every request (run configs inline the model)
-    TlsFiles tls;
+    TlsFiles tls;                         // certificate + key: serve TLS; rootCa: verify the
+                                          // coordinating daemon's rendezvous when this one is a peer
 };
 
 class WorkerDaemon {

@@ -114,6 +114,7 @@ private slots:
     void rendezvousNeedsToken();
     void rendezvousBounds();
     void threadsAllReduceBroadcastBarrier();
+    void rendezvousOverTls();
     void abortUnblocksPeers();
     void vanishedPeerIsNamed();
     void badOptions();
@@ -215,6 +216,48 @@ void TestGloo::threadsAllReduceBroadcastBarrier()
     // A rank may only call as itself.
     Tensor t = Tensor::zeros({3});
     QVERIFY(!ranks[0]->allReduceSum(1, t).ok());
+}
+
+void TestGloo::rendezvousOverTls()
+{
+    const std::string dir = std::string(TS_FIXTURES_DIR) + "/tls/";
+    RendezvousServer::Options o;
+    o.token = kToken;
+    o.tls.certificate = dir + "server.crt";
+    o.tls.privateKey = dir + "server.key";
+    auto server = std::move(RendezvousServer::start(o)).value();
+    const std::string addr = "127.0.0.1:" + std::to_string(server->port());
+    TlsFiles ca;
+    ca.rootCa = dir + "server.crt";
+    auto secure = std::move(RendezvousClient::connect(addr, kToken, ca)).value();
+    QVERIFY(secure->set("k", {'t'}).ok());
+    auto v = secure->get("k", 1s);
+    QVERIFY(v.ok());
+    QCOMPARE(v->size(), std::size_t{1});
+    // A plaintext client gets nowhere.
+    auto plain = std::move(RendezvousClient::connect(addr, kToken)).value();
+    QVERIFY(!plain->set("k2", {'p'}, 2s).ok());
+    // A Gloo group meets through the TLS rendezvous.
+    std::vector<std::future<Result<std::unique_ptr<Communicator>>>> fs;
+    for (int r = 0; r < 2; ++r)
+        fs.push_back(std::async(std::launch::async, [&, r] {
+            GlooOptions g = options(server->port(), r, 2, "tls");
+            g.tls = ca;
+            return makeGlooCommunicator(g);
+        }));
+    std::vector<std::unique_ptr<Communicator>> ranks;
+    for (auto& f : fs) {
+        auto c = f.get();
+        QVERIFY2(c.ok(), c.ok() ? "" : c.error().toString().c_str());
+        ranks.push_back(std::move(c).value());
+    }
+    auto st = onRanks(2, [&](int r) -> Status {
+        Tensor t = Tensor::fromVector({2}, {float(r + 1), 1.f});
+        TS_TRY(ranks[static_cast<std::size_t>(r)]->allReduceSum(r, t));
+        if (t.data<float>()[0] != 3.f || t.data<float>()[1] != 2.f) return makeError(ErrorCode::Internal, "wrong sum");
+        return okStatus();
+    });
+    for (const Status& s : st) QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
 }
 
 void TestGloo::abortUnblocksPeers()

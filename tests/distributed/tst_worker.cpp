@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "remote/worker_client.h"
 #include "remote/worker_service.h"
 #include "worker.grpc.pb.h"
 
@@ -116,6 +117,7 @@ private slots:
     void refusesUnauthenticated();
     void refusesOversizedAndMalformed();
     void bindsLoopbackUnlessAllowed();
+    void servesTls();
     void coordinatedRunIsRecorded();
     void preflightNamesUnreachableWorker();
     void killedWorkerIsNamed();
@@ -217,6 +219,30 @@ void TestWorker::bindsLoopbackUnlessAllowed()
     o.token.clear();
     QVERIFY(!WorkerDaemon::start(o).ok());
     QVERIFY(isLoopbackHost("127.0.0.1") && isLoopbackHost("::1") && isLoopbackHost("localhost") && !isLoopbackHost("10.0.0.1"));
+}
+
+void TestWorker::servesTls()
+{
+    const std::string dir = std::string(TS_FIXTURES_DIR) + "/tls/";
+    WorkerOptions o;
+    o.token = kToken;
+    o.tls.certificate = dir + "server.crt";
+    o.tls.privateKey = dir + "server.key";
+    auto daemon = std::move(WorkerDaemon::start(o)).value();
+    const std::string addr = "127.0.0.1:" + std::to_string(daemon->port());
+    TlsFiles ca;
+    ca.rootCa = dir + "server.crt";
+    auto secure = std::move(WorkerClient::connect("worker:0 at " + addr, addr, kToken, ca)).value();
+    auto who = secure->identify(std::chrono::seconds(5));
+    QVERIFY2(who.ok(), who.ok() ? "" : who.error().toString().c_str());
+    QCOMPARE(who->state, std::string("idle"));
+    auto plain = std::move(WorkerClient::connect("worker:0 at " + addr, addr, kToken)).value();
+    auto refused = plain->identify(std::chrono::seconds(2));
+    QVERIFY(!refused.ok());
+    QVERIFY2(refused.error().message.rfind("worker:0 at " + addr + ": unreachable", 0) == 0, refused.error().message.c_str());
+    // A certificate without its key is a configuration error, said before listening.
+    o.tls.privateKey.clear();
+    QVERIFY(!WorkerDaemon::start(o).ok());
 }
 
 void TestWorker::coordinatedRunIsRecorded()
