@@ -131,17 +131,31 @@ public:
         std::size_t sent = 0;
         for (;;) {
             m_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return sent < m_events.size() || m_state != "running" || m_shutdown; });
-            if (ctx->IsCancelled()) return grpc::Status::CANCELLED;
             if (m_runId != runId) return grpc::Status(grpc::StatusCode::ABORTED, "a new run replaced " + runId);
+            if (ctx->IsCancelled()) return coordinatorGone(lock, ctx->peer());
             std::vector<Event> batch(m_events.begin() + static_cast<std::ptrdiff_t>(sent), m_events.end());
             sent = m_events.size();
             const bool finished = m_state != "running" || m_shutdown;
             lock.unlock();
+            bool delivered = true;
             for (const auto& e : batch)
-                if (!writer->Write(e)) return grpc::Status::CANCELLED;  // the coordinator went away
+                if (!(delivered = writer->Write(e))) break;
             lock.lock();
+            if (!delivered) return coordinatorGone(lock, ctx->peer());
             if (finished && sent == m_events.size()) return grpc::Status::OK;
         }
+    }
+
+    // The coordinator's stream broke (it died, or was stopped): nobody would record this task's
+    // results or stop it, so it is cancelled rather than left training for nobody.
+    grpc::Status coordinatorGone(std::unique_lock<std::mutex>& lock, const std::string& peer)
+    {
+        if (m_state == "running") {
+            m_cancelRequested = true;
+            if (m_trainer) m_trainer->cancel();
+            logLine("the coordinator " + peer + " left run " + m_runId + ": cancelling it");
+        }
+        return grpc::Status::CANCELLED;
     }
 
     grpc::Status Cancel(grpc::ServerContext* ctx, const CancelRequest* req, CancelReply*) override

@@ -121,6 +121,7 @@ private slots:
     void coordinatedRunIsRecorded();
     void preflightNamesUnreachableWorker();
     void killedWorkerIsNamed();
+    void killedCoordinatorCancelsTasks();
 };
 
 void TestWorker::refusesUnauthenticated()
@@ -334,6 +335,41 @@ void TestWorker::killedWorkerIsNamed()
         QTest::qWait(100);
     }
     QVERIFY2(state == "failed" || state == "cancelled", state.c_str());
+}
+
+void TestWorker::killedCoordinatorCancelsTasks()
+{
+    QTemporaryDir dir;
+    auto chief = spawnWorker(dir.path(), "chief");
+    auto worker = spawnWorker(dir.path(), "worker");
+    QVERIFY(chief->port > 0 && worker->port > 0);
+    const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
+    auto coord = startCoordinator(coordinatorArgs(cluster, 1000000) + QStringList{"--no-record"});
+    QElapsedTimer wait;
+    wait.start();
+    QString seen;
+    while (!seen.contains("Epoch 2:") && wait.elapsed() < 60000 && coord->state() != QProcess::NotRunning) {
+        coord->waitForReadyRead(200);
+        seen += QString::fromUtf8(coord->readAllStandardOutput());
+    }
+    QVERIFY2(seen.contains("Epoch 2:"), qPrintable(seen));
+    ::kill(static_cast<pid_t>(coord->processId()), SIGKILL);
+    coord->waitForFinished();
+    // Both daemons stop the orphaned tasks (they would otherwise train for nobody) and stay up.
+    for (int port : {chief->port, worker->port}) {
+        auto stub = stubFor(port);
+        QElapsedTimer t;
+        t.start();
+        std::string state = "running";
+        while (state == "running" && t.elapsed() < 10000) {
+            QTest::qWait(100);
+            grpc::ClientContext ctx;
+            withToken(ctx, kToken);
+            ts::remote::HeartbeatPong pong;
+            if (stub->Heartbeat(&ctx, ts::remote::HeartbeatPing(), &pong).ok()) state = pong.state();
+        }
+        QVERIFY2(state == "cancelled" || state == "failed", state.c_str());
+    }
 }
 
 QTEST_GUILESS_MAIN(TestWorker)
