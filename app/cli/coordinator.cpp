@@ -257,6 +257,29 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
                                      fit.last.accuracy, m.samplesPerSec);
                     std::fflush(stdout);
                 }
+            } else if (e.kind == "sample") {
+                // Every worker's devices, each on its own lane.
+                tm::DeviceSampleEvent d;
+                d.stamp = stamp(e.worker, e.device == "host" ? std::string() : e.device, e.step);
+                d.utilisation = f.value("utilisation", -1.0);
+                if (f.contains("per_core") && f["per_core"].is_array()) d.perCore = f["per_core"].get<std::vector<double>>();
+                d.processCpu = f.value("process_cpu", -1.0);
+                d.memoryUsed = f.value("memory_used", uint64_t{0});
+                d.memoryTotal = f.value("memory_total", uint64_t{0});
+                d.temperatureC = f.value("temperature_c", -1.0);
+                d.powerW = f.value("power_w", -1.0);
+                bus.publish(tm::Event(std::move(d)));
+            } else if (e.kind == "breakdown" && chief) {
+                tm::StepBreakdownEvent b;
+                b.stamp = stamp(e.worker, e.device, e.step);
+                b.stepSeconds = f.value("step_seconds", 0.0);
+                b.input = f.value("input", 0.0);
+                b.forward = f.value("forward", 0.0);
+                b.backward = f.value("backward", 0.0);
+                b.communication = f.value("communication", 0.0);
+                b.optimizer = f.value("optimizer", 0.0);
+                b.other = f.value("other", 0.0);
+                bus.publish(tm::Event(std::move(b)));
             } else if (e.kind == "final" && chief) {
                 fit.steps = f.value("steps", int64_t{0});
                 fit.samplesPerSec = f.value("samples_per_sec", 0.0);

@@ -16,6 +16,7 @@
 #include "distribute/cluster_spec.h"
 #include "remote/cluster.h"
 #include "remote/rendezvous.h"
+#include "telemetry/bus.h"
 #include "train/run_config.h"
 #include "worker.grpc.pb.h"
 
@@ -195,6 +196,20 @@ private:
         m_cv.notify_all();
     }
 
+    void forward(const telemetry::Event& ev)
+    {
+        if (const auto* d = std::get_if<telemetry::DeviceSampleEvent>(&ev)) {
+            publish("sample", d->stamp.step, {{"utilisation", d->utilisation}, {"per_core", d->perCore}, {"process_cpu", d->processCpu},
+                                              {"memory_used", d->memoryUsed}, {"memory_total", d->memoryTotal},
+                                              {"temperature_c", d->temperatureC}, {"power_w", d->powerW}},
+                    d->stamp.lane.device.empty() ? "host" : d->stamp.lane.device);
+        } else if (const auto* b = std::get_if<telemetry::StepBreakdownEvent>(&ev)) {
+            publish("breakdown", b->stamp.step, {{"step_seconds", b->stepSeconds}, {"input", b->input}, {"forward", b->forward},
+                                                 {"backward", b->backward}, {"communication", b->communication},
+                                                 {"optimizer", b->optimizer}, {"other", b->other}});
+        }
+    }
+
     class Listener final : public TrainListener {
     public:
         explicit Listener(WorkerService& s) : m_s(s) {}
@@ -253,8 +268,27 @@ private:
             if (m_cancelRequested) m_trainer->cancel();
         }
         publish("state", 0, {{"state", "running"}, {"rank", joined->rank}, {"size", joined->size}});
+        // The trainer's device samples and step breakdowns go back on the stream too, each with
+        // its device (the listener above carries the metrics).
+        telemetry::EventBus bus;
+        telemetry::SubscriberOptions so;
+        so.name = "worker stream";
+        so.kinds = telemetry::kindMask<telemetry::DeviceSampleEvent, telemetry::StepBreakdownEvent>();
+        so.wakeThreshold = 64;
+        auto sub = bus.subscribe(so);
+        run.trainer->setTelemetry(&bus, m_runId, false);
+        std::atomic<bool> forwarding{true};
+        std::thread forwarder([&] {
+            while (forwarding || sub->pending() > 0) {
+                sub->wait(std::chrono::milliseconds(200));
+                for (const auto& ev : sub->drain()) forward(ev);
+            }
+        });
         Listener listener(*this);
         auto result = run.trainer->fit(*run.trainSource(), run.validationSource(), &listener);
+        forwarding = false;
+        forwarder.join();
+        bus.unsubscribe(sub);
         {
             std::lock_guard lock(m_mutex);
             m_trainer = nullptr;

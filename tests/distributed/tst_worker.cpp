@@ -6,10 +6,12 @@
 #include <QtTest>
 
 #include <csignal>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
 #include "remote/worker_client.h"
+#include "store/run_store.h"
 #include "remote/worker_service.h"
 #include "worker.grpc.pb.h"
 
@@ -272,6 +274,19 @@ void TestWorker::coordinatedRunIsRecorded()
     QVERIFY2(show.exitCode() == 0, qPrintable(shown + show.readAllStandardError()));
     QVERIFY2(shown.contains("completed"), qPrintable(shown));
     QVERIFY2(shown.contains("multi-worker-mirrored"), qPrintable(shown));
+    // Device samples from both workers, each on its worker's lane; the chief's step breakdowns.
+    auto store = ts::store::RunStore::open(db.toStdString());
+    QVERIFY2(store.ok(), store.ok() ? "" : store.error().toString().c_str());
+    auto samples = store->deviceSamples(runId.toStdString());
+    QVERIFY(samples.ok());
+    std::set<std::string> lanes;
+    for (const auto& d : *samples) lanes.insert(d.stamp.lane.worker);
+    QVERIFY2(lanes.count("chief:0") && lanes.count("worker:0"), qPrintable(QString::number(samples->size())));
+    auto breakdowns = store->breakdowns(runId.toStdString());
+    QVERIFY(breakdowns.ok());
+    QVERIFY(!breakdowns->empty());
+    QCOMPARE(breakdowns->front().stamp.lane.worker, std::string("chief:0"));
+    QVERIFY(breakdowns->front().communication > 0);
 }
 
 void TestWorker::preflightNamesUnreachableWorker()
