@@ -16,7 +16,19 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/tcp/device.h>
 
+#include <csignal>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "distribute/cluster_spec.h"
 #include "remote/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
 
 namespace ts::remote {
 namespace {
@@ -52,6 +64,31 @@ private:
     std::chrono::milliseconds m_timeout;
 };
 
+// This process's sockets, by inode (fd numbers are reused; a socket's inode is not while it lives).
+std::map<ino_t, int> socketInodes()
+{
+    std::map<ino_t, int> out;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+        const int fd = std::atoi(entry.path().filename().c_str());
+        struct stat st {};
+        if (::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) out[st.st_ino] = fd;
+    }
+    return out;
+}
+
+// Gloo's Context::closeConnections() takes the pairs out of its event loop, so a transfer this
+// process is waiting on is never told and waits for the full timeout; and Debian's Gloo headers
+// cannot name a pair's socket (tcp/pair.h needs a header the package lacks). So the sockets that
+// appeared while the Gloo mesh connected are remembered, and abort shuts them down (shutdown(2),
+// not close: the fds stay Gloo's). The event loop then sees end-of-file on both sides: this
+// rank's waiting transfer and the peers' fail at once, as when a process dies.
+void shutdownSockets(const std::set<ino_t>& gloo)
+{
+    for (const auto& [ino, fd] : socketInodes())
+        if (gloo.count(ino)) ::shutdown(fd, SHUT_RDWR);
+}
+
 class GlooCommunicator final : public Communicator {
 public:
     explicit GlooCommunicator(GlooOptions options) : m_opt(std::move(options)) {}
@@ -83,7 +120,26 @@ public:
             m_context = std::make_shared<gloo::rendezvous::Context>(m_opt.rank, m_opt.size);
             m_context->setTimeout(m_opt.timeout);
             GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout);
+            const auto before = socketInodes();
             m_context->connectFullMesh(store, m_device);
+            // The mesh's sockets: new since connecting, minus gRPC's (to or from a service port:
+            // the rendezvous, a worker daemon), which may have connected meanwhile.
+            std::set<int> services(m_opt.servicePorts.begin(), m_opt.servicePorts.end());
+            if (auto rp = HostPort::parse(m_opt.rendezvousAddress); rp.ok()) services.insert(rp->port);
+            auto portOf = [](const sockaddr_storage& a) {
+                if (a.ss_family == AF_INET) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port));
+                if (a.ss_family == AF_INET6) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port));
+                return -1;
+            };
+            for (const auto& [ino, fd] : socketInodes()) {
+                if (before.count(ino)) continue;
+                sockaddr_storage local{}, peer{};
+                socklen_t llen = sizeof local, plen = sizeof peer;
+                const int lp = ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 ? portOf(local) : -1;
+                const int pp = ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 ? portOf(peer) : -1;
+                if (services.count(lp) || services.count(pp)) continue;
+                m_meshSockets.insert(ino);
+            }
             m_connected = true;
         } catch (const std::exception& e) {
             return makeError(ErrorCode::IoError,
@@ -162,13 +218,8 @@ public:
             const std::string why = rankName(m_opt.rank) + ": " + reason;
             (void)m_client->set(m_opt.group + "/abort", std::vector<char>(why.begin(), why.end()), std::chrono::seconds(2));
         }
-        // Closing the pairs wakes this rank's pending transfer and makes the peers' fail at once.
-        if (m_context) {
-            try {
-                m_context->closeConnections();
-            } catch (const std::exception&) {
-            }
-        }
+        // Shutting the sockets down wakes this rank's pending transfer and the peers'.
+        if (m_connected) shutdownSockets(m_meshSockets);
     }
 
 private:
@@ -224,12 +275,7 @@ private:
             std::lock_guard lock(m_abortMutex);
             m_failed = err;
         }
-        if (m_context) {
-            try {
-                m_context->closeConnections();
-            } catch (const std::exception&) {
-            }
-        }
+        if (m_connected) shutdownSockets(m_meshSockets);
         return err;
     }
 
@@ -266,12 +312,7 @@ private:
                                  rankName(m_opt.rank) + ": " + names + " stopped responding (no heartbeat for " + std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
                                  "the run stops; restart the failed task and resume from the last checkpoint");
         }
-        if (m_context) {
-            try {
-                m_context->closeConnections();
-            } catch (const std::exception&) {
-            }
-        }
+        if (m_connected) shutdownSockets(m_meshSockets);
     }
 
     void startHeartbeat()
@@ -304,6 +345,7 @@ private:
     std::string m_reason;
     std::optional<Error> m_failed;
     std::atomic<bool> m_connected{false};
+    std::set<ino_t> m_meshSockets;  // written before m_connected is set, read-only after
 
     std::thread m_heartbeat;
     std::mutex m_hbMutex;
@@ -321,6 +363,11 @@ Result<std::unique_ptr<Communicator>> makeGlooCommunicator(const GlooOptions& op
         return makeError(ErrorCode::InvalidArgument, "no rendezvous address for the Gloo communicator", "the coordinator's host:port is needed");
     if (options.group.empty())
         return makeError(ErrorCode::InvalidArgument, "no rendezvous group for the Gloo communicator", "use the run id, unique per attempt");
+    // Gloo's TCP transport writes with writev(), which raises SIGPIPE once a peer has gone; its
+    // default action would kill this process instead of failing the transfer with an error that
+    // names the peer. Ignore it, unless the program chose its own handling.
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
     auto comm = std::make_unique<GlooCommunicator>(options);
     TS_TRY(comm->connect());
     return std::unique_ptr<Communicator>(std::move(comm));

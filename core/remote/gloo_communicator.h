@@ -16,6 +16,8 @@
 //    (a rank is silent after 3 heartbeat periods), or the rank that aborted and why.
 //    After a failure or abort() every later call fails; make a new communicator to continue.
 //  - Ownership: owns its Gloo context, rendezvous channel and heartbeat thread.
+//  - Process state: sets SIGPIPE to ignored if it was at its default (Gloo writes to sockets a
+//    dead peer may have closed; the default action would kill the process).
 
 #include <chrono>
 #include <memory>
@@ -36,6 +38,9 @@ struct GlooOptions {
     std::string group;                   // unique per run (and attempt): the keys' prefix
     std::string hostname = "127.0.0.1";  // the interface this rank's Gloo transport listens on
     std::vector<std::string> rankNames;  // e.g. "worker:1 (10.0.0.3:2222)"; empty: "rank i"
+    // Ports of gRPC services in this process's cluster (every task's cluster port): sockets on
+    // them are never Gloo's. The rendezvous port is always counted.
+    std::vector<int> servicePorts;
     std::chrono::milliseconds timeout{30000};
     std::chrono::milliseconds heartbeat{1000};
     TlsFiles tls;

@@ -111,11 +111,17 @@ int runPeer()
 class TestGloo : public QObject {
     Q_OBJECT
 private slots:
+    void initTestCase()
+    {
+        // Again here: Qt Test installs its crash handler for SIGPIPE when it starts running.
+        std::signal(SIGPIPE, SIG_IGN);
+    }
     void rendezvousNeedsToken();
     void rendezvousBounds();
     void threadsAllReduceBroadcastBarrier();
     void rendezvousOverTls();
     void abortUnblocksPeers();
+    void abortReleasesOwnPendingCall();
     void vanishedPeerIsNamed();
     void badOptions();
     void twoProcessLoopback();
@@ -284,6 +290,32 @@ void TestGloo::abortUnblocksPeers()
     QCOMPARE(later.error().code, ErrorCode::Cancelled);
 }
 
+void TestGloo::abortReleasesOwnPendingCall()
+{
+    // The run is cancelled on rank 0 while rank 0 itself waits in an all-reduce (rank 1 has not
+    // arrived): the wait ends at once, not at the 20 s transfer timeout, and rank 1 learns why.
+    auto server = startServer();
+    auto ranks = makeRanks(server->port(), 2, "self-abort");
+    auto pending = std::async(std::launch::async, [&] {
+        Tensor t = Tensor::zeros({100000});
+        const auto t0 = std::chrono::steady_clock::now();
+        Status st = ranks[0]->allReduceSum(0, t);
+        return std::make_pair(std::move(st), std::chrono::steady_clock::now() - t0);
+    });
+    std::this_thread::sleep_for(200ms);
+    ranks[0]->abort("the run was cancelled");
+    auto [st, took] = pending.get();
+    QVERIFY(!st.ok());
+    QCOMPARE(st.error().code, ErrorCode::Cancelled);
+    QVERIFY2(took < 3s, "released promptly");
+    Tensor t = Tensor::zeros({100000});
+    const auto t0 = std::chrono::steady_clock::now();
+    Status peer = ranks[1]->allReduceSum(1, t);
+    QVERIFY(!peer.ok());
+    QVERIFY(std::chrono::steady_clock::now() - t0 < 10s);
+    QVERIFY2(peer.error().message.find("rank 0 (worker:0): the run was cancelled") != std::string::npos, peer.error().message.c_str());
+}
+
 void TestGloo::vanishedPeerIsNamed()
 {
     auto server = startServer();
@@ -388,6 +420,9 @@ void TestGloo::killedProcessIsDetected()
 int main(int argc, char** argv)
 {
     if (std::getenv("TS_GLOO_PEER_RANK")) return runPeer();
+    // As the communicator would (it leaves a non-default disposition alone, and Qt Test installs
+    // a crash handler for SIGPIPE): a write to a peer that has gone must be an error, not a crash.
+    std::signal(SIGPIPE, SIG_IGN);
     QCoreApplication app(argc, argv);
     TestGloo t;
     return QTest::qExec(&t, argc, argv);

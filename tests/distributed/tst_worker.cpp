@@ -383,6 +383,7 @@ void TestWorker::killedCoordinatorCancelsTasks()
             ts::remote::HeartbeatPong pong;
             if (stub->Heartbeat(&ctx, ts::remote::HeartbeatPing(), &pong).ok()) state = pong.state();
         }
+        qInfo("daemon on port %d: %s after %.1f s", port, state.c_str(), t.elapsed() / 1000.0);
         QVERIFY2(state == "cancelled" || state == "failed", state.c_str());
     }
 }
