@@ -68,17 +68,6 @@ ts::Result<Sample> runOurs(const std::string& model, const BenchOptions& o)
     return s;
 }
 
-// OpenBLAS 0.3.21 does not recognise every current CPU and then falls back to a slow SSE3
-// kernel; name the kernel that fits this CPU's vector width.
-std::string openblasCoreType()
-{
-    std::ifstream in("/proc/cpuinfo");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("flags", 0) == 0) return line.find(" avx512f") != std::string::npos ? "SkylakeX" : "Haswell";
-    return "Haswell";
-}
-
 ts::Result<Sample> runTorch(const std::string& model, const BenchOptions& o, const std::string& dir)
 {
     // PyTorch at its best on this machine (see shared/bench/README.md): OpenMP OpenBLAS
@@ -135,7 +124,8 @@ void addBenchCommand(CLI::App& app, BenchOptions& o)
 {
     auto* c = app.add_subcommand("bench", "Training throughput next to PyTorch (same machine, same invocation)");
     c->add_option("--suite", o.suite, "train (vs PyTorch), pipeline (input throughput and stalls), overhead "
-                                      "(telemetry + store on vs off) or store (write rate, series load)");
+                                      "(telemetry + store on vs off), store (write rate, series load) or distributed (Gloo all-reduce, "
+                                      "2 workers vs 1 process vs PyTorch DDP)");
     c->add_option("--models", o.models, "comma-separated: mlp, cnn");
     c->add_flag("--busy", o.busy, "train: also measure both engines with one core taken by a spinning process");
     c->add_option("--threads", o.threads, "threads for both engines");

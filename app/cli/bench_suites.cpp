@@ -336,12 +336,15 @@ int storeSuite(const BenchOptions& o)
 
 } // namespace
 
+int distributedSuite(const BenchOptions& o);  // bench_distributed.cpp
+
 int runBenchSuite(const BenchOptions& o)
 {
+    if (o.suite == "distributed") return distributedSuite(o);
     if (o.suite == "pipeline") return pipelineSuite(o);
     if (o.suite == "overhead") return overheadSuite(o);
     if (o.suite == "store") return storeSuite(o);
-    std::cerr << "error: unknown benchmark suite '" << o.suite << "'\n  hint: use train, pipeline, overhead or store\n";
+    std::cerr << "error: unknown benchmark suite '" << o.suite << "'\n  hint: use train, pipeline, overhead, store or distributed\n";
     return 2;
 }
 

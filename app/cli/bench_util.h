@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <vector>
 
 namespace tscli {
@@ -13,6 +15,17 @@ inline double median(std::vector<double> v)
     std::sort(v.begin(), v.end());
     const std::size_t n = v.size();
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// OpenBLAS 0.3.21 does not recognise every current CPU and then falls back to a slow SSE3
+// kernel; name the kernel that fits this CPU's vector width (for the PyTorch references).
+inline std::string openblasCoreType()
+{
+    std::ifstream in("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("flags", 0) == 0) return line.find(" avx512f") != std::string::npos ? "SkylakeX" : "Haswell";
+    return "Haswell";
 }
 
 } // namespace tscli

@@ -50,6 +50,14 @@ struct TrainOptions {
     std::string trace;
     bool traceLayers = false;
     int checkpointEvery = 0;  // epochs between checkpoints kept with the recorded run (0: final only)
+    // multi-worker-mirrored: this process is one task of the cluster in TF_CONFIG (the env var,
+    // or the file --tf-config); --task overrides its "task". Token: --token-file or env.
+    std::string tfConfig;
+    std::string task;
+    std::string tokenFile;
+    std::string cluster;            // coordinator: TF_CONFIG-style file of trainstudio-worker addresses
+    std::string tlsCa;              // coordinator: verify the workers' TLS certificates with this CA
+    double collectiveTimeout = 30;  // seconds before a silent transfer fails
 };
 
 struct BenchOptions {
@@ -104,6 +112,9 @@ void addRunsCommand(CLI::App& app, RunsOptions& o);
 int runRuns(const RunsOptions& o);
 void addBenchCommand(CLI::App& app, BenchOptions& o);
 int runTrain(const TrainOptions& o);
+// train --cluster FILE (coordinator.cpp): pre-flight, start the tasks on the workers, merge their
+// streams into one recorded run. `cfg` is the run built from the flags.
+int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* recording);
 int runValidate(const std::string& file, bool json);
 int runBench(const BenchOptions& o);
 

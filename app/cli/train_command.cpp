@@ -7,14 +7,18 @@
 #include <fstream>
 #include <functional>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "distribute/cluster_spec.h"
 #include "embedded_models.h"
 #include "store/recording.h"
+#include "remote/auth.h"
+#include "remote/cluster.h"
 #include "store/run_store.h"
 #include "telemetry/bus.h"
 #include "telemetry/trace_sink.h"
@@ -151,7 +155,17 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)");
     c->add_option("--optimizer", o.optimizer, "adam, adamw, sgd or rmsprop (overrides the model's)");
     c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)");
-    c->add_option("--strategy", o.strategy, "one-device or mirrored")->check(CLI::IsMember({"one-device", "mirrored"}));
+    c->add_option("--strategy", o.strategy, "one-device, mirrored or multi-worker-mirrored (one process per task of TF_CONFIG)")
+        ->check(CLI::IsMember({"one-device", "mirrored", "multi-worker-mirrored"}));
+    c->add_option("--tf-config", o.tfConfig, "multi-worker: TF_CONFIG file (default: the TF_CONFIG environment variable)");
+    c->add_option("--task", o.task, "multi-worker: this process's task, e.g. worker:1 (overrides TF_CONFIG's \"task\")");
+    c->add_option("--token-file", o.tokenFile,
+                  "multi-worker: file with the cluster's shared token (default: $" + std::string(ts::remote::kTokenEnv) + ")");
+    c->add_option("--cluster", o.cluster,
+                  "coordinate a multi-worker-mirrored run on the trainstudio-worker daemons listed in FILE (TF_CONFIG \"cluster\" format)");
+    c->add_option("--tls-ca", o.tlsCa, "with --cluster: talk TLS to the workers, verifying them with this PEM CA");
+    c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run")
+        ->check(CLI::PositiveNumber);
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
     c->add_option("--threads", o.threads, "total CPU threads (default: all cores)");
     c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout)");
@@ -175,8 +189,67 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
         ->check(CLI::NonNegativeNumber);
 }
 
-int runTrain(const TrainOptions& o)
+namespace {
+
+// multi-worker-mirrored: read the cluster, check it, and join the other tasks (blocks until all
+// have joined). Non-coordinator tasks neither record the run nor keep checkpoints: the chief does.
+ts::Result<ts::remote::ClusterConnection> joinCluster(const TrainOptions& o)
 {
+    auto spec = o.tfConfig.empty() ? ts::ClusterSpec::fromEnvironment() : ts::ClusterSpec::fromFile(o.tfConfig);
+    if (!spec.ok()) return spec.takeError();
+    ts::ClusterSpec cluster = std::move(spec).value();
+    if (!o.task.empty()) {
+        const auto colon = o.task.find(':');
+        ts::TaskId t;
+        t.type = o.task.substr(0, colon);
+        try {
+            if (colon == std::string::npos) throw std::invalid_argument("no index");
+            std::size_t used = 0;
+            t.index = std::stoi(o.task.substr(colon + 1), &used);
+            if (used != o.task.size() - colon - 1) throw std::invalid_argument("trailing text");
+        } catch (const std::exception&) {
+            return ts::makeError(ts::ErrorCode::InvalidArgument, "--task " + o.task + ": expected type:index", "e.g. --task worker:1 or --task chief:0");
+        }
+        TS_ASSIGN(cluster, cluster.withTask(t));
+    }
+    TS_TRY(cluster.validateFor("multi-worker-mirrored"));
+    TS_ASSIGN(std::string token, ts::remote::loadToken(o.tokenFile));
+    ts::remote::ClusterOptions co;
+    co.token = token;
+    co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    return ts::remote::connectCluster(cluster, co);
+}
+
+} // namespace
+
+int runTrain(const TrainOptions& options)
+{
+    TrainOptions o = options;
+    std::optional<ts::remote::ClusterConnection> cluster;
+    if (!o.cluster.empty() && (!o.tfConfig.empty() || !o.task.empty())) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--cluster coordinates remote workers; --tf-config/--task make this process a task",
+                                 "use one or the other"));
+        return 2;
+    }
+    if (o.strategy == "multi-worker-mirrored" && o.cluster.empty()) {
+        auto joined = joinCluster(o);
+        if (!joined.ok()) {
+            printError(joined.error());
+            return 2;
+        }
+        cluster = std::move(joined).value();
+        if (!cluster->coordinator) {
+            o.noRecord = true;
+            o.checkpointEvery = 0;
+        }
+        if (!o.quiet && !o.json)
+            std::printf("Joined the cluster as %s, rank %d of %d%s\n", cluster->taskName.c_str(), cluster->rank, cluster->size,
+                        cluster->coordinator ? " (coordinator: records the run)" : "");
+        std::fflush(stdout);
+    } else if (!o.tfConfig.empty() || !o.task.empty()) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--tf-config and --task are for --strategy multi-worker-mirrored"));
+        return 2;
+    }
     ts::RunConfig cfg;
     if (!o.config.empty()) {
         std::ifstream in(o.config);
@@ -227,6 +300,10 @@ int runTrain(const TrainOptions& o)
         cfg.optimizer = opt;
     }
     cfg.strategy.kind = o.strategy;
+    if (cluster) {
+        cfg.strategy.crossProcess = cluster->communicator;
+        cfg.strategy.processRank = cluster->rank;
+    }
     if (!o.devices.empty()) {
         cfg.strategy.devices.clear();
         std::stringstream ss(o.devices);
@@ -250,6 +327,14 @@ int runTrain(const TrainOptions& o)
     if (!o.loadWeights.empty()) cfg.loadWeights = o.loadWeights;
     if (!o.saveWeights.empty()) cfg.saveWeights = o.saveWeights;
 
+    if (!o.cluster.empty()) {
+        auto recordingOpened = openTrainRecording(o);
+        if (!recordingOpened.ok()) {
+            printError(recordingOpened.error());
+            return 2;
+        }
+        return runCoordinated(o, std::move(cfg), recordingOpened->get());
+    }
     if (o.checkpointEvery > 0 && o.noRecord) {
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--checkpoint-every keeps checkpoints with the recorded run",
                                  "drop --no-record (choose the database with --db), or use --save-weights for the final weights"));

@@ -7,8 +7,9 @@
 //    one process per rank for Gloo/NCCL). A call returns once this rank's result is complete.
 //  - Errors: a peer that fails (or calls abort()) makes every pending and later call on every
 //    rank return Cancelled/an error naming the rank, instead of hanging.
-//  - Determinism: sums are accumulated in rank order, so results are bit-identical across ranks
-//    and runs.
+//  - Determinism: results are bit-identical across ranks and runs. LocalCommunicator sums in
+//    rank order; Gloo's ring sums each chunk in ring order (fixed for a given size), so its sums
+//    can differ from the local ones in the last bits.
 
 #include <memory>
 #include <string>
@@ -36,5 +37,14 @@ public:
 // reduce-scatter/all-gather over shared memory: rank r sums slice r of every rank's buffer in
 // rank order and writes it back to all ranks, so the work is split evenly across threads.
 std::unique_ptr<Communicator> makeLocalCommunicator(int size);
+
+// This process's `localSize` replicas (ranks as threads, rank = local replica index) joined to
+// the other processes of a multi-worker run through `crossProcess` (one rank per process, e.g.
+// Gloo). Size is localSize * crossProcess->size(); global replica g = processRank * localSize + r.
+// All-reduce: local sum, then local replica 0 all-reduces across processes, then a local
+// broadcast, so only one rank per process talks over the network. A failure on either level
+// aborts both, and the local replicas' errors carry the cross-process one.
+std::unique_ptr<Communicator> makeHierarchicalCommunicator(int localSize, std::shared_ptr<Communicator> crossProcess,
+                                                           int processRank);
 
 } // namespace ts

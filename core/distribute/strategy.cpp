@@ -103,9 +103,13 @@ public:
     std::unique_ptr<Optimizer> m_sharedOptimizer;
     bool m_sharedParams = false;
     std::atomic<bool> m_cancelled{false};
+    // Multi-worker: the processes' link (rank m_processRank of m_processCount), else null.
+    std::shared_ptr<Communicator> m_cross;
+    int m_processRank = 0, m_processCount = 1;
 
     std::string name() const override { return m_name; }
     int numReplicas() const override { return static_cast<int>(m_replicas.size()); }
+    int globalReplicas() const override { return numReplicas() * m_processCount; }
     int threadsPerReplica() const override { return m_threadsPer; }
     std::vector<DeviceInfo> devices() const override
     {
@@ -143,10 +147,25 @@ public:
         return first;
     }
 
+    // Rows of the global batch for local replica r: its global replica's share.
     std::pair<int64_t, int64_t> sliceOf(int r, int64_t rows) const
     {
-        const int64_t n = numReplicas();
-        return {rows * r / n, rows * (r + 1) / n};
+        const int64_t n = globalReplicas();
+        const int64_t g = static_cast<int64_t>(m_processRank) * numReplicas() + r;
+        return {rows * g / n, rows * (g + 1) / n};
+    }
+
+    // Multi-worker: the step's statistics summed over the processes, so every process reports
+    // the global loss and accuracy (exact for counts below 2^24 per step).
+    Status sumAcrossProcesses(StepStats& total)
+    {
+        if (!m_cross) return okStatus();
+        Tensor t = Tensor::fromVector({3}, {static_cast<float>(total.lossSum), static_cast<float>(total.correct), static_cast<float>(total.count)});
+        TS_TRY(m_cross->allReduceSum(m_processRank, t));
+        total.lossSum = t.data<float>()[0];
+        total.correct = static_cast<int64_t>(t.data<float>()[1]);
+        total.count = static_cast<int64_t>(t.data<float>()[2]);
+        return okStatus();
     }
 
     Status initialise(uint64_t seed) override
@@ -163,6 +182,22 @@ public:
             for (std::size_t r = 1; r < m_replicas.size(); ++r)
                 TS_TRY(m_replicas[r].program->importParameters(params, "replica 0"));
         }
+        if (m_cross) {
+            // Batches are split by global replica index, which needs the same number of local
+            // replicas in every process.
+            Tensor count = Tensor::fromVector({1}, {static_cast<float>(numReplicas())});
+            TS_TRY(m_cross->allReduceSum(m_processRank, count));
+            if (count.data<float>()[0] != static_cast<float>(numReplicas() * m_processCount))
+                return makeError(ErrorCode::InvalidArgument,
+                                 "the workers of this multi-worker run have different numbers of local replicas (this one: " +
+                                     std::to_string(numReplicas()) + ", " + std::to_string(static_cast<int64_t>(count.data<float>()[0])) +
+                                     " over " + std::to_string(m_processCount) + " processes)",
+                                 "give every task the same --devices");
+            // TF's MultiWorkerMirrored starts every worker from the chief's values.
+            TS_ASSIGN(auto params, p0.exportParameters());
+            for (auto& [name, t] : params) TS_TRY(m_cross->broadcast(m_processRank, 0, t));
+            for (auto& rep : m_replicas) TS_TRY(rep.program->importParameters(params, "the chief (process 0)"));
+        }
         return okStatus();
     }
 
@@ -171,6 +206,7 @@ public:
         if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
         const int64_t rows = batch.size();
         const int n = numReplicas();
+        const int global = globalReplicas();
         TS_TRY(runAll([&](int r) -> Status {
             Replica& rep = m_replicas[static_cast<std::size_t>(r)];
             Program& prog = *rep.program;
@@ -187,7 +223,9 @@ public:
                 int64_t correct = 0;
                 {
                     PhaseScope phase(StepPart::Forward, "forward");
-                    TS_TRY(prog.forward(batch.x.rows(b, e), true, seed + static_cast<uint64_t>(r) * 0x9E3779B97F4A7C15ull));
+                    // Dropout streams follow the global replica, as in one process with all the replicas.
+                    const uint64_t g = static_cast<uint64_t>(m_processRank) * static_cast<uint64_t>(n) + static_cast<uint64_t>(r);
+                    TS_TRY(prog.forward(batch.x.rows(b, e), true, seed + g * 0x9E3779B97F4A7C15ull));
                 }
                 {
                     PhaseScope phase(StepPart::Backward, "backward");
@@ -198,7 +236,7 @@ public:
                 PhaseScope phase(StepPart::Backward, "backward");
                 TS_TRY(be.scale(0.f, grads));  // no rows for this replica: contribute nothing
             }
-            if (n > 1 && grads.defined()) {
+            if (global > 1 && grads.defined()) {
                 PhaseScope phase(StepPart::Communication, "all-reduce");
                 TS_TRY(m_comm->allReduceSum(r, grads));
             }
@@ -214,11 +252,11 @@ public:
                 }
             }
             Tensor frozen = prog.nonTrainableArena();
-            if (n > 1 && frozen.defined()) {
+            if (global > 1 && frozen.defined()) {
                 // BatchNorm moving statistics: the mean over replicas (TF's MirroredVariable MEAN).
                 PhaseScope phase(StepPart::Communication, "all-reduce (batch-norm statistics)");
                 TS_TRY(m_comm->allReduceSum(r, frozen));
-                TS_TRY(be.scale(1.f / static_cast<float>(n), frozen));
+                TS_TRY(be.scale(1.f / static_cast<float>(global), frozen));
             }
             // Replica threads hand their spans over every step, so none are left behind at the end.
             if (r > 0 && telemetry::Tracer::enabled()) telemetry::Tracer::flushThread();
@@ -230,6 +268,7 @@ public:
             total.correct += rep.stats.correct;
             total.count += rep.stats.count;
         }
+        TS_TRY(sumAcrossProcesses(total));
         return total;
     }
 
@@ -256,6 +295,7 @@ public:
             total.correct += rep.stats.correct;
             total.count += rep.stats.count;
         }
+        TS_TRY(sumAcrossProcesses(total));
         return total;
     }
 
@@ -289,9 +329,21 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
         if (devices.empty())
             for (int i = 0; i < std::max(1, std::min(totalThreads, hardwareThreads())); ++i)
                 devices.push_back(Device{DeviceKind::Cpu, i});
+    } else if (config.kind == "multi-worker-mirrored" || config.kind == "multi_worker_mirrored") {
+        s->m_name = "multi-worker-mirrored";
+        if (!config.crossProcess)
+            return makeError(ErrorCode::InvalidArgument, "multi-worker-mirrored needs a cluster, and none was connected",
+                             "run each task with TF_CONFIG set (or trainstudio-cli train --tf-config FILE)");
+        if (config.processRank < 0 || config.processRank >= config.crossProcess->size())
+            return makeError(ErrorCode::InvalidArgument, "process rank " + std::to_string(config.processRank) + " is not in the cluster's 0.." +
+                                                             std::to_string(config.crossProcess->size() - 1));
+        s->m_cross = config.crossProcess;
+        s->m_processRank = config.processRank;
+        s->m_processCount = config.crossProcess->size();
+        if (devices.empty()) devices = {Device{DeviceKind::Cpu, 0}};
     } else {
         return makeError(ErrorCode::InvalidArgument, "unknown strategy '" + config.kind + "'",
-                         "use one-device or mirrored (multi-worker and parameter-server need a cluster)");
+                         "use one-device, mirrored or multi-worker-mirrored (with a cluster)");
     }
     for (std::size_t i = 0; i < devices.size(); ++i)
         for (std::size_t j = i + 1; j < devices.size(); ++j)
@@ -351,7 +403,8 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
             if (nparams > 0) TS_TRY(rep.optimizer->prepare(*rep.backend, nparams));
         }
     }
-    if (n > 1) s->m_comm = makeLocalCommunicator(n);
+    if (s->m_cross) s->m_comm = makeHierarchicalCommunicator(n, s->m_cross, s->m_processRank);
+    else if (n > 1) s->m_comm = makeLocalCommunicator(n);
     return std::unique_ptr<Strategy>(std::move(s));
 }
 

@@ -23,11 +23,20 @@
 
 namespace ts {
 
+class Communicator;
+
 struct StrategyConfig {
-    std::string kind = "one-device";  // "one-device" | "mirrored"
-    std::vector<Device> devices;      // empty: cpu:0 (one-device) / cpu:0..cores-1 (mirrored)
-    int threads = 0;                  // total CPU threads; 0 = all cores
+    std::string kind = "one-device";  // "one-device" | "mirrored" | "multi-worker-mirrored"
+    std::vector<Device> devices;      // empty: cpu:0 (one-device, multi-worker) / cpu:0..cores-1 (mirrored)
+    int threads = 0;                  // total CPU threads of this process; 0 = all cores
     std::string backend;              // force a backend by name ("reference", "cpu"); empty = best
+    // multi-worker-mirrored: the link to the other processes (one rank per process, e.g. the
+    // Gloo communicator from remote/cluster.h); this process is rank `processRank` of it.
+    // Every process gets the same global batches; process p's replicas take its share of the
+    // rows (global replica p * local replicas + r), so the run equals one process with all the
+    // replicas. Not part of the JSON: the caller connects the cluster.
+    std::shared_ptr<Communicator> crossProcess;
+    int processRank = 0;
 };
 
 struct StepStats {
@@ -45,7 +54,8 @@ public:
                                                     const nlohmann::json& optimizer);
 
     virtual std::string name() const = 0;
-    virtual int numReplicas() const = 0;
+    virtual int numReplicas() const = 0;     // in this process
+    virtual int globalReplicas() const { return numReplicas(); }  // in all processes of the run
     virtual std::vector<DeviceInfo> devices() const = 0;
     virtual int threadsPerReplica() const = 0;
 

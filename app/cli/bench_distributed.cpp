@@ -1,0 +1,210 @@
+// trainstudio-cli bench --suite distributed: the Gloo all-reduce path (latency and bandwidth from
+// the MLP's 0.8 MB of gradients to 64 MiB, two ranks on loopback) and MultiWorkerMirrored
+// throughput on the seed's MLP: 2 worker processes x 1 thread vs 1 process x 2 threads, next to
+// PyTorch DDP over gloo (../shared/bench/torch_ddp.py) run in the same invocation, alternating.
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <future>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "bench_util.h"
+#include "commands.h"
+#include "remote/gloo_communicator.h"
+#include "remote/rendezvous.h"
+
+namespace tscli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int freeLoopbackPort()
+{
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+// Runs a shell command; returns its output.
+std::string capture(const std::string& cmd)
+{
+    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
+    std::string all;
+    if (!pipe) return all;
+    std::array<char, 4096> buf{};
+    while (fgets(buf.data(), static_cast<int>(buf.size()), pipe.get())) all += buf.data();
+    return all;
+}
+
+// Median samples/s of epochs 2..N from our --json epoch lines (or torch's last line).
+double epochRate(const std::string& output)
+{
+    std::vector<double> rates;
+    std::istringstream in(output);
+    std::string line;
+    while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (j.is_discarded() || !j.is_object() || j.value("final", false)) continue;
+        if (j.contains("epoch") && j.contains("samples_per_sec") && j["samples_per_sec"].is_number()) rates.push_back(j["samples_per_sec"].get<double>());
+        else if (j.contains("framework")) return j.value("samples_per_sec", 0.0);
+    }
+    if (rates.size() > 1) rates.erase(rates.begin());  // the first epoch warms up
+    return median(rates);
+}
+
+struct AllReduceRow {
+    std::size_t bytes;
+    double medianMs, gbPerSec;
+};
+
+ts::Result<std::vector<AllReduceRow>> allReduceSweep()
+{
+    ts::remote::RendezvousServer::Options so;
+    so.token = "bench";
+    TS_ASSIGN(auto server, ts::remote::RendezvousServer::start(so));
+    std::vector<std::future<ts::Result<std::unique_ptr<ts::Communicator>>>> fs;
+    for (int r = 0; r < 2; ++r)
+        fs.push_back(std::async(std::launch::async, [&, r] {
+            ts::remote::GlooOptions g;
+            g.rank = r;
+            g.size = 2;
+            g.rendezvousAddress = "127.0.0.1:" + std::to_string(server->port());
+            g.token = "bench";
+            g.group = "bench";
+            return ts::remote::makeGlooCommunicator(g);
+        }));
+    std::vector<std::unique_ptr<ts::Communicator>> comms;
+    for (auto& f : fs) {
+        auto c = f.get();
+        if (!c.ok()) return c.takeError();
+        comms.push_back(std::move(c).value());
+    }
+    std::vector<AllReduceRow> rows;
+    // 203530 floats: the seed MLP's gradients (784*256 + 256 + 256*10 + 10).
+    for (int64_t n : {int64_t{203530}, int64_t{1} << 20, int64_t{4} << 20, int64_t{16} << 20}) {
+        std::vector<double> times;
+        auto run = [&](int r) -> ts::Status {
+            ts::Tensor t = ts::Tensor::zeros({n});
+            const auto start = Clock::now();
+            for (int i = 0; i < 200; ++i) {
+                const auto t0 = Clock::now();
+                TS_TRY(comms[static_cast<std::size_t>(r)]->allReduceSum(r, t));
+                if (r == 0 && i >= 3) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+                // Both ranks stop together: the iteration count is decided before the timing cap.
+                if (i >= 10 && std::chrono::duration<double>(Clock::now() - start).count() > 2.0 && i % 10 == 9) {
+                    ts::Tensor stop = ts::Tensor::fromVector({1}, {1.f});
+                    TS_TRY(comms[static_cast<std::size_t>(r)]->allReduceSum(r, stop));
+                    if (stop.data<float>()[0] > 0) break;
+                } else if (i >= 10 && i % 10 == 9) {
+                    ts::Tensor stop = ts::Tensor::fromVector({1}, {0.f});
+                    TS_TRY(comms[static_cast<std::size_t>(r)]->allReduceSum(r, stop));
+                    if (stop.data<float>()[0] > 0) break;
+                }
+            }
+            return ts::okStatus();
+        };
+        auto other = std::async(std::launch::async, run, 1);
+        ts::Status a = run(0);
+        ts::Status b = other.get();
+        if (!a.ok()) return a.takeError();
+        if (!b.ok()) return b.takeError();
+        const double ms = median(times);
+        const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
+        rows.push_back({bytes, ms, static_cast<double>(bytes) / (ms / 1e3) / 1e9});
+    }
+    return rows;
+}
+
+} // namespace
+
+int distributedSuite(const BenchOptions& o)
+{
+    // 1. The collective alone.
+    auto sweep = allReduceSweep();
+    if (!sweep.ok()) {
+        std::cerr << "error: " << sweep.error().toString() << "\n";
+        return 1;
+    }
+    nlohmann::json out;
+    out["suite"] = "distributed";
+    for (const auto& r : *sweep) {
+        out["allreduce"].push_back({{"bytes", r.bytes}, {"median_ms", r.medianMs}, {"algorithm_gb_per_sec", r.gbPerSec}});
+        if (!o.json)
+            std::printf("gloo ring all-reduce, 2 ranks on loopback: %8.2f MB  median %7.2f ms  %5.2f GB/s\n", static_cast<double>(r.bytes) / 1e6,
+                        r.medianMs, r.gbPerSec);
+    }
+    std::fflush(stdout);
+
+    // 2. Training throughput: A = 2 workers x 1 thread, B = 1 process x 2 threads, C = DDP.
+    const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
+    const std::string dir = o.torchDir.empty() ? std::string(TS_BENCH_DIR) : o.torchDir;
+    const bool torch = !o.noTorch && std::filesystem::exists(std::filesystem::path(dir) / "torch_ddp.py");
+    if (!o.noTorch && !torch) std::cerr << "note: " << dir << "/torch_ddp.py not found; measuring TrainStudio only (pass --torch-dir)\n";
+    const int epochs = std::max(2, o.epochs);
+    const std::string common = " train --model mlp --batch-size 256 --no-validation --no-record --json --epochs " + std::to_string(epochs) +
+                               (o.limit > 0 ? " --limit " + std::to_string(o.limit) : std::string());
+    std::vector<double> multi, single, ddp, ratioSingle, ratioDdp;
+    for (int pair = 0; pair < std::max(1, o.pairs); ++pair) {
+        const int p0 = freeLoopbackPort(), p1 = freeLoopbackPort();
+        const std::string tf = "{\"cluster\": {\"chief\": [\"127.0.0.1:" + std::to_string(p0) + "\"], \"worker\": [\"127.0.0.1:" +
+                               std::to_string(p1) + "\"]}}";
+        std::ostringstream cmd;
+        cmd << "export TRAINSTUDIO_TOKEN=bench-" << ::getpid() << " TF_CONFIG='" << tf << "'; '" << self << "'" << common
+            << " --strategy multi-worker-mirrored --threads 1 --task worker:0 >/dev/null 2>&1 & '" << self << "'" << common
+            << " --strategy multi-worker-mirrored --threads 1 --task chief:0 2>&1; wait";
+        const double a = epochRate(capture(cmd.str()));
+        const double b = epochRate(capture("'" + self + "'" + common + " --strategy one-device --threads 2 2>&1"));
+        multi.push_back(a);
+        single.push_back(b);
+        if (b > 0) ratioSingle.push_back(a / b);
+        std::string line = "pair " + std::to_string(pair + 1) + ": 2 workers x 1 thread " + std::to_string(static_cast<long>(a)) +
+                           " samples/s, 1 process x 2 threads " + std::to_string(static_cast<long>(b));
+        if (torch) {
+            std::ostringstream t;
+            t << "cd '" << dir << "' && env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u TS_NO_REEXEC -u TF_CONFIG "
+              << "LD_LIBRARY_PATH=/usr/lib/x86_64-linux-gnu/openblas-openmp OPENBLAS_CORETYPE=" << openblasCoreType() << " OMP_NUM_THREADS=1 "
+              << o.python << " torch_ddp.py --world 2 --threads 1 --epochs " << epochs << " --port " << freeLoopbackPort() << " 2>&1";
+            const double c = epochRate(capture(t.str()));
+            ddp.push_back(c);
+            if (c > 0) ratioDdp.push_back(a / c);
+            line += ", pytorch ddp " + std::to_string(static_cast<long>(c));
+        }
+        if (!o.json) std::printf("%s\n", line.c_str());
+        std::fflush(stdout);
+    }
+    out["multi_worker_samples_per_sec"] = median(multi);
+    out["one_process_2_threads_samples_per_sec"] = median(single);
+    out["ratio_vs_one_process"] = median(ratioSingle);
+    if (torch) {
+        out["pytorch_ddp_samples_per_sec"] = median(ddp);
+        out["ratio_vs_pytorch_ddp"] = median(ratioDdp);
+    }
+    if (o.json) {
+        std::cout << out.dump() << "\n";
+    } else {
+        std::printf("MLP, 2 workers x 1 thread: %.0f samples/s | 1 process x 2 threads: %.0f (ratio %.2fx)", median(multi), median(single),
+                    median(ratioSingle));
+        if (torch) std::printf(" | PyTorch DDP 2x1: %.0f (ratio %.2fx)", median(ddp), median(ratioDdp));
+        std::printf("\n");
+    }
+    return 0;
+}
+
+} // namespace tscli

@@ -1,0 +1,69 @@
+// trainstudio-worker: a remote worker daemon. Wiring only: the service is remote/worker_service.
+//   trainstudio-worker [--listen 127.0.0.1:7070] [--allow-remote] [--token-file FILE]
+//                      [--name NAME] [--tls-cert PEM --tls-key PEM --tls-ca PEM] [--port-file FILE]
+// Serves the Worker control service (and, for a run's coordinating task, the rendezvous) until
+// SIGINT/SIGTERM.
+
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+
+#include "remote/auth.h"
+#include "remote/worker_service.h"
+
+int main(int argc, char** argv)
+{
+    CLI::App app{"trainstudio-worker: runs training tasks for a TrainStudio coordinator"};
+    ts::remote::WorkerOptions o;
+    o.listen = "127.0.0.1:7070";
+    std::string tokenFile, portFile;
+    app.add_option("--listen", o.listen, "host:port to serve on (port 0: any free port)");
+    app.add_flag("--allow-remote", o.allowRemote, "allow a non-loopback --listen address (reachable from other machines)");
+    app.add_option("--token-file", tokenFile, "file with the cluster's shared token (default: $" + std::string(ts::remote::kTokenEnv) + ")");
+    app.add_option("--name", o.name, "name reported to the coordinator (default: host:port)");
+    app.add_option("--tls-cert", o.tls.certificate, "PEM certificate chain: serve TLS (with --tls-key)");
+    app.add_option("--tls-key", o.tls.privateKey, "PEM private key for --tls-cert");
+    app.add_option("--tls-ca", o.tls.rootCa, "PEM CA that signed the other workers' certificates (tasks verify the rendezvous with it)");
+    app.add_option("--max-message-bytes", o.maxMessageBytes, "largest request accepted")->check(CLI::Range(1024, 64 << 20));
+    app.add_option("--port-file", portFile, "write the port served on to FILE (useful with port 0)");
+    CLI11_PARSE(app, argc, argv);
+
+    auto token = ts::remote::loadToken(tokenFile);
+    if (!token.ok()) {
+        std::cerr << "error: " << token.error().toString() << "\n";
+        return 2;
+    }
+    o.token = *token;
+    // Signals are taken by a dedicated thread (sigwait), so shutdown runs outside a handler.
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set, nullptr);
+
+    auto daemon = ts::remote::WorkerDaemon::start(o);
+    if (!daemon.ok()) {
+        std::cerr << "error: " << daemon.error().toString() << "\n";
+        return 2;
+    }
+    if (!portFile.empty()) {
+        const std::string tmp = portFile + ".tmp";
+        std::ofstream(tmp) << (*daemon)->port() << "\n";
+        std::rename(tmp.c_str(), portFile.c_str());  // readers never see a half-written file
+    }
+    std::printf("trainstudio-worker listening on port %d\n", (*daemon)->port());
+    std::fflush(stdout);
+    std::thread signals([&] {
+        int sig = 0;
+        sigwait(&set, &sig);
+        ts::remote::logLine("signal " + std::to_string(sig) + ": shutting down");
+        (*daemon)->shutdown();
+    });
+    (*daemon)->wait();
+    signals.join();
+    return 0;
+}

@@ -1,0 +1,376 @@
+#include "remote/gloo_communicator.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <map>
+#include <optional>
+#include <mutex>
+#include <thread>
+
+#include <gloo/allreduce_ring_chunked.h>
+#include <gloo/barrier_all_to_all.h>
+#include <gloo/broadcast_one_to_all.h>
+#include <gloo/common/error.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/tcp/device.h>
+
+#include <csignal>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <set>
+
+#include "distribute/cluster_spec.h"
+#include "remote/rendezvous.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
+namespace ts::remote {
+namespace {
+
+// gloo::rendezvous::Store over the coordinator's gRPC key-value service. Gloo's store interface
+// reports failures by throwing; the communicator catches them at its boundary.
+class GrpcStore final : public gloo::rendezvous::Store {
+public:
+    GrpcStore(RendezvousClient& client, std::string prefix, std::chrono::milliseconds timeout)
+        : m_client(client), m_prefix(std::move(prefix)), m_timeout(timeout) {}
+
+    void set(const std::string& key, const std::vector<char>& data) override
+    {
+        if (Status st = m_client.set(m_prefix + key, data, m_timeout); !st.ok()) throw gloo::IoException(st.error().toString());
+    }
+    std::vector<char> get(const std::string& key) override
+    {
+        auto r = m_client.get(m_prefix + key, m_timeout);
+        if (!r.ok()) throw gloo::IoException(r.error().toString());
+        return std::move(r).value();
+    }
+    void wait(const std::vector<std::string>& keys) override { wait(keys, m_timeout); }
+    void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override
+    {
+        std::vector<std::string> full;
+        for (const auto& k : keys) full.push_back(m_prefix + k);
+        if (Status st = m_client.wait(full, timeout); !st.ok()) throw gloo::IoException(st.error().toString());
+    }
+
+private:
+    RendezvousClient& m_client;
+    std::string m_prefix;
+    std::chrono::milliseconds m_timeout;
+};
+
+// This process's sockets, by inode (fd numbers are reused; a socket's inode is not while it lives).
+std::map<ino_t, int> socketInodes()
+{
+    std::map<ino_t, int> out;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+        const int fd = std::atoi(entry.path().filename().c_str());
+        struct stat st {};
+        if (::fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode)) out[st.st_ino] = fd;
+    }
+    return out;
+}
+
+// Gloo's Context::closeConnections() takes the pairs out of its event loop, so a transfer this
+// process is waiting on is never told and waits for the full timeout; and Debian's Gloo headers
+// cannot name a pair's socket (tcp/pair.h needs a header the package lacks). So the sockets that
+// appeared while the Gloo mesh connected are remembered, and abort shuts them down (shutdown(2),
+// not close: the fds stay Gloo's). The event loop then sees end-of-file on both sides: this
+// rank's waiting transfer and the peers' fail at once, as when a process dies.
+void shutdownSockets(const std::set<ino_t>& gloo)
+{
+    for (const auto& [ino, fd] : socketInodes())
+        if (gloo.count(ino)) ::shutdown(fd, SHUT_RDWR);
+}
+
+class GlooCommunicator final : public Communicator {
+public:
+    explicit GlooCommunicator(GlooOptions options) : m_opt(std::move(options)) {}
+
+    ~GlooCommunicator() override
+    {
+        {
+            std::lock_guard lock(m_hbMutex);
+            m_stopHeartbeat = true;
+        }
+        m_hbCv.notify_all();
+        if (m_heartbeat.joinable()) m_heartbeat.join();
+        // Algorithms hold buffers registered with the context's pairs: free them first.
+        m_allreduce.clear();
+        m_broadcast.clear();
+        m_barrier.reset();
+        m_context.reset();
+    }
+
+    Status connect()
+    {
+        TS_ASSIGN(m_client, RendezvousClient::connect(m_opt.rendezvousAddress, m_opt.token, m_opt.tls));
+        startHeartbeat();
+        if (m_opt.size == 1) return okStatus();
+        try {
+            gloo::transport::tcp::attr attr;
+            attr.hostname = m_opt.hostname;
+            m_device = gloo::transport::tcp::CreateDevice(attr);
+            m_context = std::make_shared<gloo::rendezvous::Context>(m_opt.rank, m_opt.size);
+            m_context->setTimeout(m_opt.timeout);
+            GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout);
+            const auto before = socketInodes();
+            m_context->connectFullMesh(store, m_device);
+            // The mesh's sockets: new since connecting, minus gRPC's (to or from a service port:
+            // the rendezvous, a worker daemon), which may have connected meanwhile.
+            std::set<int> services(m_opt.servicePorts.begin(), m_opt.servicePorts.end());
+            if (auto rp = HostPort::parse(m_opt.rendezvousAddress); rp.ok()) services.insert(rp->port);
+            auto portOf = [](const sockaddr_storage& a) {
+                if (a.ss_family == AF_INET) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port));
+                if (a.ss_family == AF_INET6) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port));
+                return -1;
+            };
+            for (const auto& [ino, fd] : socketInodes()) {
+                if (before.count(ino)) continue;
+                sockaddr_storage local{}, peer{};
+                socklen_t llen = sizeof local, plen = sizeof peer;
+                const int lp = ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 ? portOf(local) : -1;
+                const int pp = ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 ? portOf(peer) : -1;
+                if (services.count(lp) || services.count(pp)) continue;
+                m_meshSockets.insert(ino);
+            }
+            m_connected = true;
+        } catch (const std::exception& e) {
+            return makeError(ErrorCode::IoError,
+                             rankName(m_opt.rank) + ": cannot connect to the other " + std::to_string(m_opt.size - 1) +
+                                 " rank(s) through the rendezvous at " + m_opt.rendezvousAddress + ": " + e.what(),
+                             "check that every task started, uses the same cluster spec and token, and can reach "
+                             "the others' hosts (Gloo listens on " + m_opt.hostname + ", ephemeral ports)");
+        }
+        return okStatus();
+    }
+
+    int size() const override { return m_opt.size; }
+    std::string name() const override { return "gloo"; }
+
+    Status allReduceSum(int rank, Tensor& t) override
+    {
+        TS_TRY(checkCall(rank));
+        if (t.dtype() != DType::F32 || !t.hostAccessible())
+            return makeError(ErrorCode::Unsupported, "the Gloo all-reduce takes host F32 tensors", "copy the tensor to the host first");
+        if (m_opt.size == 1 || t.numel() == 0) return okStatus();
+        const int64_t n = t.numel();
+        return run("all-reduce of " + std::to_string(n) + " floats", [&] {
+            // One algorithm (and staging buffer) per element count: Gloo algorithms bind their
+            // buffers and slots when built, and every rank builds them in the same call order.
+            auto& slot = m_allreduce[n];
+            if (!slot.algorithm) {
+                slot.buffer.assign(static_cast<std::size_t>(n), 0.f);
+                slot.algorithm = std::make_unique<gloo::AllreduceRingChunked<float>>(m_context, std::vector<float*>{slot.buffer.data()}, static_cast<int>(n));
+            }
+            std::memcpy(slot.buffer.data(), t.data<float>(), static_cast<std::size_t>(n) * sizeof(float));
+            slot.algorithm->run();
+            std::memcpy(t.data<float>(), slot.buffer.data(), static_cast<std::size_t>(n) * sizeof(float));
+        });
+    }
+
+    Status broadcast(int rank, int root, Tensor& t) override
+    {
+        TS_TRY(checkCall(rank));
+        if (root < 0 || root >= m_opt.size)
+            return makeError(ErrorCode::InvalidArgument, "broadcast root " + std::to_string(root) + " is not a rank of " + std::to_string(m_opt.size));
+        if (!t.hostAccessible()) return makeError(ErrorCode::Unsupported, "the Gloo broadcast takes host tensors");
+        if (m_opt.size == 1 || t.bytes() == 0) return okStatus();
+        const std::size_t bytes = t.bytes();
+        return run("broadcast of " + std::to_string(bytes) + " bytes from " + rankName(root), [&] {
+            auto& slot = m_broadcast[{root, bytes}];
+            if (!slot.algorithm) {
+                slot.buffer.assign(bytes, 0);
+                slot.algorithm = std::make_unique<gloo::BroadcastOneToAll<uint8_t>>(m_context, std::vector<uint8_t*>{slot.buffer.data()}, bytes, root);
+            }
+            if (rank == root) std::memcpy(slot.buffer.data(), t.raw(), bytes);
+            slot.algorithm->run();
+            if (rank != root) std::memcpy(t.raw(), slot.buffer.data(), bytes);
+        });
+    }
+
+    Status barrier(int rank) override
+    {
+        TS_TRY(checkCall(rank));
+        if (m_opt.size == 1) return okStatus();
+        return run("barrier", [&] {
+            if (!m_barrier) m_barrier = std::make_unique<gloo::BarrierAllToAll>(m_context);
+            m_barrier->run();
+        });
+    }
+
+    void abort(const std::string& reason) override
+    {
+        {
+            std::lock_guard lock(m_abortMutex);
+            if (m_aborted) return;
+            m_reason = reason;
+            m_aborted = true;
+        }
+        // Tell the others why before the sockets close, so their errors can say it.
+        if (m_client) {
+            const std::string why = rankName(m_opt.rank) + ": " + reason;
+            (void)m_client->set(m_opt.group + "/abort", std::vector<char>(why.begin(), why.end()), std::chrono::seconds(2));
+        }
+        // Shutting the sockets down wakes this rank's pending transfer and the peers'.
+        if (m_connected) shutdownSockets(m_meshSockets);
+    }
+
+private:
+    struct AllreduceSlot {
+        std::vector<float> buffer;
+        std::unique_ptr<gloo::AllreduceRingChunked<float>> algorithm;
+    };
+    struct BroadcastSlot {
+        std::vector<uint8_t> buffer;
+        std::unique_ptr<gloo::BroadcastOneToAll<uint8_t>> algorithm;
+    };
+
+    std::string rankName(int r) const
+    {
+        if (r >= 0 && r < static_cast<int>(m_opt.rankNames.size())) return "rank " + std::to_string(r) + " (" + m_opt.rankNames[static_cast<std::size_t>(r)] + ")";
+        return "rank " + std::to_string(r);
+    }
+
+    Status checkCall(int rank)
+    {
+        if (rank != m_opt.rank)
+            return makeError(ErrorCode::InvalidArgument, "Gloo communicator of rank " + std::to_string(m_opt.rank) + " called as rank " + std::to_string(rank),
+                             "each process owns one rank");
+        std::lock_guard lock(m_abortMutex);
+        if (m_aborted) return makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
+        if (m_failed) return *m_failed;
+        return okStatus();
+    }
+
+    template <typename Fn>
+    Status run(const std::string& what, Fn&& fn)
+    {
+        try {
+            fn();
+            return okStatus();
+        } catch (const std::exception& e) {
+            return failed(what, e.what());
+        }
+    }
+
+    // A transfer failed: find out who is to blame, remember it, and make the peers fail too.
+    Status failed(const std::string& what, const std::string& detail)
+    {
+        {
+            std::lock_guard lock(m_abortMutex);
+            if (m_aborted) return makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
+            if (m_failed) return *m_failed;  // the heartbeat watchdog got there first
+        }
+        const std::string culprit = findCulprit();
+        Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + culprit + " (gloo: " + detail + ")",
+                              "the run stops; restart the failed task and resume from the last checkpoint");
+        {
+            std::lock_guard lock(m_abortMutex);
+            m_failed = err;
+        }
+        if (m_connected) shutdownSockets(m_meshSockets);
+        return err;
+    }
+
+    std::string findCulprit()
+    {
+        const auto silence = 3 * m_opt.heartbeat;
+        const auto deadline = std::chrono::steady_clock::now() + silence + 2 * m_opt.heartbeat;
+        while (true) {
+            // A rank that aborted left its reason under the group's abort key.
+            if (auto why = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); why.ok())
+                return std::string(why->begin(), why->end());
+            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence);
+            if (!silent.ok())
+                return "the coordinator's rendezvous at " + m_opt.rendezvousAddress + " is unreachable (" + rankName(0) + " may have died)";
+            if (!silent->empty()) {
+                std::string names;
+                for (int r : *silent) names += (names.empty() ? "" : ", ") + rankName(r);
+                return names + (silent->size() == 1 ? " stopped" : " stopped") + " responding (no heartbeat for " +
+                       std::to_string(silence.count()) + " ms)";
+            }
+            if (std::chrono::steady_clock::now() >= deadline) return "every rank still answers heartbeats; a peer was too slow or its connection broke";
+            std::this_thread::sleep_for(m_opt.heartbeat / 4);
+        }
+    }
+
+    void watchdog(const std::vector<int>& silent)
+    {
+        std::string names;
+        for (int r : silent) names += (names.empty() ? "" : ", ") + rankName(r);
+        {
+            std::lock_guard lock(m_abortMutex);
+            if (m_aborted || m_failed) return;
+            m_failed = makeError(ErrorCode::IoError,
+                                 rankName(m_opt.rank) + ": " + names + " stopped responding (no heartbeat for " + std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
+                                 "the run stops; restart the failed task and resume from the last checkpoint");
+        }
+        if (m_connected) shutdownSockets(m_meshSockets);
+    }
+
+    void startHeartbeat()
+    {
+        m_heartbeat = std::thread([this] {
+            std::unique_lock lock(m_hbMutex);
+            while (!m_stopHeartbeat) {
+                lock.unlock();
+                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat);
+                // Once connected every rank has beaten, so silence means a dead or cut-off
+                // peer: fail now rather than at the transfer timeout. (A dead peer's closed
+                // sockets usually fail the transfer even sooner.)
+                if (m_connected && silent.ok() && !silent->empty()) watchdog(*silent);
+                lock.lock();
+                m_hbCv.wait_for(lock, m_opt.heartbeat, [&] { return m_stopHeartbeat; });
+            }
+        });
+    }
+
+    GlooOptions m_opt;
+    std::unique_ptr<RendezvousClient> m_client;
+    std::shared_ptr<gloo::transport::Device> m_device;
+    std::shared_ptr<gloo::rendezvous::Context> m_context;
+    std::map<int64_t, AllreduceSlot> m_allreduce;
+    std::map<std::pair<int, std::size_t>, BroadcastSlot> m_broadcast;
+    std::unique_ptr<gloo::BarrierAllToAll> m_barrier;
+
+    std::mutex m_abortMutex;
+    bool m_aborted = false;
+    std::string m_reason;
+    std::optional<Error> m_failed;
+    std::atomic<bool> m_connected{false};
+    std::set<ino_t> m_meshSockets;  // written before m_connected is set, read-only after
+
+    std::thread m_heartbeat;
+    std::mutex m_hbMutex;
+    std::condition_variable m_hbCv;
+    bool m_stopHeartbeat = false;
+};
+
+} // namespace
+
+Result<std::unique_ptr<Communicator>> makeGlooCommunicator(const GlooOptions& options)
+{
+    if (options.size < 1 || options.rank < 0 || options.rank >= options.size)
+        return makeError(ErrorCode::InvalidArgument, "Gloo rank " + std::to_string(options.rank) + " is not in 0.." + std::to_string(options.size - 1));
+    if (options.rendezvousAddress.empty())
+        return makeError(ErrorCode::InvalidArgument, "no rendezvous address for the Gloo communicator", "the coordinator's host:port is needed");
+    if (options.group.empty())
+        return makeError(ErrorCode::InvalidArgument, "no rendezvous group for the Gloo communicator", "use the run id, unique per attempt");
+    // Gloo's TCP transport writes with writev(), which raises SIGPIPE once a peer has gone; its
+    // default action would kill this process instead of failing the transfer with an error that
+    // names the peer. Ignore it, unless the program chose its own handling.
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) == 0 && current.sa_handler == SIG_DFL) std::signal(SIGPIPE, SIG_IGN);
+    auto comm = std::make_unique<GlooCommunicator>(options);
+    TS_TRY(comm->connect());
+    return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+} // namespace ts::remote

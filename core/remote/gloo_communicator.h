@@ -1,0 +1,51 @@
+#pragma once
+// GlooCommunicator: ts::Communicator across processes (or threads) over Gloo's TCP transport.
+// One instance per rank. Ranks meet through the coordinator's rendezvous service (rendezvous.h):
+// each publishes its Gloo address there under `group`, then Gloo connects a full mesh.
+// Contract (in addition to communicator.h's):
+//  - Threading: collectives are called by this rank's one thread, with `rank` equal to
+//    options.rank; abort() may be called from any thread.
+//  - Algorithms: chunked ring all-reduce (gloo::AllreduceRingChunked: reduce-scatter, then the
+//    reduced chunks are copied around) for F32, one-to-all broadcast, all-to-all barrier. Every
+//    rank gets bitwise the same sums and a run is repeatable, but the summation order is the
+//    ring's, not rank order. (gloo::AllreduceRing passes whole buffers around and each rank sums
+//    in its own order: with more than 2 ranks their results differ in the last bits.)
+//  - Faults: every transfer has options.timeout. A peer that dies closes its sockets, so calls
+//    fail at once; a peer that hangs fails them after the timeout. The error names the rank and
+//    task that stopped responding, found through the ranks' heartbeats to the rendezvous service
+//    (a rank is silent after 3 heartbeat periods), or the rank that aborted and why.
+//    After a failure or abort() every later call fails; make a new communicator to continue.
+//  - Ownership: owns its Gloo context, rendezvous channel and heartbeat thread.
+//  - Process state: sets SIGPIPE to ignored if it was at its default (Gloo writes to sockets a
+//    dead peer may have closed; the default action would kill the process).
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "distribute/communicator.h"
+#include "remote/auth.h"
+
+namespace ts::remote {
+
+struct GlooOptions {
+    int rank = 0;
+    int size = 1;
+    std::string rendezvousAddress;       // host:port of the coordinator's rendezvous service
+    std::string token;
+    std::string group;                   // unique per run (and attempt): the keys' prefix
+    std::string hostname = "127.0.0.1";  // the interface this rank's Gloo transport listens on
+    std::vector<std::string> rankNames;  // e.g. "worker:1 (10.0.0.3:2222)"; empty: "rank i"
+    // Ports of gRPC services in this process's cluster (every task's cluster port): sockets on
+    // them are never Gloo's. The rendezvous port is always counted.
+    std::vector<int> servicePorts;
+    std::chrono::milliseconds timeout{30000};
+    std::chrono::milliseconds heartbeat{1000};
+    TlsFiles tls;
+};
+
+Result<std::unique_ptr<Communicator>> makeGlooCommunicator(const GlooOptions& options);
+
+} // namespace ts::remote

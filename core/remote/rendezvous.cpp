@@ -1,0 +1,275 @@
+#include "remote/rendezvous.h"
+
+#include <condition_variable>
+#include <map>
+#include <mutex>
+
+#include "rendezvous.grpc.pb.h"
+
+namespace ts::remote {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::size_t kMaxKeyBytes = 1024;
+constexpr int64_t kMaxWaitMs = 10 * 60 * 1000;  // a blocked call never outlives ten minutes
+
+class RendezvousService final : public Rendezvous::Service {
+public:
+    RendezvousService(std::string token, int maxValueBytes) : m_token(std::move(token)), m_maxValue(maxValueBytes) {}
+
+    grpc::Status Set(grpc::ServerContext* ctx, const SetRequest* req, SetReply*) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Rendezvous.Set"); !st.ok()) return st;
+        if (auto st = checkKey(*ctx, req->key()); !st.ok()) return st;
+        if (req->value().size() > static_cast<std::size_t>(m_maxValue)) {
+            logLine("refused Rendezvous.Set from " + ctx->peer() + ": value of " + std::to_string(req->value().size()) + " bytes");
+            return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "value over " + std::to_string(m_maxValue) + " bytes");
+        }
+        {
+            std::lock_guard lock(m_mutex);
+            m_values[req->key()] = req->value();
+        }
+        m_cv.notify_all();
+        return grpc::Status::OK;
+    }
+
+    grpc::Status Get(grpc::ServerContext* ctx, const GetRequest* req, GetReply* reply) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Rendezvous.Get"); !st.ok()) return st;
+        if (auto st = checkKey(*ctx, req->key()); !st.ok()) return st;
+        std::unique_lock lock(m_mutex);
+        if (!waitFor(lock, ctx, {req->key()}, req->timeout_ms()))
+            return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "key " + req->key() + " was not set in time");
+        reply->set_value(m_values[req->key()]);
+        return grpc::Status::OK;
+    }
+
+    grpc::Status Wait(grpc::ServerContext* ctx, const WaitRequest* req, WaitReply*) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Rendezvous.Wait"); !st.ok()) return st;
+        std::vector<std::string> keys(req->keys().begin(), req->keys().end());
+        for (const auto& k : keys)
+            if (auto st = checkKey(*ctx, k); !st.ok()) return st;
+        std::unique_lock lock(m_mutex);
+        if (!waitFor(lock, ctx, keys, req->timeout_ms()))
+            return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "keys were not all set in time");
+        return grpc::Status::OK;
+    }
+
+    grpc::Status Heartbeat(grpc::ServerContext* ctx, const HeartbeatRequest* req, HeartbeatReply* reply) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Rendezvous.Heartbeat"); !st.ok()) return st;
+        if (auto st = checkKey(*ctx, req->group()); !st.ok()) return st;
+        if (req->size() < 1 || req->size() > 65536 || req->rank() < 0 || req->rank() >= req->size()) {
+            logLine("refused Rendezvous.Heartbeat from " + ctx->peer() + ": rank " + std::to_string(req->rank()) + " of " + std::to_string(req->size()));
+            return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "rank out of range");
+        }
+        const auto now = Clock::now();
+        std::lock_guard lock(m_mutex);
+        Group& g = m_groups[req->group()];
+        if (g.lastSeen.empty()) g.created = now;
+        g.lastSeen[req->rank()] = now;
+        const auto silence = std::chrono::milliseconds(std::max<int64_t>(1, req->silence_ms()));
+        for (int r = 0; r < req->size(); ++r) {
+            auto it = g.lastSeen.find(r);
+            const auto since = it == g.lastSeen.end() ? g.created : it->second;
+            if (now - since > silence) reply->add_silent_ranks(r);
+        }
+        return grpc::Status::OK;
+    }
+
+    void shutdown()
+    {
+        std::lock_guard lock(m_mutex);
+        m_shutdown = true;
+        m_cv.notify_all();
+    }
+
+private:
+    struct Group {
+        Clock::time_point created;
+        std::map<int, Clock::time_point> lastSeen;
+    };
+
+    grpc::Status checkKey(const grpc::ServerContext& ctx, const std::string& key)
+    {
+        if (key.empty() || key.size() > kMaxKeyBytes) {
+            logLine("refused a rendezvous call from " + ctx.peer() + ": key of " + std::to_string(key.size()) + " bytes");
+            return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "keys are 1.." + std::to_string(kMaxKeyBytes) + " bytes");
+        }
+        return grpc::Status::OK;
+    }
+
+    // Blocks until every key exists, the deadline passes, the client goes away or shutdown().
+    bool waitFor(std::unique_lock<std::mutex>& lock, grpc::ServerContext* ctx, const std::vector<std::string>& keys, int64_t timeoutMs)
+    {
+        const auto deadline = Clock::now() + std::chrono::milliseconds(std::clamp<int64_t>(timeoutMs, 0, kMaxWaitMs));
+        auto ready = [&] {
+            for (const auto& k : keys)
+                if (!m_values.count(k)) return false;
+            return true;
+        };
+        while (!ready()) {
+            if (m_shutdown || ctx->IsCancelled() || Clock::now() >= deadline) return false;
+            // Re-check cancellation every 100 ms: a dead client must not pin a server thread.
+            m_cv.wait_until(lock, std::min(deadline, Clock::now() + std::chrono::milliseconds(100)));
+        }
+        return true;
+    }
+
+    std::string m_token;
+    int m_maxValue;
+    std::mutex m_mutex;
+    std::condition_variable m_cv;
+    std::map<std::string, std::string> m_values;
+    std::map<std::string, Group> m_groups;
+    bool m_shutdown = false;
+};
+
+} // namespace
+
+std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes)
+{
+    return std::make_unique<RendezvousService>(token, maxValueBytes);
+}
+
+class RendezvousServer::Impl {
+public:
+    std::unique_ptr<RendezvousService> service;
+    std::unique_ptr<grpc::Server> server;
+    int port = 0;
+};
+
+RendezvousServer::RendezvousServer(std::unique_ptr<Impl> impl) : m_impl(std::move(impl)) {}
+RendezvousServer::~RendezvousServer() { shutdown(); }
+int RendezvousServer::port() const { return m_impl->port; }
+
+void RendezvousServer::shutdown()
+{
+    if (!m_impl || !m_impl->server) return;
+    m_impl->service->shutdown();
+    m_impl->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    m_impl->server->Wait();
+    m_impl->server.reset();
+}
+
+Result<std::unique_ptr<RendezvousServer>> RendezvousServer::start(const Options& options)
+{
+    if (options.token.empty())
+        return makeError(ErrorCode::InvalidArgument, "the rendezvous service needs a shared token", "pass --token-file or set $" + std::string(kTokenEnv));
+    TS_ASSIGN(auto creds, serverCredentials(options.tls));
+    auto impl = std::make_unique<Impl>();
+    impl->service = std::make_unique<RendezvousService>(options.token, options.maxValueBytes);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options.bindAddress, creds, &impl->port);
+    builder.RegisterService(impl->service.get());
+    builder.SetMaxReceiveMessageSize(options.maxValueBytes + 4096);
+    impl->server = builder.BuildAndStart();
+    if (!impl->server || impl->port == 0)
+        return makeError(ErrorCode::IoError, "cannot serve rendezvous on " + options.bindAddress,
+                         "is the port already in use, or the address not on this machine?");
+    return std::unique_ptr<RendezvousServer>(new RendezvousServer(std::move(impl)));
+}
+
+class RendezvousClient::Impl {
+public:
+    std::string address, token;
+    std::unique_ptr<Rendezvous::Stub> stub;
+
+    Error fail(const grpc::Status& st, const std::string& what) const
+    {
+        const ErrorCode code = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? ErrorCode::Cancelled
+                             : st.error_code() == grpc::StatusCode::UNAUTHENTICATED  ? ErrorCode::InvalidArgument
+                                                                                     : ErrorCode::IoError;
+        std::string hint = st.error_code() == grpc::StatusCode::UNAVAILABLE ? "is the coordinator running and reachable at " + address + "?"
+                         : st.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "every task must use the same shared token"
+                                                                                 : "";
+        return makeError(code, "rendezvous at " + address + ": " + what + ": " + st.error_message(), hint);
+    }
+    void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const
+    {
+        attachToken(ctx, token);
+        ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+        // Tasks start in any order: a call made before the coordinator listens waits for it
+        // (until the deadline) instead of failing at once.
+        ctx.set_wait_for_ready(true);
+    }
+};
+
+RendezvousClient::RendezvousClient(std::unique_ptr<Impl> impl) : m_impl(std::move(impl)) {}
+RendezvousClient::~RendezvousClient() = default;
+const std::string& RendezvousClient::address() const { return m_impl->address; }
+
+Result<std::unique_ptr<RendezvousClient>> RendezvousClient::connect(const std::string& address, const std::string& token, const TlsFiles& tls)
+{
+    TS_ASSIGN(auto creds, channelCredentials(tls));
+    auto impl = std::make_unique<Impl>();
+    impl->address = address;
+    impl->token = token;
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(2 << 20);
+    // Retry a coordinator that is not up yet every few hundred ms, not gRPC's default of up to
+    // two minutes between attempts.
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+    impl->stub = Rendezvous::NewStub(grpc::CreateCustomChannel(address, creds, args));
+    return std::unique_ptr<RendezvousClient>(new RendezvousClient(std::move(impl)));
+}
+
+Status RendezvousClient::set(const std::string& key, const std::vector<char>& value, std::chrono::milliseconds timeout)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, timeout);
+    SetRequest req;
+    req.set_key(key);
+    req.set_value(std::string(value.begin(), value.end()));
+    SetReply reply;
+    const grpc::Status st = m_impl->stub->Set(&ctx, req, &reply);
+    if (!st.ok()) return m_impl->fail(st, "set " + key);
+    return okStatus();
+}
+
+Result<std::vector<char>> RendezvousClient::get(const std::string& key, std::chrono::milliseconds timeout)
+{
+    grpc::ClientContext ctx;
+    // The server waits `timeout`; the RPC's own deadline leaves it a second to answer.
+    m_impl->prepare(ctx, timeout + std::chrono::seconds(1));
+    GetRequest req;
+    req.set_key(key);
+    req.set_timeout_ms(timeout.count());
+    GetReply reply;
+    const grpc::Status st = m_impl->stub->Get(&ctx, req, &reply);
+    if (!st.ok()) return m_impl->fail(st, "get " + key);
+    return std::vector<char>(reply.value().begin(), reply.value().end());
+}
+
+Status RendezvousClient::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, timeout + std::chrono::seconds(1));
+    WaitRequest req;
+    for (const auto& k : keys) req.add_keys(k);
+    req.set_timeout_ms(timeout.count());
+    WaitReply reply;
+    const grpc::Status st = m_impl->stub->Wait(&ctx, req, &reply);
+    if (!st.ok()) return m_impl->fail(st, "wait for " + std::to_string(keys.size()) + " key(s)" + (keys.empty() ? "" : " (" + keys.front() + ", ...)"));
+    return okStatus();
+}
+
+Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, std::chrono::seconds(2));
+    HeartbeatRequest req;
+    req.set_group(group);
+    req.set_rank(rank);
+    req.set_size(size);
+    req.set_silence_ms(silence.count());
+    HeartbeatReply reply;
+    const grpc::Status st = m_impl->stub->Heartbeat(&ctx, req, &reply);
+    if (!st.ok()) return m_impl->fail(st, "heartbeat");
+    return std::vector<int>(reply.silent_ranks().begin(), reply.silent_ranks().end());
+}
+
+} // namespace ts::remote

@@ -1,0 +1,65 @@
+#pragma once
+// The rendezvous key-value service (rendezvous.proto) and its client.
+// RendezvousServer: served by the coordinator (the chief) for one or more runs. Keys are
+// write-once-or-overwrite byte strings, kept in memory; Get/Wait block (up to a deadline) until
+// the keys exist. Heartbeats record when each rank of a group was last heard from.
+// RendezvousClient: one channel to that server; every call carries the token and a deadline.
+// Contract:
+//  - Threading: both are thread-safe. The server runs gRPC's own threads; shutdown() (or the
+//    destructor) wakes blocked Get/Wait calls and joins them.
+//  - Errors: the server refuses calls without the token (UNAUTHENTICATED, logged), keys over
+//    1 KiB and values over maxValueBytes (INVALID_ARGUMENT); messages are bounded by gRPC's
+//    limits. Client calls return Result errors naming the server's address and the key.
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "remote/auth.h"
+
+namespace ts::remote {
+
+class RendezvousServer {
+public:
+    struct Options {
+        std::string bindAddress = "127.0.0.1:0";   // port 0: an ephemeral port (see port())
+        std::string token;                          // required
+        int maxValueBytes = 1 << 20;                // bounds memory per key and message size
+        TlsFiles tls;
+    };
+    static Result<std::unique_ptr<RendezvousServer>> start(const Options& options);
+    ~RendezvousServer();
+    int port() const;
+    void shutdown();
+
+    class Impl;
+private:
+    explicit RendezvousServer(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> m_impl;
+};
+
+// The service alone, to serve next to others on one port (trainstudio-worker does).
+std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes = 1 << 20);
+
+class RendezvousClient {
+public:
+    static Result<std::unique_ptr<RendezvousClient>> connect(const std::string& address, const std::string& token,
+                                                           const TlsFiles& tls = {});
+    ~RendezvousClient();
+    const std::string& address() const;
+
+    Status set(const std::string& key, const std::vector<char>& value, std::chrono::milliseconds timeout = std::chrono::seconds(30));
+    Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout);
+    Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
+    // Says `rank` of `group` is alive; returns the ranks silent for longer than `silence`.
+    Result<std::vector<int>> heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence);
+
+    class Impl;
+private:
+    explicit RendezvousClient(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> m_impl;
+};
+
+} // namespace ts::remote

@@ -1,0 +1,155 @@
+#include "remote/worker_client.h"
+
+#include <mutex>
+
+#include "worker.grpc.pb.h"
+
+namespace ts::remote {
+
+class WorkerClient::Impl {
+public:
+    std::string label, address, token;
+    std::unique_ptr<Worker::Stub> stub;
+    std::mutex streamMutex;
+    grpc::ClientContext* stream = nullptr;  // the open StreamEvents call, for cancelStream()
+    bool streamCancelled = false;
+
+    void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const
+    {
+        attachToken(ctx, token);
+        ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    }
+    Error fail(const grpc::Status& st, const std::string& what) const
+    {
+        std::string hint;
+        switch (st.error_code()) {
+        case grpc::StatusCode::UNAVAILABLE:
+        case grpc::StatusCode::DEADLINE_EXCEEDED:
+            hint = "is trainstudio-worker running at " + address + ", and reachable from here?";
+            break;
+        case grpc::StatusCode::UNAUTHENTICATED:
+            hint = "the coordinator and the worker must use the same shared token";
+            break;
+        default:
+            break;
+        }
+        return makeError(ErrorCode::IoError, label + ": " + what + ": " + st.error_message(), hint);
+    }
+};
+
+WorkerClient::WorkerClient(std::unique_ptr<Impl> impl) : m_impl(std::move(impl)) {}
+WorkerClient::~WorkerClient() = default;
+const std::string& WorkerClient::label() const { return m_impl->label; }
+
+Result<std::unique_ptr<WorkerClient>> WorkerClient::connect(const std::string& label, const std::string& address,
+                                                          const std::string& token, const TlsFiles& tls)
+{
+    TS_ASSIGN(auto creds, channelCredentials(tls));
+    auto impl = std::make_unique<Impl>();
+    impl->label = label;
+    impl->address = address;
+    impl->token = token;
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(4 << 20);
+    impl->stub = Worker::NewStub(grpc::CreateCustomChannel(address, creds, args));
+    return std::unique_ptr<WorkerClient>(new WorkerClient(std::move(impl)));
+}
+
+Result<WorkerIdentity> WorkerClient::identify(std::chrono::milliseconds timeout)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, timeout);
+    IdentifyReply reply;
+    const grpc::Status st = m_impl->stub->Identify(&ctx, IdentifyRequest(), &reply);
+    if (!st.ok()) return m_impl->fail(st, "unreachable");
+    WorkerIdentity id;
+    id.worker = reply.worker();
+    id.version = reply.version();
+    id.hostname = reply.hostname();
+    id.state = reply.state();
+    id.pid = reply.pid();
+    for (const auto& d : reply.devices()) id.devices.push_back({d.name(), d.kind(), d.memory_bytes(), d.load()});
+    return id;
+}
+
+Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& runConfig, const std::string& tfConfig,
+                               const std::string& taskType, int taskIndex)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, std::chrono::seconds(10));
+    StartTaskRequest req;
+    req.set_run_id(runId);
+    req.set_run_config_json(runConfig.dump());
+    req.set_cluster_json(tfConfig);
+    req.set_task_type(taskType);
+    req.set_task_index(taskIndex);
+    StartTaskReply reply;
+    const grpc::Status st = m_impl->stub->StartTask(&ctx, req, &reply);
+    if (!st.ok()) return m_impl->fail(st, "refused the task");
+    return okStatus();
+}
+
+Status WorkerClient::streamEvents(const std::string& runId, const std::function<void(const WorkerEvent&)>& onEvent)
+{
+    grpc::ClientContext ctx;
+    attachToken(ctx, m_impl->token);
+    {
+        std::lock_guard lock(m_impl->streamMutex);
+        if (m_impl->streamCancelled) return makeError(ErrorCode::Cancelled, m_impl->label + ": event stream cancelled");
+        m_impl->stream = &ctx;
+    }
+    StreamEventsRequest req;
+    req.set_run_id(runId);
+    auto reader = m_impl->stub->StreamEvents(&ctx, req);
+    Event e;
+    while (reader->Read(&e)) {
+        WorkerEvent w;
+        w.runId = e.run_id();
+        w.worker = e.worker();
+        w.device = e.device();
+        w.kind = e.kind();
+        w.step = e.step();
+        w.wallTime = e.wall_time();
+        w.fields = nlohmann::json::parse(e.json(), nullptr, false);
+        if (w.fields.is_discarded()) w.fields = nlohmann::json::object();
+        onEvent(w);
+    }
+    const grpc::Status st = reader->Finish();
+    {
+        std::lock_guard lock(m_impl->streamMutex);
+        m_impl->stream = nullptr;
+    }
+    if (!st.ok()) return m_impl->fail(st, "event stream broke");
+    return okStatus();
+}
+
+void WorkerClient::cancelStream()
+{
+    std::lock_guard lock(m_impl->streamMutex);
+    m_impl->streamCancelled = true;
+    if (m_impl->stream) m_impl->stream->TryCancel();
+}
+
+Status WorkerClient::cancel(const std::string& runId)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, std::chrono::seconds(3));
+    CancelRequest req;
+    req.set_run_id(runId);
+    CancelReply reply;
+    const grpc::Status st = m_impl->stub->Cancel(&ctx, req, &reply);
+    if (!st.ok()) return m_impl->fail(st, "cancel");
+    return okStatus();
+}
+
+Result<WorkerPulse> WorkerClient::heartbeat(std::chrono::milliseconds timeout)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, timeout);
+    HeartbeatPong reply;
+    const grpc::Status st = m_impl->stub->Heartbeat(&ctx, HeartbeatPing(), &reply);
+    if (!st.ok()) return m_impl->fail(st, "no heartbeat");
+    return WorkerPulse{reply.state(), reply.step()};
+}
+
+} // namespace ts::remote

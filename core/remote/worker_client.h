@@ -1,0 +1,67 @@
+#pragma once
+// WorkerClient: the coordinator's side of the Worker control service (worker.proto).
+// Contract:
+//  - Thread-safe (one gRPC channel); streamEvents blocks its caller until the stream ends, so
+//    run it on its own thread, and unblock it with cancelStream().
+//  - Every call carries the token and a deadline; errors are Result errors whose message starts
+//    with the worker's label ("worker:1 at 10.0.0.3:7070") and says what failed.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/result.h"
+#include "remote/auth.h"
+
+namespace ts::remote {
+
+struct WorkerIdentity {
+    std::string worker, version, hostname, state;
+    int pid = 0;
+    struct Device {
+        std::string name, kind;
+        int64_t memoryBytes = 0;
+        double load = -1;
+    };
+    std::vector<Device> devices;
+};
+
+struct WorkerEvent {
+    std::string runId, worker, device, kind;  // kind: "state", "step", "epoch", "error", "final"
+    int64_t step = 0;
+    double wallTime = 0;
+    nlohmann::json fields;
+};
+
+struct WorkerPulse {
+    std::string state;
+    int64_t step = 0;
+};
+
+class WorkerClient {
+public:
+    static Result<std::unique_ptr<WorkerClient>> connect(const std::string& label, const std::string& address,
+                                                       const std::string& token, const TlsFiles& tls = {});
+    ~WorkerClient();
+    const std::string& label() const;
+
+    Result<WorkerIdentity> identify(std::chrono::milliseconds timeout);
+    Status startTask(const std::string& runId, const nlohmann::json& runConfig, const std::string& tfConfig,
+                     const std::string& taskType, int taskIndex);
+    // Calls onEvent for every event until the task ends (OK) or the stream breaks (error).
+    Status streamEvents(const std::string& runId, const std::function<void(const WorkerEvent&)>& onEvent);
+    void cancelStream();
+    Status cancel(const std::string& runId);
+    Result<WorkerPulse> heartbeat(std::chrono::milliseconds timeout);
+
+    class Impl;
+private:
+    explicit WorkerClient(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> m_impl;
+};
+
+} // namespace ts::remote

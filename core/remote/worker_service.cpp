@@ -1,0 +1,378 @@
+#include "remote/worker_service.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "distribute/cluster_spec.h"
+#include "remote/cluster.h"
+#include "remote/rendezvous.h"
+#include "telemetry/bus.h"
+#include "train/run_config.h"
+#include "worker.grpc.pb.h"
+
+#ifndef TS_VERSION
+#define TS_VERSION "unknown"
+#endif
+
+namespace ts::remote {
+namespace {
+
+double nowSeconds()
+{
+    return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+grpc::Status refuse(const grpc::ServerContext& ctx, grpc::StatusCode code, const std::string& call, const std::string& why)
+{
+    logLine("refused " + call + " from " + ctx.peer() + ": " + why);
+    return grpc::Status(code, why);
+}
+
+class WorkerService final : public Worker::Service {
+public:
+    WorkerService(std::string token, std::string name, TlsFiles tls) : m_token(std::move(token)), m_name(std::move(name)), m_tls(std::move(tls)) {}
+    ~WorkerService() override { shutdown(); }
+
+    void setName(std::string name) { m_name = std::move(name); }
+
+    void shutdown()
+    {
+        std::unique_lock lock(m_mutex);
+        m_shutdown = true;
+        if (m_trainer) m_trainer->cancel();
+        m_cancelRequested = true;
+        m_cv.notify_all();
+        lock.unlock();
+        if (m_thread.joinable()) m_thread.join();
+    }
+
+    grpc::Status Identify(grpc::ServerContext* ctx, const IdentifyRequest*, IdentifyReply* reply) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Worker.Identify"); !st.ok()) return st;
+        reply->set_worker(m_name);
+        reply->set_version(TS_VERSION);
+        char host[256] = {};
+        ::gethostname(host, sizeof host - 1);
+        reply->set_hostname(host);
+        reply->set_pid(static_cast<int32_t>(::getpid()));
+        const long cores = std::max(1L, ::sysconf(_SC_NPROCESSORS_ONLN));
+        const int64_t memory = static_cast<int64_t>(::sysconf(_SC_PHYS_PAGES)) * static_cast<int64_t>(::sysconf(_SC_PAGE_SIZE));
+        double load[1] = {0};
+        const double perCore = ::getloadavg(load, 1) == 1 ? std::min(1.0, load[0] / static_cast<double>(cores)) : -1;
+        for (long c = 0; c < cores; ++c) {
+            auto* d = reply->add_devices();
+            d->set_name("cpu:" + std::to_string(c));
+            d->set_kind("cpu");
+            d->set_memory_bytes(memory);  // host memory, shared by the cores
+            d->set_load(perCore);
+        }
+        std::lock_guard lock(m_mutex);
+        reply->set_state(m_state);
+        return grpc::Status::OK;
+    }
+
+    grpc::Status StartTask(grpc::ServerContext* ctx, const StartTaskRequest* req, StartTaskReply*) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Worker.StartTask"); !st.ok()) return st;
+        const std::string call = "Worker.StartTask";
+        if (req->run_id().empty() || req->run_id().size() > 128)
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "run_id must be 1..128 characters");
+        const std::string source = "task " + req->task_type() + ":" + std::to_string(req->task_index()) + " of run " + req->run_id();
+        // Who this worker is in the cluster first, then what to run.
+        auto spec = ClusterSpec::fromText(req->cluster_json(), source + ": cluster");
+        if (!spec.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, spec.error().toString());
+        auto withTask = spec->withTask({req->task_type(), req->task_index()});
+        if (!withTask.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, withTask.error().toString());
+        if (auto v = withTask->validateFor("multi-worker-mirrored"); !v.ok())
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, v.error().toString());
+
+        nlohmann::json j = nlohmann::json::parse(req->run_config_json(), nullptr, false);
+        if (j.is_discarded()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": the run configuration is not valid JSON");
+        auto cfg = RunConfig::fromJson(j, source);
+        if (!cfg.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, cfg.error().toString());
+        if (!cfg->modelFile.empty() || !cfg->saveWeights.empty() || !cfg->loadWeights.empty())
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          source + ": a remote task must inline its model and name no weight files (model_file, load_weights, save_weights)");
+        std::lock_guard starting(m_startMutex);  // one StartTask at a time past this point
+        std::unique_lock lock(m_mutex);
+        if (m_state == "running")
+            return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, "this worker is already running run " + m_runId);
+        if (m_shutdown) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down");
+        lock.unlock();
+        if (m_thread.joinable()) m_thread.join();  // the previous task has finished
+        lock.lock();
+        m_runId = req->run_id();
+        m_events.clear();
+        m_step = 0;
+        m_state = "running";
+        m_cancelRequested = false;
+        m_task = withTask->task().toString();
+        logLine("starting " + m_task + " of run " + m_runId + " for " + ctx->peer());
+        m_thread = std::thread([this, c = std::move(cfg).value(), s = std::move(withTask).value()]() mutable { runTask(std::move(c), std::move(s)); });
+        return grpc::Status::OK;
+    }
+
+    grpc::Status StreamEvents(grpc::ServerContext* ctx, const StreamEventsRequest* req, grpc::ServerWriter<Event>* writer) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Worker.StreamEvents"); !st.ok()) return st;
+        std::unique_lock lock(m_mutex);
+        if (req->run_id() != m_runId || m_runId.empty())
+            return refuse(*ctx, grpc::StatusCode::NOT_FOUND, "Worker.StreamEvents", "no run " + req->run_id() + " on this worker");
+        const std::string runId = m_runId;
+        std::size_t sent = 0;
+        for (;;) {
+            m_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return sent < m_events.size() || m_state != "running" || m_shutdown; });
+            if (m_runId != runId) return grpc::Status(grpc::StatusCode::ABORTED, "a new run replaced " + runId);
+            if (ctx->IsCancelled()) return coordinatorGone(lock, ctx->peer());
+            std::vector<Event> batch(m_events.begin() + static_cast<std::ptrdiff_t>(sent), m_events.end());
+            sent = m_events.size();
+            const bool finished = m_state != "running" || m_shutdown;
+            lock.unlock();
+            bool delivered = true;
+            for (const auto& e : batch)
+                if (!(delivered = writer->Write(e))) break;
+            lock.lock();
+            if (!delivered) return coordinatorGone(lock, ctx->peer());
+            if (finished && sent == m_events.size()) return grpc::Status::OK;
+        }
+    }
+
+    // The coordinator's stream broke (it died, or was stopped): nobody would record this task's
+    // results or stop it, so it is cancelled rather than left training for nobody.
+    grpc::Status coordinatorGone(std::unique_lock<std::mutex>& lock, const std::string& peer)
+    {
+        if (m_state == "running") {
+            m_cancelRequested = true;
+            if (m_trainer) m_trainer->cancel();
+            logLine("the coordinator " + peer + " left run " + m_runId + ": cancelling it");
+        }
+        return grpc::Status::CANCELLED;
+    }
+
+    grpc::Status Cancel(grpc::ServerContext* ctx, const CancelRequest* req, CancelReply*) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Worker.Cancel"); !st.ok()) return st;
+        std::lock_guard lock(m_mutex);
+        if (req->run_id() != m_runId) return refuse(*ctx, grpc::StatusCode::NOT_FOUND, "Worker.Cancel", "no run " + req->run_id() + " on this worker");
+        m_cancelRequested = true;
+        if (m_trainer) m_trainer->cancel();
+        logLine("cancelling run " + m_runId + " for " + ctx->peer());
+        return grpc::Status::OK;
+    }
+
+    grpc::Status Heartbeat(grpc::ServerContext* ctx, const HeartbeatPing*, HeartbeatPong* reply) override
+    {
+        if (auto st = checkToken(*ctx, m_token, "Worker.Heartbeat"); !st.ok()) return st;
+        std::lock_guard lock(m_mutex);
+        reply->set_state(m_state);
+        reply->set_step(m_step);
+        return grpc::Status::OK;
+    }
+
+private:
+    void publish(const std::string& kind, int64_t step, const nlohmann::json& fields, const std::string& device = {})
+    {
+        Event e;
+        e.set_run_id(m_runId);
+        e.set_worker(m_task);
+        e.set_device(device.empty() ? m_device : device);
+        e.set_kind(kind);
+        e.set_step(step);
+        e.set_wall_time(nowSeconds());
+        e.set_json(fields.dump());
+        std::lock_guard lock(m_mutex);
+        m_events.push_back(std::move(e));
+        m_step = step;
+        m_cv.notify_all();
+    }
+
+    void forward(const telemetry::Event& ev)
+    {
+        if (const auto* d = std::get_if<telemetry::DeviceSampleEvent>(&ev)) {
+            publish("sample", d->stamp.step, {{"utilisation", d->utilisation}, {"per_core", d->perCore}, {"process_cpu", d->processCpu},
+                                              {"memory_used", d->memoryUsed}, {"memory_total", d->memoryTotal},
+                                              {"temperature_c", d->temperatureC}, {"power_w", d->powerW}},
+                    d->stamp.lane.device.empty() ? "host" : d->stamp.lane.device);
+        } else if (const auto* b = std::get_if<telemetry::StepBreakdownEvent>(&ev)) {
+            publish("breakdown", b->stamp.step, {{"step_seconds", b->stepSeconds}, {"input", b->input}, {"forward", b->forward},
+                                                 {"backward", b->backward}, {"communication", b->communication},
+                                                 {"optimizer", b->optimizer}, {"other", b->other}});
+        }
+    }
+
+    class Listener final : public TrainListener {
+    public:
+        explicit Listener(WorkerService& s) : m_s(s) {}
+        void onStep(const StepEvent& e) override
+        {
+            m_s.publish("step", e.step, {{"epoch", e.epoch}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"samples_per_sec", e.samplesPerSec},
+                                         {"learning_rate", e.learningRate}, {"step_seconds", e.stepSeconds}, {"batch_size", e.batchSize}});
+        }
+        void onEpoch(const EpochEvent& e) override
+        {
+            nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", e.loss}, {"accuracy", e.accuracy},
+                                {"samples_per_sec", e.samplesPerSec}, {"seconds", e.seconds}};
+            if (std::isfinite(e.valLoss)) j["val_loss"] = e.valLoss;
+            if (std::isfinite(e.valAccuracy)) j["val_accuracy"] = e.valAccuracy;
+            m_s.publish("epoch", m_s.m_step, j);
+        }
+
+    private:
+        WorkerService& m_s;
+    };
+
+    void finish(const std::string& state, const std::string& message, const std::string& hint = {})
+    {
+        if (!message.empty()) publish("error", m_step, {{"message", message}, {"hint", hint}, {"where", m_task}});
+        publish("state", m_step, {{"state", state}, {"message", message}});
+        std::lock_guard lock(m_mutex);
+        m_state = state;
+        m_trainer = nullptr;
+        m_cv.notify_all();
+        logLine("run " + m_runId + " " + state + (message.empty() ? "" : ": " + message));
+    }
+
+    void runTask(RunConfig cfg, ClusterSpec spec)
+    {
+        m_device = "host";
+        publish("state", 0, {{"state", "connecting"}});
+        ClusterOptions co;
+        co.token = m_token;
+        co.group = m_runId;
+        co.tls = m_tls;  // the rendezvous is served by a daemon like this one, with the same TLS
+        co.rendezvousAlreadyServed = spec.task() == spec.coordinator();  // served by this daemon
+        auto joined = connectCluster(spec, co);
+        if (!joined.ok()) return finish("failed", joined.error().message, joined.error().hint);
+        cfg.strategy.kind = "multi-worker-mirrored";
+        cfg.strategy.crossProcess = joined->communicator;
+        cfg.strategy.processRank = joined->rank;
+        auto prepared = prepareRun(cfg);
+        if (!prepared.ok()) return finish("failed", prepared.error().message, prepared.error().hint);
+        PreparedRun run = std::move(prepared).value();
+        {
+            std::lock_guard lock(m_mutex);
+            std::string devices;
+            for (const auto& d : run.trainer->strategy().devices()) devices += (devices.empty() ? "" : ",") + d.name;
+            m_device = devices;
+            m_trainer = run.trainer.get();
+            if (m_cancelRequested) m_trainer->cancel();
+        }
+        publish("state", 0, {{"state", "running"}, {"rank", joined->rank}, {"size", joined->size}});
+        // The trainer's device samples and step breakdowns go back on the stream too, each with
+        // its device (the listener above carries the metrics).
+        telemetry::EventBus bus;
+        telemetry::SubscriberOptions so;
+        so.name = "worker stream";
+        so.kinds = telemetry::kindMask<telemetry::DeviceSampleEvent, telemetry::StepBreakdownEvent>();
+        so.wakeThreshold = 64;
+        auto sub = bus.subscribe(so);
+        run.trainer->setTelemetry(&bus, m_runId, false);
+        std::atomic<bool> forwarding{true};
+        std::thread forwarder([&] {
+            while (forwarding || sub->pending() > 0) {
+                sub->wait(std::chrono::milliseconds(200));
+                for (const auto& ev : sub->drain()) forward(ev);
+            }
+        });
+        Listener listener(*this);
+        auto result = run.trainer->fit(*run.trainSource(), run.validationSource(), &listener);
+        forwarding = false;
+        forwarder.join();
+        bus.unsubscribe(sub);
+        {
+            std::lock_guard lock(m_mutex);
+            m_trainer = nullptr;
+        }
+        if (!result.ok()) return finish("failed", result.error().message, result.error().hint);
+        if (result->cancelled) return finish("cancelled", {});
+        publish("final", result->steps, {{"steps", result->steps}, {"epochs", result->epochs}, {"samples_per_sec", result->samplesPerSec},
+                                          {"seconds", result->seconds}});
+        finish("completed", {});
+    }
+
+    std::string m_token;
+    std::string m_name;
+    TlsFiles m_tls;
+    std::mutex m_startMutex;
+    std::mutex m_mutex;
+    std::condition_variable m_cv;
+    std::string m_state = "idle";
+    std::string m_runId, m_task, m_device;
+    std::vector<Event> m_events;
+    int64_t m_step = 0;
+    Trainer* m_trainer = nullptr;
+    bool m_cancelRequested = false;
+    bool m_shutdown = false;
+    std::thread m_thread;
+};
+
+} // namespace
+
+bool isLoopbackHost(const std::string& host)
+{
+    return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+class WorkerDaemon::Impl {
+public:
+    std::unique_ptr<WorkerService> worker;
+    std::unique_ptr<grpc::Service> rendezvous;
+    std::unique_ptr<grpc::Server> server;
+    int port = 0;
+    std::atomic<bool> stopped{false};
+};
+
+WorkerDaemon::WorkerDaemon(std::unique_ptr<Impl> impl) : m_impl(std::move(impl)) {}
+WorkerDaemon::~WorkerDaemon()
+{
+    shutdown();
+    m_impl->server->Wait();
+}
+int WorkerDaemon::port() const { return m_impl->port; }
+
+void WorkerDaemon::shutdown()
+{
+    if (m_impl->stopped.exchange(true)) return;
+    m_impl->worker->shutdown();
+    // Ends open event streams and blocked rendezvous calls after a grace period.
+    m_impl->server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+}
+
+void WorkerDaemon::wait() { m_impl->server->Wait(); }
+
+Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& options)
+{
+    TS_ASSIGN(HostPort hp, HostPort::parse(options.listen, true));
+    if (!options.allowRemote && !isLoopbackHost(hp.host))
+        return makeError(ErrorCode::InvalidArgument, "refusing to listen on " + options.listen + ": not a loopback address",
+                         "other machines can reach a non-loopback address; pass --allow-remote to mean it (and use TLS)");
+    if (options.token.empty())
+        return makeError(ErrorCode::InvalidArgument, "trainstudio-worker needs a shared token", "pass --token-file or set $" + std::string(kTokenEnv));
+    TS_ASSIGN(auto creds, serverCredentials(options.tls));
+    auto impl = std::make_unique<Impl>();
+    impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls);
+    impl->rendezvous = makeRendezvousService(options.token);
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options.listen, creds, &impl->port);
+    builder.RegisterService(impl->worker.get());
+    builder.RegisterService(impl->rendezvous.get());
+    builder.SetMaxReceiveMessageSize(options.maxMessageBytes);
+    builder.SetMaxSendMessageSize(options.maxMessageBytes);
+    impl->server = builder.BuildAndStart();
+    if (!impl->server || impl->port == 0)
+        return makeError(ErrorCode::IoError, "cannot listen on " + options.listen, "is the port in use, or the address not on this machine?");
+    if (options.name.empty()) impl->worker->setName(hp.host + ":" + std::to_string(impl->port));
+    return std::unique_ptr<WorkerDaemon>(new WorkerDaemon(std::move(impl)));
+}
+
+} // namespace ts::remote

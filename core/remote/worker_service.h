@@ -1,0 +1,51 @@
+#pragma once
+// WorkerDaemon: what trainstudio-worker serves on one port: the Worker control service
+// (worker.proto: identify, start a task, stream its events, cancel, heartbeat) and, for the
+// task that coordinates a run, the Rendezvous service its peers join through.
+// Contract:
+//  - Threading: start() returns once the server listens; gRPC's threads serve calls; one task
+//    runs at a time on its own thread. shutdown() (or the destructor) cancels a running task,
+//    ends open event streams and joins everything.
+//  - Security: every call must carry the shared token (refused and logged otherwise); messages
+//    over maxMessageBytes are refused by gRPC; a task names no files for the worker to write or
+//    load (model inline; no save_weights, load_weights or model_file), so a coordinator cannot
+//    make a worker touch paths it chose. Binding anything but loopback needs allowRemote.
+//  - Errors: start() says which address could not be bound and what to do.
+
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "remote/auth.h"
+
+namespace ts::remote {
+
+struct WorkerOptions {
+    std::string listen = "127.0.0.1:0";   // port 0: ephemeral (see port())
+    bool allowRemote = false;             // required to bind a non-loopback address
+    std::string token;
+    std::string name;                     // how the worker calls itself (default: host:port)
+    int maxMessageBytes = 4 << 20;        // bounds every request (run configs inline the model)
+    TlsFiles tls;                         // certificate + key: serve TLS; rootCa: verify the
+                                          // coordinating daemon's rendezvous when this one is a peer
+};
+
+class WorkerDaemon {
+public:
+    static Result<std::unique_ptr<WorkerDaemon>> start(const WorkerOptions& options);
+    ~WorkerDaemon();
+    int port() const;
+    void shutdown();
+    // Blocks until shutdown() (from a signal handler's thread, say).
+    void wait();
+
+    class Impl;
+private:
+    explicit WorkerDaemon(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> m_impl;
+};
+
+// True for 127.0.0.0/8, ::1 and "localhost" (the hosts bound without --allow-remote).
+bool isLoopbackHost(const std::string& host);
+
+} // namespace ts::remote

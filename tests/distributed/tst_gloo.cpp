@@ -1,0 +1,431 @@
+// The collective layer across processes: the rendezvous key-value service (token, bounds,
+// timeouts), the Gloo communicator with ranks as threads (sums, broadcast, barrier, abort, a
+// peer that goes away) and with two real processes on loopback (sums, kill -9 of a peer).
+
+#include <QtTest>
+
+#include <csignal>
+#include <cstdlib>
+#include <future>
+#include <thread>
+
+#include "remote/gloo_communicator.h"
+#include "remote/rendezvous.h"
+
+using namespace ts;
+using namespace ts::remote;
+using namespace std::chrono_literals;
+
+namespace {
+
+const std::string kToken = "test-token-1234";
+
+std::unique_ptr<RendezvousServer> startServer()
+{
+    RendezvousServer::Options o;
+    o.token = kToken;
+    o.maxValueBytes = 64 * 1024;
+    auto s = RendezvousServer::start(o);
+    if (!s.ok()) qFatal("%s", s.error().toString().c_str());
+    return std::move(s).value();
+}
+
+GlooOptions options(int port, int rank, int size, const std::string& group)
+{
+    GlooOptions o;
+    o.rank = rank;
+    o.size = size;
+    o.rendezvousAddress = "127.0.0.1:" + std::to_string(port);
+    o.token = kToken;
+    o.group = group;
+    for (int r = 0; r < size; ++r) o.rankNames.push_back("worker:" + std::to_string(r));
+    o.timeout = 20s;
+    o.heartbeat = 200ms;
+    return o;
+}
+
+// Makes `size` communicators concurrently (rendezvous needs every rank at once).
+std::vector<std::unique_ptr<Communicator>> makeRanks(int port, int size, const std::string& group)
+{
+    std::vector<std::future<Result<std::unique_ptr<Communicator>>>> fs;
+    for (int r = 0; r < size; ++r)
+        fs.push_back(std::async(std::launch::async, [=] { return makeGlooCommunicator(options(port, r, size, group)); }));
+    std::vector<std::unique_ptr<Communicator>> out;
+    for (auto& f : fs) {
+        auto c = f.get();
+        if (!c.ok()) qFatal("%s", c.error().toString().c_str());
+        out.push_back(std::move(c).value());
+    }
+    return out;
+}
+
+// Runs fn(rank) on one thread per rank and returns each rank's status.
+std::vector<Status> onRanks(int size, const std::function<Status(int)>& fn)
+{
+    std::vector<std::future<Status>> fs;
+    for (int r = 0; r < size; ++r) fs.push_back(std::async(std::launch::async, fn, r));
+    std::vector<Status> out;
+    for (auto& f : fs) out.push_back(f.get());
+    return out;
+}
+
+// The value rank r contributes at element i: small integers, so float sums are exact.
+float contribution(int r, int64_t i) { return static_cast<float>((i % 97) * (r + 1) - r); }
+
+// Child process mode: TS_GLOO_PEER_RANK set. Joins the parent's rendezvous, all-reduces, prints
+// a checksum; with TS_GLOO_PEER_DIE the rank SIGKILLs itself after the first all-reduce.
+int runPeer()
+{
+    const int rank = std::atoi(std::getenv("TS_GLOO_PEER_RANK"));
+    const int size = std::atoi(std::getenv("TS_GLOO_PEER_SIZE"));
+    const int port = std::atoi(std::getenv("TS_GLOO_PEER_PORT"));
+    const std::string group = std::getenv("TS_GLOO_PEER_GROUP");
+    const int die = std::getenv("TS_GLOO_PEER_DIE") ? std::atoi(std::getenv("TS_GLOO_PEER_DIE")) : -1;
+    auto comm = makeGlooCommunicator(options(port, rank, size, group));
+    if (!comm.ok()) {
+        std::fprintf(stderr, "peer %d: %s\n", rank, comm.error().toString().c_str());
+        return 2;
+    }
+    const int64_t n = 1 << 20;
+    Tensor t = Tensor::empty({n});
+    for (int step = 0; step < 5; ++step) {
+        for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = contribution(rank, i);
+        if (step == 1 && rank == die) ::raise(SIGKILL);
+        const auto t0 = std::chrono::steady_clock::now();
+        Status st = (*comm)->allReduceSum(rank, t);
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        if (!st.ok()) {
+            std::printf("FAILED after %.3f s: %s\n", secs, st.error().message.c_str());
+            return 3;
+        }
+        double sum = 0;
+        for (int64_t i = 0; i < n; ++i) sum += t.data<float>()[i];
+        std::printf("step %d checksum %.1f\n", step, sum);
+    }
+    std::fflush(stdout);
+    return 0;
+}
+
+} // namespace
+
+class TestGloo : public QObject {
+    Q_OBJECT
+private slots:
+    void initTestCase()
+    {
+        // Again here: Qt Test installs its crash handler for SIGPIPE when it starts running.
+        std::signal(SIGPIPE, SIG_IGN);
+    }
+    void rendezvousNeedsToken();
+    void rendezvousBounds();
+    void threadsAllReduceBroadcastBarrier();
+    void rendezvousOverTls();
+    void abortUnblocksPeers();
+    void abortReleasesOwnPendingCall();
+    void vanishedPeerIsNamed();
+    void badOptions();
+    void twoProcessLoopback();
+    void killedProcessIsDetected();
+};
+
+void TestGloo::rendezvousNeedsToken()
+{
+    auto server = startServer();
+    const std::string addr = "127.0.0.1:" + std::to_string(server->port());
+    auto wrong = RendezvousClient::connect(addr, "not-the-token");
+    QVERIFY(wrong.ok());
+    Status st = (*wrong)->set("k", {'v'});
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("rendezvous at " + addr) != std::string::npos, st.error().message.c_str());
+    QVERIFY2(st.error().message.find("token") != std::string::npos, st.error().message.c_str());
+    auto empty = RendezvousClient::connect(addr, "");
+    QVERIFY(!(*empty)->get("k", 10ms).ok());
+
+    auto good = RendezvousClient::connect(addr, kToken);
+    QVERIFY((*good)->set("k", {'v', '1'}).ok());
+    auto v = (*good)->get("k", 100ms);
+    QVERIFY(v.ok());
+    QCOMPARE(std::string(v->begin(), v->end()), std::string("v1"));
+    // The refused set left nothing behind.
+    QVERIFY(!(*good)->get("never", 50ms).ok());
+    QVERIFY(!RendezvousServer::start({}).ok());  // no token: refused to start
+}
+
+void TestGloo::rendezvousBounds()
+{
+    auto server = startServer();
+    const std::string addr = "127.0.0.1:" + std::to_string(server->port());
+    auto c = std::move(RendezvousClient::connect(addr, kToken)).value();
+    // A missing key times out with an error naming it, instead of hanging.
+    const auto t0 = std::chrono::steady_clock::now();
+    auto missing = c->get("absent-key", 300ms);
+    QVERIFY(!missing.ok());
+    QVERIFY(std::chrono::steady_clock::now() - t0 < 3s);
+    QVERIFY2(missing.error().message.find("absent-key") != std::string::npos, missing.error().message.c_str());
+    // Oversized values and keys are refused.
+    Status big = c->set("big", std::vector<char>(64 * 1024 + 1, 'x'));
+    QVERIFY(!big.ok());
+    QVERIFY2(big.error().message.find("over 65536 bytes") != std::string::npos, big.error().message.c_str());
+    QVERIFY(!c->set(std::string(2000, 'k'), {'v'}).ok());
+    QVERIFY(!c->set("", {'v'}).ok());
+    // A message larger than gRPC's bound never reaches the service.
+    QVERIFY(!c->set("huge", std::vector<char>(4 << 20, 'x')).ok());
+    // Wait returns once a key set by someone else appears.
+    auto other = std::move(RendezvousClient::connect(addr, kToken)).value();
+    std::thread setter([&] {
+        std::this_thread::sleep_for(100ms);
+        (void)other->set("late", {'1'});
+    });
+    QVERIFY(c->wait({"late"}, 5s).ok());
+    setter.join();
+    // Heartbeats: a rank that never beat is silent once `silence` has passed.
+    auto silent = c->heartbeat("g", 0, 2, 100ms);
+    QVERIFY(silent.ok());
+    QVERIFY(silent->empty());
+    std::this_thread::sleep_for(150ms);
+    silent = c->heartbeat("g", 0, 2, 100ms);
+    QCOMPARE(*silent, std::vector<int>{1});
+    QVERIFY(!c->heartbeat("g", 2, 2, 100ms).ok());
+}
+
+void TestGloo::threadsAllReduceBroadcastBarrier()
+{
+    auto server = startServer();
+    const int size = 3;
+    auto ranks = makeRanks(server->port(), size, "threads");
+    QCOMPARE(ranks[0]->size(), size);
+    QCOMPARE(ranks[0]->name(), std::string("gloo"));
+    std::vector<std::vector<float>> results(size);
+    auto st = onRanks(size, [&](int r) -> Status {
+        // Two sizes, each twice (the cached algorithm is reused), odd sizes that do not split evenly.
+        for (int64_t n : {int64_t{7}, int64_t{100003}, int64_t{7}, int64_t{100003}}) {
+            Tensor t = Tensor::empty({n});
+            for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = contribution(r, i);
+            TS_TRY(ranks[static_cast<std::size_t>(r)]->allReduceSum(r, t));
+            for (int64_t i = 0; i < n; ++i) {
+                float expect = 0;
+                for (int q = 0; q < size; ++q) expect += contribution(q, i);
+                if (t.data<float>()[i] != expect) return makeError(ErrorCode::Internal, "rank " + std::to_string(r) + " element " + std::to_string(i) + " wrong");
+            }
+            if (n == 100003) results[static_cast<std::size_t>(r)].assign(t.data<float>(), t.data<float>() + n);
+        }
+        Tensor b = Tensor::fromVector({4}, {float(r), float(r), float(r), float(r)});
+        TS_TRY(ranks[static_cast<std::size_t>(r)]->broadcast(r, 1, b));
+        for (int i = 0; i < 4; ++i)
+            if (b.data<float>()[i] != 1.f) return makeError(ErrorCode::Internal, "broadcast from rank 1 not received by rank " + std::to_string(r));
+        TS_TRY(ranks[static_cast<std::size_t>(r)]->barrier(r));
+        return okStatus();
+    });
+    for (const Status& s : st) QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
+    QCOMPARE(results[1], results[0]);
+    QCOMPARE(results[2], results[0]);
+    // A rank may only call as itself.
+    Tensor t = Tensor::zeros({3});
+    QVERIFY(!ranks[0]->allReduceSum(1, t).ok());
+}
+
+void TestGloo::rendezvousOverTls()
+{
+    const std::string dir = std::string(TS_FIXTURES_DIR) + "/tls/";
+    RendezvousServer::Options o;
+    o.token = kToken;
+    o.tls.certificate = dir + "server.crt";
+    o.tls.privateKey = dir + "server.key";
+    auto server = std::move(RendezvousServer::start(o)).value();
+    const std::string addr = "127.0.0.1:" + std::to_string(server->port());
+    TlsFiles ca;
+    ca.rootCa = dir + "server.crt";
+    auto secure = std::move(RendezvousClient::connect(addr, kToken, ca)).value();
+    QVERIFY(secure->set("k", {'t'}).ok());
+    auto v = secure->get("k", 1s);
+    QVERIFY(v.ok());
+    QCOMPARE(v->size(), std::size_t{1});
+    // A plaintext client gets nowhere.
+    auto plain = std::move(RendezvousClient::connect(addr, kToken)).value();
+    QVERIFY(!plain->set("k2", {'p'}, 2s).ok());
+    // A Gloo group meets through the TLS rendezvous.
+    std::vector<std::future<Result<std::unique_ptr<Communicator>>>> fs;
+    for (int r = 0; r < 2; ++r)
+        fs.push_back(std::async(std::launch::async, [&, r] {
+            GlooOptions g = options(server->port(), r, 2, "tls");
+            g.tls = ca;
+            return makeGlooCommunicator(g);
+        }));
+    std::vector<std::unique_ptr<Communicator>> ranks;
+    for (auto& f : fs) {
+        auto c = f.get();
+        QVERIFY2(c.ok(), c.ok() ? "" : c.error().toString().c_str());
+        ranks.push_back(std::move(c).value());
+    }
+    auto st = onRanks(2, [&](int r) -> Status {
+        Tensor t = Tensor::fromVector({2}, {float(r + 1), 1.f});
+        TS_TRY(ranks[static_cast<std::size_t>(r)]->allReduceSum(r, t));
+        if (t.data<float>()[0] != 3.f || t.data<float>()[1] != 2.f) return makeError(ErrorCode::Internal, "wrong sum");
+        return okStatus();
+    });
+    for (const Status& s : st) QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
+}
+
+void TestGloo::abortUnblocksPeers()
+{
+    auto server = startServer();
+    auto ranks = makeRanks(server->port(), 2, "abort");
+    auto pending = std::async(std::launch::async, [&] {
+        Tensor t = Tensor::zeros({1000});
+        const auto t0 = std::chrono::steady_clock::now();
+        Status st = ranks[0]->allReduceSum(0, t);
+        return std::make_pair(std::move(st), std::chrono::steady_clock::now() - t0);
+    });
+    std::this_thread::sleep_for(200ms);
+    ranks[1]->abort("replica cpu:0 ran out of memory");  // rank 1 fails before its all-reduce
+    auto [st, took] = pending.get();
+    QVERIFY(!st.ok());
+    QVERIFY2(took < 5s, "the pending all-reduce returned promptly");
+    QVERIFY2(st.error().message.find("rank 1 (worker:1): replica cpu:0 ran out of memory") != std::string::npos, st.error().message.c_str());
+    // Later calls on both ranks fail at once.
+    Tensor t = Tensor::zeros({10});
+    QVERIFY(!ranks[0]->allReduceSum(0, t).ok());
+    Status later = ranks[1]->barrier(1);
+    QVERIFY(!later.ok());
+    QCOMPARE(later.error().code, ErrorCode::Cancelled);
+}
+
+void TestGloo::abortReleasesOwnPendingCall()
+{
+    // The run is cancelled on rank 0 while rank 0 itself waits in an all-reduce (rank 1 has not
+    // arrived): the wait ends at once, not at the 20 s transfer timeout, and rank 1 learns why.
+    auto server = startServer();
+    auto ranks = makeRanks(server->port(), 2, "self-abort");
+    auto pending = std::async(std::launch::async, [&] {
+        Tensor t = Tensor::zeros({100000});
+        const auto t0 = std::chrono::steady_clock::now();
+        Status st = ranks[0]->allReduceSum(0, t);
+        return std::make_pair(std::move(st), std::chrono::steady_clock::now() - t0);
+    });
+    std::this_thread::sleep_for(200ms);
+    ranks[0]->abort("the run was cancelled");
+    auto [st, took] = pending.get();
+    QVERIFY(!st.ok());
+    QCOMPARE(st.error().code, ErrorCode::Cancelled);
+    QVERIFY2(took < 3s, "released promptly");
+    Tensor t = Tensor::zeros({100000});
+    const auto t0 = std::chrono::steady_clock::now();
+    Status peer = ranks[1]->allReduceSum(1, t);
+    QVERIFY(!peer.ok());
+    QVERIFY(std::chrono::steady_clock::now() - t0 < 10s);
+    QVERIFY2(peer.error().message.find("rank 0 (worker:0): the run was cancelled") != std::string::npos, peer.error().message.c_str());
+}
+
+void TestGloo::vanishedPeerIsNamed()
+{
+    auto server = startServer();
+    auto ranks = makeRanks(server->port(), 3, "vanish");
+    // Rank 2 goes away (its sockets close and its heartbeats stop) while 0 and 1 all-reduce.
+    std::vector<std::future<std::pair<Status, std::chrono::steady_clock::duration>>> fs;
+    for (int r = 0; r < 2; ++r)
+        fs.push_back(std::async(std::launch::async, [&, r] {
+            Tensor t = Tensor::zeros({4096});
+            const auto t0 = std::chrono::steady_clock::now();
+            Status st = ranks[static_cast<std::size_t>(r)]->allReduceSum(r, t);
+            return std::make_pair(std::move(st), std::chrono::steady_clock::now() - t0);
+        }));
+    std::this_thread::sleep_for(100ms);
+    ranks[2].reset();
+    for (int r = 0; r < 2; ++r) {
+        auto [st, took] = fs[static_cast<std::size_t>(r)].get();
+        QVERIFY(!st.ok());
+        QVERIFY2(took < 10s, "detected within 10 s");
+        QVERIFY2(st.error().message.find("rank 2 (worker:2) stopped responding") != std::string::npos, st.error().message.c_str());
+    }
+}
+
+void TestGloo::badOptions()
+{
+    GlooOptions o = options(1, 2, 2, "g");
+    QVERIFY(!makeGlooCommunicator(o).ok());
+    o = options(1, 0, 2, "");
+    QVERIFY(!makeGlooCommunicator(o).ok());
+    // A rendezvous nobody serves: the error names the address, after the timeout rather than never.
+    auto server = startServer();
+    const int deadPort = server->port();
+    server.reset();
+    o = options(deadPort, 0, 2, "g");
+    o.timeout = 1s;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto c = makeGlooCommunicator(o);
+    QVERIFY(!c.ok());
+    QVERIFY(std::chrono::steady_clock::now() - t0 < 10s);
+    QVERIFY2(c.error().message.find("127.0.0.1:" + std::to_string(deadPort)) != std::string::npos, c.error().message.c_str());
+}
+
+namespace {
+struct Peer {
+    std::unique_ptr<QProcess> process;
+    QString output() const { return QString::fromUtf8(process->readAllStandardOutput()) + QString::fromUtf8(process->readAllStandardError()); }
+};
+
+std::vector<Peer> spawnPeers(int port, int size, const QString& group, int die)
+{
+    std::vector<Peer> peers;
+    for (int r = 0; r < size; ++r) {
+        Peer p;
+        p.process = std::make_unique<QProcess>();
+        QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+        env.insert("TS_GLOO_PEER_RANK", QString::number(r));
+        env.insert("TS_GLOO_PEER_SIZE", QString::number(size));
+        env.insert("TS_GLOO_PEER_PORT", QString::number(port));
+        env.insert("TS_GLOO_PEER_GROUP", group);
+        if (die >= 0) env.insert("TS_GLOO_PEER_DIE", QString::number(die));
+        p.process->setProcessEnvironment(env);
+        p.process->start(QCoreApplication::applicationFilePath(), {});
+        peers.push_back(std::move(p));
+    }
+    return peers;
+}
+} // namespace
+
+void TestGloo::twoProcessLoopback()
+{
+    auto server = startServer();
+    auto peers = spawnPeers(server->port(), 2, "two-process", -1);
+    QStringList outs;
+    for (auto& p : peers) {
+        QVERIFY(p.process->waitForFinished(60000));
+        outs << p.output();
+        QVERIFY2(p.process->exitCode() == 0, qPrintable(outs.back()));
+    }
+    // Both ranks hold the same sums, and they are the exact expected ones.
+    QCOMPARE(outs[0], outs[1]);
+    const int64_t n = 1 << 20;
+    double expect = 0;
+    for (int64_t i = 0; i < n; ++i) expect += contribution(0, i) + contribution(1, i);
+    QVERIFY2(outs[0].contains(QString("step 4 checksum %1").arg(expect, 0, 'f', 1)), qPrintable(outs[0]));
+}
+
+void TestGloo::killedProcessIsDetected()
+{
+    auto server = startServer();
+    auto peers = spawnPeers(server->port(), 2, "kill-9", 1);  // rank 1 SIGKILLs itself at step 1
+    QVERIFY(peers[1].process->waitForFinished(60000));
+    QCOMPARE(peers[1].process->exitStatus(), QProcess::CrashExit);
+    QVERIFY(peers[0].process->waitForFinished(30000));
+    const QString out = peers[0].output();
+    QCOMPARE(peers[0].process->exitCode(), 3);
+    QVERIFY2(out.contains("rank 1 (worker:1) stopped responding"), qPrintable(out));
+    const auto m = QRegularExpression("FAILED after ([0-9.]+) s").match(out);
+    QVERIFY2(m.hasMatch(), qPrintable(out));
+    QVERIFY2(m.captured(1).toDouble() < 10.0, qPrintable(out));
+}
+
+int main(int argc, char** argv)
+{
+    if (std::getenv("TS_GLOO_PEER_RANK")) return runPeer();
+    // As the communicator would (it leaves a non-default disposition alone, and Qt Test installs
+    // a crash handler for SIGPIPE): a write to a peer that has gone must be an error, not a crash.
+    std::signal(SIGPIPE, SIG_IGN);
+    QCoreApplication app(argc, argv);
+    TestGloo t;
+    return QTest::qExec(&t, argc, argv);
+}
+
+#include "tst_gloo.moc"

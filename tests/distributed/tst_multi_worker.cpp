@@ -1,0 +1,250 @@
+// MultiWorkerMirrored through the CLI: processes on loopback, each one task of a TF_CONFIG
+// cluster, train to the same weights as one process with the same global batch; a worker killed
+// with SIGKILL mid-run stops the others with an error naming it; bad setups are refused clearly.
+
+#include <QtTest>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <csignal>
+
+#include "io/safetensors.h"
+
+using namespace ts;
+
+namespace {
+
+const QString kToken = "multi-worker-test-token";
+
+// A loopback port nobody listens on right now (bound to 0, read back, released).
+int freePort()
+{
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = 0;
+    ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+    socklen_t len = sizeof a;
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+QString clusterJson(const std::vector<int>& ports)
+{
+    QStringList workers;
+    for (std::size_t i = 1; i < ports.size(); ++i) workers << QString("\"127.0.0.1:%1\"").arg(ports[i]);
+    return QString(R"({"cluster": {"chief": ["127.0.0.1:%1"], "worker": [%2]}})").arg(ports[0]).arg(workers.join(", "));
+}
+
+// The common flags: the seed's MLP, 20 steps of a global batch of 64, no validation.
+QStringList trainArgs(int steps = 20)
+{
+    return {"train", "--model", "mlp", "--max-steps", QString::number(steps), "--batch-size", "64", "--limit", "1280",
+            "--no-validation", "--seed", "3", "--threads", "1", "--quiet"};
+}
+
+std::unique_ptr<QProcess> startCli(const QStringList& args, const QString& tfConfig, bool withToken = true)
+{
+    auto p = std::make_unique<QProcess>();
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.remove("TF_CONFIG");
+    env.remove("TRAINSTUDIO_TOKEN");
+    if (!tfConfig.isEmpty()) env.insert("TF_CONFIG", tfConfig);
+    if (withToken) env.insert("TRAINSTUDIO_TOKEN", kToken);
+    env.insert("OMP_NUM_THREADS", "1");
+    p->setProcessEnvironment(env);
+    p->start(QStringLiteral(TS_CLI_PATH), args);
+    return p;
+}
+
+struct Finished {
+    int code = -1;
+    QString out;
+};
+
+Finished finish(QProcess& p, int ms = 120000)
+{
+    Finished f;
+    if (!p.waitForFinished(ms)) {
+        p.kill();
+        p.waitForFinished();
+    }
+    f.code = p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2;
+    f.out = QString::fromUtf8(p.readAllStandardOutput()) + QString::fromUtf8(p.readAllStandardError());
+    return f;
+}
+
+// Largest |a - b| over all tensors of two weight files (which must hold the same names/sizes).
+double maxDiff(const QString& a, const QString& b)
+{
+    auto fa = readSafetensors(a.toStdString());
+    auto fb = readSafetensors(b.toStdString());
+    if (!fa.ok() || !fb.ok()) return 1e9;
+    if (fa->tensors.size() != fb->tensors.size() || fa->tensors.empty()) return 1e9;
+    double worst = 0;
+    for (const auto& [name, x] : fa->tensors) {
+        auto it = fb->tensors.find(name);
+        if (it == fb->tensors.end() || x.numel() != it->second.numel()) return 1e9;
+        const Tensor& y = it->second;
+        for (int64_t k = 0; k < x.numel(); ++k) worst = std::max(worst, std::fabs(double(x.data<float>()[k]) - double(y.data<float>()[k])));
+    }
+    return worst;
+}
+
+} // namespace
+
+class TestMultiWorker : public QObject {
+    Q_OBJECT
+private slots:
+    void initTestCase();
+    void sameWeightsAsOneProcess_data();
+    void sameWeightsAsOneProcess();
+    void killedWorkerIsNamed();
+    void refusedSetups();
+
+private:
+    QTemporaryDir m_dir;
+    QString m_reference;
+};
+
+void TestMultiWorker::initTestCase()
+{
+    QVERIFY(m_dir.isValid());
+    m_reference = m_dir.filePath("reference.safetensors");
+    auto p = startCli(trainArgs() + QStringList{"--strategy", "one-device", "--no-record", "--save-weights", m_reference}, {});
+    const Finished f = finish(*p);
+    QVERIFY2(f.code == 0, qPrintable(f.out));
+    // The comparison can tell runs apart: one step fewer is far outside the tolerance.
+    const QString shorter = m_dir.filePath("reference-19.safetensors");
+    QStringList args = trainArgs(19) + QStringList{"--strategy", "one-device", "--no-record", "--save-weights", shorter};
+    const Finished g = finish(*startCli(args, {}));
+    QVERIFY2(g.code == 0, qPrintable(g.out));
+    const double oneStep = maxDiff(m_reference, shorter);
+    qInfo("one step changes the weights by up to %g", oneStep);
+    QVERIFY(oneStep > 1e-4 && oneStep < 1);
+}
+
+void TestMultiWorker::sameWeightsAsOneProcess_data()
+{
+    QTest::addColumn<int>("workers");
+    QTest::addColumn<QString>("devices");
+    QTest::newRow("2 processes x 1 replica") << 2 << "cpu:0";
+    QTest::newRow("2 processes x 2 local replicas") << 2 << "cpu:0,cpu:1";
+    QTest::newRow("4 processes x 1 replica") << 4 << "cpu:0";
+}
+
+void TestMultiWorker::sameWeightsAsOneProcess()
+{
+    QFETCH(int, workers);
+    QFETCH(QString, devices);
+    std::vector<int> ports;
+    for (int i = 0; i < workers; ++i) ports.push_back(freePort());
+    const QString cluster = clusterJson(ports);
+    const QString db = m_dir.filePath(QString("runs-%1.db").arg(QTest::currentDataTag()).replace(' ', '_'));
+    std::vector<std::unique_ptr<QProcess>> procs;
+    std::vector<QString> weights;
+    for (int t = 0; t < workers; ++t) {
+        const QString task = t == 0 ? "chief:0" : QString("worker:%1").arg(t - 1);
+        weights.push_back(m_dir.filePath(QString("w%1-%2-%3.safetensors").arg(t).arg(workers).arg(devices.count(',') + 1)));
+        QStringList args = trainArgs();
+        args.removeAll("--quiet");
+        args << "--strategy" << "multi-worker-mirrored" << "--task" << task << "--devices" << devices << "--db" << db
+             << "--save-weights" << weights.back();
+        procs.push_back(startCli(args, cluster));
+    }
+    for (int t = 0; t < workers; ++t) {
+        const Finished f = finish(*procs[static_cast<std::size_t>(t)]);
+        QVERIFY2(f.code == 0, qPrintable(f.out));
+        QVERIFY2(f.out.contains(QString("rank %1 of %2").arg(t).arg(workers)), qPrintable(f.out));
+        // Only the chief records the run.
+        QCOMPARE(f.out.contains("Recorded as run"), t == 0);
+    }
+    for (int t = 0; t < workers; ++t) {
+        const double d = maxDiff(weights[static_cast<std::size_t>(t)], m_reference);
+        qInfo("task %d: max |w - w(one process)| = %g", t, d);
+        QVERIFY2(d <= 1e-5, qPrintable(QString("task %1 differs from one process by %2").arg(t).arg(d)));
+    }
+    // The processes agree with each other exactly: they apply the same all-reduced update.
+    for (int t = 1; t < workers; ++t) QCOMPARE(maxDiff(weights[0], weights[static_cast<std::size_t>(t)]), 0.0);
+}
+
+void TestMultiWorker::killedWorkerIsNamed()
+{
+    const std::vector<int> ports = {freePort(), freePort()};
+    const QString cluster = clusterJson(ports);
+    QStringList args = trainArgs(100000);
+    args.removeAll("--quiet");
+    args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--epochs" << "1000" << "--json";
+    auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
+    auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+    // Once the chief has finished an epoch (so mid-training, not during setup), SIGKILL the worker.
+    QString seen;
+    QElapsedTimer wait;
+    wait.start();
+    while (!seen.contains("\"epoch\":2") && wait.elapsed() < 60000 && chief->state() != QProcess::NotRunning) {
+        chief->waitForReadyRead(200);
+        seen += QString::fromUtf8(chief->readAllStandardOutput());
+    }
+    QVERIFY2(seen.contains("\"epoch\":2"), qPrintable(seen));
+    QCOMPARE(chief->state(), QProcess::Running);
+    ::kill(static_cast<pid_t>(worker->processId()), SIGKILL);
+    QElapsedTimer timer;
+    timer.start();
+    Finished f = finish(*chief, 30000);
+    f.out = seen + f.out;
+    const double secs = timer.elapsed() / 1000.0;
+    finish(*worker);
+    QCOMPARE(f.code, 1);
+    for (const QString& line : f.out.split('\n'))
+        if (line.startsWith("error:")) qInfo("%s (after %.1f s)", qPrintable(line), secs);
+    QVERIFY2(f.out.contains("worker:0 at 127.0.0.1:" + QString::number(ports[1])), qPrintable(f.out));
+    QVERIFY2(f.out.contains("stopped responding"), qPrintable(f.out));
+    QVERIFY2(secs < 10.0, qPrintable(QString("detected after %1 s").arg(secs)));
+}
+
+void TestMultiWorker::refusedSetups()
+{
+    QStringList args = trainArgs();
+    args << "--strategy" << "multi-worker-mirrored" << "--no-record";
+    // No TF_CONFIG at all.
+    Finished f = finish(*startCli(args, {}));
+    QCOMPARE(f.code, 2);
+    QVERIFY2(f.out.contains("TF_CONFIG is not set"), qPrintable(f.out));
+    // Malformed TF_CONFIG: the message names the entry.
+    f = finish(*startCli(args, R"({"cluster": {"worker": ["127.0.0.1:70000"]}, "task": {"type": "worker", "index": 0}})"));
+    QCOMPARE(f.code, 2);
+    QVERIFY2(f.out.contains("TF_CONFIG: cluster.worker[0]: bad address"), qPrintable(f.out));
+    // ps tasks are not for this strategy.
+    f = finish(*startCli(args, R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}})"));
+    QCOMPARE(f.code, 2);
+    QVERIFY2(f.out.contains("does not use ps tasks"), qPrintable(f.out));
+    // No task.
+    f = finish(*startCli(args, R"({"cluster": {"worker": ["127.0.0.1:1"]}})"));
+    QCOMPARE(f.code, 2);
+    QVERIFY2(f.out.contains("has no \"task\""), qPrintable(f.out));
+    // No token.
+    const QString one = QString(R"({"cluster": {"chief": ["127.0.0.1:%1"], "worker": ["127.0.0.1:%2"]}})").arg(freePort()).arg(freePort());
+    f = finish(*startCli(args + QStringList{"--task", "worker:0"}, one, false));
+    QCOMPARE(f.code, 2);
+    QVERIFY2(f.out.contains("no shared token"), qPrintable(f.out));
+    // A chief that never comes: the worker gives up after the timeout, naming where it looked.
+    QElapsedTimer timer;
+    timer.start();
+    f = finish(*startCli(args + QStringList{"--task", "worker:0", "--collective-timeout", "2"}, one));
+    QCOMPARE(f.code, 2);
+    QVERIFY2(f.out.contains("rendezvous at 127.0.0.1:"), qPrintable(f.out));
+    QVERIFY2(timer.elapsed() < 20000, "gave up after the timeout");
+    // --task without the strategy.
+    f = finish(*startCli(trainArgs() + QStringList{"--task", "worker:0", "--no-record"}, {}));
+    QCOMPARE(f.code, 2);
+    QVERIFY2(f.out.contains("--tf-config and --task are for --strategy multi-worker-mirrored"), qPrintable(f.out));
+}
+
+QTEST_GUILESS_MAIN(TestMultiWorker)
+#include "tst_multi_worker.moc"
