@@ -119,7 +119,10 @@ double runOnce(bool withDashboards, int epochs, const QString& db)
     w.setDatabasePath(db);
     w.newFromTemplate(QStringLiteral("seed_mlp"));
     w.showTab(QStringLiteral("train"));
-    const ts::RunConfig cfg = benchConfig(epochs);
+    // The same configuration benchConfig() builds, from this window's own setup form.
+    ts::RunConfig cfg = w.trainPage()->setup()->config();
+    cfg.epochs = epochs;
+    cfg.validate = false;
     if (withDashboards) {
         w.resize(1440, 900);
         w.show();
