@@ -1,0 +1,340 @@
+#include "remote/coordinator.h"
+
+#include <condition_variable>
+#include <deque>
+#include <optional>
+#include <thread>
+
+#include "telemetry/bus.h"
+#include "telemetry/events.h"
+#include "telemetry/tracer.h"
+#include "train/run_config.h"
+
+namespace ts::remote {
+
+using namespace std::chrono_literals;
+namespace tm = ts::telemetry;
+
+struct Coordinator::Task {
+    TaskId id;
+    std::string address, label;
+    std::unique_ptr<WorkerClient> client;
+    std::thread stream;
+    std::string state = "starting";  // last state the worker reported
+};
+
+namespace {
+
+// Everything the stream and heartbeat threads tell run()'s loop, in arrival order.
+struct Inbox {
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::deque<std::pair<std::size_t, WorkerEvent>> events;  // (task, event)
+    std::vector<std::pair<std::size_t, Error>> failures;
+    std::vector<bool> ended;
+    bool allEnded() const
+    {
+        for (bool e : ended)
+            if (!e) return false;
+        return true;
+    }
+};
+
+tm::Stamp makeStamp(const std::string& runId, const std::string& worker, const std::string& device, int64_t step)
+{
+    tm::Stamp s;
+    s.runId = runId;
+    s.step = step;
+    s.wallTimeUs = tm::wallNowMicros();
+    s.lane.worker = worker;
+    s.lane.device = device;
+    return s;
+}
+
+} // namespace
+
+bool Coordinator::supportsStrategy(const std::string& kind)
+{
+    return kind == "multi-worker-mirrored";
+}
+
+Coordinator::Coordinator(CoordinatorOptions options, std::string strategy)
+    : m_options(std::move(options)), m_strategy(std::move(strategy))
+{
+}
+
+Coordinator::~Coordinator()
+{
+    for (auto& t : m_tasks)
+        if (t->stream.joinable()) {
+            t->client->cancelStream();
+            t->stream.join();
+        }
+}
+
+Result<std::unique_ptr<Coordinator>> Coordinator::create(CoordinatorOptions options, const std::string& strategy)
+{
+    if (!supportsStrategy(strategy))
+        return makeError(ErrorCode::Unsupported, "remote workers cannot run the '" + strategy + "' strategy yet",
+                         "choose multi-worker-mirrored for a cluster of trainstudio-worker daemons");
+    if (auto st = options.spec.validateFor(strategy); !st.ok()) return st.error();
+    std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), strategy));
+    for (const auto& id : c->m_options.spec.trainingTasks()) {
+        auto t = std::make_unique<Task>();
+        t->id = id;
+        t->address = *c->m_options.spec.address(id);
+        t->label = id.toString() + " at " + t->address;
+        auto client = WorkerClient::connect(t->label, t->address, c->m_options.token, c->m_options.tls);
+        if (!client.ok()) return client.error();
+        t->client = std::move(client).value();
+        c->m_tasks.push_back(std::move(t));
+    }
+    return c;
+}
+
+std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
+{
+    // Ask all tasks at once: a cluster of unreachable machines costs one timeout, not one each.
+    std::vector<TaskProbe> probes(m_tasks.size());
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < m_tasks.size(); ++i)
+        threads.emplace_back([&, i] {
+            const Task& t = *m_tasks[i];
+            TaskProbe& p = probes[i];
+            p.id = t.id;
+            p.address = t.address;
+            p.label = t.label;
+            auto who = t.client->identify(timeout);
+            if (!who.ok()) {
+                p.problem = who.error().message;
+                p.hint = who.error().hint;
+                return;
+            }
+            p.identity = std::move(who).value();
+            if (p.identity.version != TS_VERSION) {
+                p.problem = t.label + " runs TrainStudio " + p.identity.version + ", this coordinator " + TS_VERSION;
+                p.hint = "install the same version on every machine";
+            } else if (p.identity.state == "running") {
+                p.problem = t.label + " is busy with another run";
+                p.hint = "wait for it, or cancel that run";
+            } else {
+                p.ok = true;
+            }
+        });
+    for (auto& th : threads) th.join();
+    return probes;
+}
+
+Status Coordinator::preflight(std::chrono::milliseconds timeout)
+{
+    for (const auto& p : probe(timeout))
+        if (!p.ok) return makeError(ErrorCode::InvalidArgument, "pre-flight: " + p.problem, p.hint);
+    return {};
+}
+
+void Coordinator::cancel()
+{
+    m_cancel = true;
+    std::lock_guard lock(m_wakeMutex);
+    if (m_wake) m_wake();
+}
+
+Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::EventBus& bus,
+                                   const std::function<void(const tm::EpochMetricsEvent&)>& onEpoch)
+{
+    cfg.strategy.kind = m_strategy;
+    auto stamp = [&](const std::string& worker, const std::string& device, int64_t step) {
+        return makeStamp(runId, worker, device, step);
+    };
+    const nlohmann::json runConfig = cfg.toJson();
+    Inbox inbox;
+    inbox.ended.assign(m_tasks.size(), false);
+    {
+        std::lock_guard lock(m_wakeMutex);
+        m_wake = [&inbox] {
+            std::lock_guard l(inbox.mutex);
+            inbox.cv.notify_all();
+        };
+    }
+    struct Unwake {
+        Coordinator* c;
+        ~Unwake()
+        {
+            std::lock_guard lock(c->m_wakeMutex);
+            c->m_wake = nullptr;
+        }
+    } unwake{this};
+    auto fail = [&](std::size_t i, Error e) {
+        std::lock_guard lock(inbox.mutex);
+        inbox.failures.emplace_back(i, std::move(e));
+        inbox.cv.notify_all();
+    };
+    auto finish = [&](const Result<FitResult>& r, int64_t steps) -> Result<FitResult> {
+        if (!r.ok())
+            bus.publish(tm::Event(tm::ErrorEvent{stamp("coordinator", "", steps), r.error().message, r.error().hint, "coordinator"}));
+        const tm::RunState state = !r.ok() ? tm::RunState::Failed : r->cancelled ? tm::RunState::Cancelled : tm::RunState::Completed;
+        bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", steps), state, r.ok() ? std::string() : r.error().message}));
+        return r;
+    };
+
+    // Start every task; a refusal cancels the ones already started.
+    for (std::size_t i = 0; i < m_tasks.size(); ++i) {
+        Task& t = *m_tasks[i];
+        auto tf = m_options.spec.tfConfigFor(t.id);
+        Status st = tf.ok() ? t.client->startTask(runId, runConfig, *tf, t.id.type, t.id.index) : Status(tf.error());
+        if (!st.ok()) {
+            for (std::size_t k = 0; k < i; ++k) (void)m_tasks[k]->client->cancel(runId);
+            bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
+            return finish(Result<FitResult>(st.error()), 0);
+        }
+    }
+    bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Running, {}}));
+
+    for (std::size_t i = 0; i < m_tasks.size(); ++i)
+        m_tasks[i]->stream = std::thread([&, i] {
+            Status st = m_tasks[i]->client->streamEvents(runId, [&](const WorkerEvent& e) {
+                std::lock_guard lock(inbox.mutex);
+                inbox.events.emplace_back(i, e);
+                inbox.cv.notify_all();
+            });
+            std::lock_guard lock(inbox.mutex);
+            inbox.ended[i] = true;
+            if (!st.ok() && st.error().code != ErrorCode::Cancelled) inbox.failures.emplace_back(i, st.takeError());
+            inbox.cv.notify_all();
+        });
+    // Heartbeats: a worker that has not answered for heartbeatTimeout is gone (its stream may not
+    // notice a machine that vanished without closing its sockets).
+    std::atomic<bool> stopBeats{false};
+    std::thread beats([&] {
+        std::vector<std::chrono::steady_clock::time_point> lastSeen(m_tasks.size(), std::chrono::steady_clock::now());
+        std::vector<bool> reported(m_tasks.size(), false);
+        const auto limit = m_options.heartbeatTimeout;
+        const auto secs = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count() / 1000.0);
+        while (!stopBeats) {
+            for (std::size_t i = 0; i < m_tasks.size() && !stopBeats; ++i) {
+                if (reported[i]) continue;
+                auto p = m_tasks[i]->client->heartbeat(std::min<std::chrono::milliseconds>(limit, 1s));
+                const auto now = std::chrono::steady_clock::now();
+                if (p.ok()) lastSeen[i] = now;
+                else if (now - lastSeen[i] > limit) {
+                    reported[i] = true;
+                    fail(i, makeError(ErrorCode::IoError,
+                                      m_tasks[i]->label + " stopped responding (no heartbeat for " + secs.substr(0, secs.find('.') + 2) +
+                                          " s): " + p.error().message,
+                                      "check that machine and its trainstudio-worker; then start the run again"));
+                }
+            }
+            for (int k = 0; k < 5 && !stopBeats; ++k) std::this_thread::sleep_for(100ms);
+        }
+    });
+
+    // The loop: publish the merged stream (the chief's metrics are the run's: every worker
+    // reports the same global ones), stop at the first failure or on cancel().
+    std::optional<Error> failure;
+    FitResult fit;
+    bool anyCancelled = false, cancelSent = false;
+    std::unique_lock lock(inbox.mutex);
+    for (;;) {
+        inbox.cv.wait(lock, [&] {
+            return !inbox.events.empty() || !inbox.failures.empty() || inbox.allEnded() || (m_cancel && !cancelSent);
+        });
+        if (m_cancel && !cancelSent) {
+            // Each worker stops at its next step and reports "cancelled"; their streams then end.
+            cancelSent = true;
+            lock.unlock();
+            for (auto& t : m_tasks) (void)t->client->cancel(runId);
+            lock.lock();
+        }
+        while (!inbox.events.empty()) {
+            auto [i, e] = std::move(inbox.events.front());
+            inbox.events.pop_front();
+            lock.unlock();
+            Task& t = *m_tasks[i];
+            const bool chief = i == 0;
+            const auto& f = e.fields;
+            if (e.kind == "state") {
+                t.state = f.value("state", "");
+                bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, t.label + ": " + t.state}));
+                if (t.state == "cancelled") anyCancelled = true;
+            } else if (e.kind == "error") {
+                Error err = makeError(ErrorCode::Internal, t.label + ": " + f.value("message", ""), f.value("hint", ""));
+                bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
+                if (!failure) failure = err;
+            } else if (e.kind == "step" && chief) {
+                tm::StepMetricsEvent m;
+                m.stamp = stamp(e.worker, e.device, e.step);
+                m.epoch = f.value("epoch", int64_t{0});
+                m.loss = f.value("loss", 0.0);
+                m.metrics["accuracy"] = f.value("accuracy", 0.0);
+                m.samplesPerSec = f.value("samples_per_sec", 0.0);
+                m.learningRate = f.value("learning_rate", 0.0);
+                bus.publish(tm::Event(std::move(m)));
+            } else if (e.kind == "epoch" && chief) {
+                tm::EpochMetricsEvent m;
+                m.stamp = stamp(e.worker, e.device, e.step);
+                m.epoch = f.value("epoch", int64_t{0});
+                for (const char* k : {"loss", "accuracy", "val_loss", "val_accuracy"})
+                    if (f.contains(k)) m.metrics[k] = f[k].get<double>();
+                m.seconds = f.value("seconds", 0.0);
+                m.samplesPerSec = f.value("samples_per_sec", 0.0);
+                fit.epochs = m.epoch;
+                fit.last.epoch = m.epoch;
+                fit.last.loss = f.value("loss", 0.0);
+                fit.last.accuracy = f.value("accuracy", 0.0);
+                if (onEpoch) onEpoch(m);
+                bus.publish(tm::Event(std::move(m)));
+            } else if (e.kind == "sample") {
+                // Every worker's devices, each on its own lane.
+                tm::DeviceSampleEvent d;
+                d.stamp = stamp(e.worker, e.device == "host" ? std::string() : e.device, e.step);
+                d.utilisation = f.value("utilisation", -1.0);
+                if (f.contains("per_core") && f["per_core"].is_array()) d.perCore = f["per_core"].get<std::vector<double>>();
+                d.processCpu = f.value("process_cpu", -1.0);
+                d.memoryUsed = f.value("memory_used", uint64_t{0});
+                d.memoryTotal = f.value("memory_total", uint64_t{0});
+                d.temperatureC = f.value("temperature_c", -1.0);
+                d.powerW = f.value("power_w", -1.0);
+                bus.publish(tm::Event(std::move(d)));
+            } else if (e.kind == "breakdown" && chief) {
+                tm::StepBreakdownEvent b;
+                b.stamp = stamp(e.worker, e.device, e.step);
+                b.stepSeconds = f.value("step_seconds", 0.0);
+                b.input = f.value("input", 0.0);
+                b.forward = f.value("forward", 0.0);
+                b.backward = f.value("backward", 0.0);
+                b.communication = f.value("communication", 0.0);
+                b.optimizer = f.value("optimizer", 0.0);
+                b.other = f.value("other", 0.0);
+                bus.publish(tm::Event(std::move(b)));
+            } else if (e.kind == "final" && chief) {
+                fit.steps = f.value("steps", int64_t{0});
+                fit.samplesPerSec = f.value("samples_per_sec", 0.0);
+                fit.seconds = f.value("seconds", 0.0);
+            }
+            lock.lock();
+        }
+        if (!inbox.failures.empty() && !failure) failure = inbox.failures.front().second;
+        if (failure || inbox.allEnded()) break;
+    }
+    lock.unlock();
+    stopBeats = true;
+    beats.join();
+    // Stop the others: they would wait for the failed one until their collective timeout.
+    if (failure)
+        for (auto& t : m_tasks) (void)t->client->cancel(runId);
+    for (auto& t : m_tasks) {
+        if (failure) t->client->cancelStream();
+        t->stream.join();
+    }
+    if (!failure)
+        for (auto& t : m_tasks)
+            if (t->state != "completed" && t->state != "cancelled") {
+                failure = makeError(ErrorCode::Internal, t->label + ": the task ended in state '" + t->state + "'",
+                                    "see that worker's log (trainstudio-worker prints every task's error)");
+                break;
+            }
+    fit.cancelled = (anyCancelled || m_cancel) && !failure;
+    return finish(failure ? Result<FitResult>(*failure) : Result<FitResult>(fit), fit.steps);
+}
+
+} // namespace ts::remote

@@ -1,0 +1,92 @@
+#pragma once
+// Coordinator: runs one training run on trainstudio-worker daemons. It connects to every
+// training task of a ClusterSpec, checks them before launch (reachable, same version, idle),
+// starts the tasks, merges their event streams into one stream of telemetry events on a bus
+// (the chief's metrics are the run's; every worker's devices on their own lanes), and stops the
+// run with an error naming the worker when one fails, dies or goes silent.
+// The CLI (`train --cluster`) and the studio's session both coordinate through it.
+// Contract:
+//  - Threading: probe/preflight/run are called from one thread (run blocks it until the run
+//    ends); cancel() may be called from any thread at any time, also before run().
+//  - Ownership: the bus passed to run() must outlive the call; nothing is kept after it.
+//  - Errors: Result errors whose message names the task and its address ("worker:1 at
+//    10.0.0.3:7070 stopped responding ...") with a hint saying what to do.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "distribute/cluster_spec.h"
+#include "remote/auth.h"
+#include "remote/worker_client.h"
+#include "train/trainer.h"
+
+namespace ts {
+struct RunConfig;
+namespace telemetry {
+class EventBus;
+struct EpochMetricsEvent;
+}
+}
+
+namespace ts::remote {
+
+struct CoordinatorOptions {
+    ClusterSpec spec;
+    std::string token;
+    TlsFiles tls;
+    std::chrono::milliseconds heartbeatTimeout{3000};  // silence after which a worker is gone
+};
+
+// One task as the pre-flight saw it.
+struct TaskProbe {
+    TaskId id;
+    std::string address, label;        // label: "worker:1 at 10.0.0.3:7070"
+    bool ok = false;                   // reachable, same version, idle
+    WorkerIdentity identity;           // valid when the worker answered
+    std::string problem, hint;         // why not ok
+};
+
+class Coordinator {
+public:
+    // The strategies a cluster can run: "multi-worker-mirrored".
+    static bool supportsStrategy(const std::string& kind);
+
+    // Validates the spec for `strategy` and opens a channel to every training task (no network
+    // traffic yet: gRPC connects lazily).
+    static Result<std::unique_ptr<Coordinator>> create(CoordinatorOptions options, const std::string& strategy);
+    ~Coordinator();
+
+    // Asks every task who it is; never fails as a whole: each probe says what is wrong.
+    std::vector<TaskProbe> probe(std::chrono::milliseconds timeout);
+    // probe() and the first problem as an error ("pre-flight: worker:1 at ... : ...").
+    Status preflight(std::chrono::milliseconds timeout = std::chrono::seconds(3));
+
+    // Trains `config` (its model inline, strategy forced to this coordinator's) as run `runId`
+    // and publishes the merged stream on `bus`. onEpoch (optional) sees the chief's epochs.
+    // A cancel() gives a FitResult with cancelled = true once every worker has stopped.
+    Result<FitResult> run(RunConfig config, const std::string& runId, telemetry::EventBus& bus,
+                          const std::function<void(const telemetry::EpochMetricsEvent&)>& onEpoch = {});
+    void cancel();
+
+    std::size_t numTasks() const { return m_tasks.size(); }
+    const ClusterSpec& spec() const { return m_options.spec; }
+
+private:
+    struct Task;
+    Coordinator(CoordinatorOptions options, std::string strategy);
+
+    CoordinatorOptions m_options;
+    std::string m_strategy;
+    std::vector<std::unique_ptr<Task>> m_tasks;
+    std::atomic<bool> m_cancel{false};
+    std::function<void()> m_wake;   // wakes run()'s loop; set while it runs
+    std::mutex m_wakeMutex;
+};
+
+} // namespace ts::remote
