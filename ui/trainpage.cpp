@@ -130,7 +130,7 @@ bool TrainPage::startTraining(QString* error)
     }
     if (why.isEmpty()) {
         showLiveRun();
-        if (m_session->start(m_setup->config(), QString(), &why)) {
+        if (m_session->start(m_setup->config(), QString(), &why, m_setup->remoteSettings())) {
             m_dashboard->setData(&m_session->data());
             m_dashboard->setFollow(true);
             updateControls();
@@ -172,10 +172,11 @@ void TrainPage::updateControls()
     const QStringList problems = m_setup->problems();
     m_train->setEnabled(!active && m_blocked.isEmpty() && problems.isEmpty());
     m_train->setToolTip(!m_blocked.isEmpty() ? m_blocked : problems.join('\n'));
-    m_pause->setEnabled(s == S::Running || s == S::Paused);
+    m_pause->setEnabled((s == S::Running || s == S::Paused) && !m_session->isRemote());
+    m_pause->setToolTip(m_session->isRemote() && active ? tr("Pause is not available for runs on remote workers") : QString());
     m_pause->setText(s == S::Paused ? tr("Resume") : tr("Pause"));
     m_stop->setEnabled(active && s != S::Stopping);
-    m_capture->setEnabled((s == S::Running || s == S::Paused) && m_session->captureUntilStep() == 0);
+    m_capture->setEnabled((s == S::Running || s == S::Paused) && m_session->captureUntilStep() == 0 && !m_session->isRemote());
     m_setup->setEnabled(!active);
     QString text = TrainingSession::stateName(s);
     if (s == S::Failed) text = tr("Failed: %1").arg(m_session->errorMessage().section('\n', 0, 0));

@@ -71,7 +71,9 @@ void RunData::add(const telemetry::Event& event)
                 m_breakdown.other.push_back(e.other);
                 m_breakdown.total.push_back(e.stepSeconds);
             } else if constexpr (std::is_same_v<T, DeviceSampleEvent>) {
-                const std::string label = e.stamp.lane.device.empty() ? "host" : e.stamp.lane.device;
+                // Remote runs: every worker's host and devices apart ("worker:1 host").
+                std::string label = e.stamp.lane.device.empty() ? "host" : e.stamp.lane.device;
+                if (!e.stamp.lane.worker.empty() && e.stamp.lane.worker != "local") label = e.stamp.lane.worker + " " + label;
                 DeviceColumns& d = m_devices[label];
                 d.label = label;
                 d.step.push_back(static_cast<double>(e.stamp.step));

@@ -4,6 +4,10 @@
 #include <QEventLoop>
 #include <QMetaObject>
 
+#include "distribute/cluster_spec.h"
+#include "model/spec.h"
+#include "remote/auth.h"
+#include "remote/coordinator.h"
 #include "store/recording.h"
 #include "store/run_store.h"
 #include "telemetry/bus.h"
@@ -55,7 +59,7 @@ void TrainingSession::setState(State s)
 
 uint64_t TrainingSession::droppedEvents() const { return m_sub ? m_sub->dropped() : 0; }
 
-bool TrainingSession::start(const RunConfig& config, const QString& runName, QString* error)
+bool TrainingSession::start(const RunConfig& config, const QString& runName, QString* error, const RemoteSettings& remoteSettings)
 {
     auto fail = [&](const QString& why) {
         if (error) *error = why;
@@ -68,6 +72,21 @@ bool TrainingSession::start(const RunConfig& config, const QString& runName, QSt
     if (!probe.ok())
         return fail(QString::fromStdString(probe.error().toString()));
     (void)probe->close();
+    // A cluster strategy: check the cluster and the token here, so the form's problems and the
+    // session agree; the pre-flight (network) runs on the engine thread.
+    std::shared_ptr<remote::Coordinator> coordinator;
+    const QString kind = QString::fromStdString(config.strategy.kind);
+    if (kind == QLatin1String("multi-worker-mirrored") || kind == QLatin1String("parameter-server")) {
+        const QStringList problems = remoteProblems(remoteSettings, kind);
+        if (!problems.isEmpty()) return fail(problems.join(QLatin1Char('\n')));
+        remote::CoordinatorOptions o;
+        o.spec = *ClusterSpec::fromText(remoteSettings.tfConfig.toStdString(), "TF_CONFIG editor");
+        o.token = *remote::loadToken(remoteSettings.tokenFile.trimmed().toStdString());
+        o.tls.rootCa = remoteSettings.tlsCa.trimmed().toStdString();
+        auto c = remote::Coordinator::create(std::move(o), config.strategy.kind);
+        if (!c.ok()) return fail(QString::fromStdString(c.error().toString()));
+        coordinator = std::move(c).value();
+    }
 
     m_data.clear();
     m_runId.clear();
@@ -84,8 +103,16 @@ bool TrainingSession::start(const RunConfig& config, const QString& runName, QSt
     so.kinds = telemetry::kAllKinds & ~telemetry::kindMask<telemetry::SpanEvent, telemetry::PipelineSampleEvent>();
     so.wakeThreshold = std::numeric_limits<std::size_t>::max();  // drained by the timer, never woken
     m_sub = m_bus->subscribe(so);
+    {
+        std::lock_guard lock(m_trainerMutex);
+        m_coordinator = coordinator;
+    }
+    m_remote = coordinator != nullptr;
     setState(State::Preparing);
-    m_engine = std::thread([this, config, name = runName.toStdString()] { engineMain(config, name); });
+    m_engine = std::thread([this, config, name = runName.toStdString()] {
+        if (m_remote) engineRemote(config, name);
+        else engineMain(config, name);
+    });
     m_timer.start();
     return true;
 }
@@ -147,12 +174,74 @@ void TrainingSession::engineMain(RunConfig config, std::string runName)
     post(end, message);
 }
 
+void TrainingSession::engineRemote(RunConfig config, std::string runName)
+{
+    auto post = [this](State s, const QString& message) {
+        QMetaObject::invokeMethod(this, [this, s, message] { onEngineDone(s, message); }, Qt::QueuedConnection);
+    };
+    std::shared_ptr<remote::Coordinator> coordinator;
+    {
+        std::lock_guard lock(m_trainerMutex);
+        coordinator = m_coordinator;
+    }
+    store::RecordingOptions ro;
+    ro.name = runName;
+    std::string warnings;
+    ro.warn = [&warnings](const Error& e) { warnings += e.message + "\n"; };
+    auto recordingOpened = store::RunRecording::open(m_dbPath.toStdString(), ro);
+    if (!recordingOpened.ok()) {
+        post(State::Failed, QString::fromStdString(recordingOpened.error().toString()));
+        return;
+    }
+    auto recording = std::move(recordingOpened).value();
+    // The workers get the model inline: they cannot read this machine's files.
+    if (!config.modelFile.empty()) {
+        auto m = loadModelFile(config.modelFile);
+        if (!m.ok()) {
+            recording->prepareFailed(config, m.error());
+            post(State::Failed, QString::fromStdString(m.error().toString()));
+            return;
+        }
+        config.model = std::move(m).value();
+        config.modelFile.clear();
+    }
+    if (auto st = coordinator->preflight(); !st.ok()) {
+        recording->prepareFailed(config, st.error());
+        post(State::Failed, QString::fromStdString(st.error().toString()));
+        return;
+    }
+    recording->beginRemote(config, *m_bus);
+    const std::string runId = recording->runId();
+    QMetaObject::invokeMethod(this, [this, id = QString::fromStdString(runId)] {
+        m_runId = id;
+        if (m_state == State::Preparing) setState(State::Running);
+        Q_EMIT runStarted(id);
+    }, Qt::QueuedConnection);
+    auto result = coordinator->run(config, runId, *m_bus);
+    recording->fitDone(result, m_interrupted);
+    State end = State::Completed;
+    QString message;
+    if (!result.ok()) {
+        end = State::Failed;
+        message = QString::fromStdString(result.error().toString());
+    } else if (result->cancelled) {
+        end = State::Cancelled;
+    }
+    if (!warnings.empty() && message.isEmpty()) message = QString::fromStdString(warnings).trimmed();
+    recording.reset();
+    post(end, message);
+}
+
 void TrainingSession::onEngineDone(State state, const QString& message)
 {
     drain();  // the last events (final epoch, end state) before anyone looks
     m_timer.stop();
     if (m_bus && m_sub) m_bus->unsubscribe(m_sub);
     if (m_engine.joinable()) m_engine.join();
+    {
+        std::lock_guard lock(m_trainerMutex);
+        m_coordinator.reset();
+    }
     m_error = state == State::Failed ? message : QString();
     setState(state);
     Q_EMIT finished(state, message);
@@ -180,6 +269,7 @@ void TrainingSession::drain()
 
 void TrainingSession::pause()
 {
+    if (m_remote) return;  // workers train in lockstep on their own machines: no pause there yet
     if (m_state != State::Running && m_state != State::Preparing) return;
     m_pauseRequested = true;
     std::lock_guard lock(m_trainerMutex);
@@ -201,6 +291,7 @@ void TrainingSession::stop(bool interrupted)
     {
         std::lock_guard lock(m_trainerMutex);
         if (m_trainer) m_trainer->cancel();
+        if (m_coordinator) m_coordinator->cancel();
     }
     setState(State::Stopping);
 }
@@ -212,6 +303,7 @@ bool TrainingSession::captureTrace(int steps, QString* error)
         return false;
     };
     if (steps <= 0) return fail(tr("capture at least one step"));
+    if (m_remote && isActive()) return fail(tr("capture on demand traces this machine's trainer; this run trains on remote workers"));
     std::lock_guard lock(m_trainerMutex);
     if (!m_trainer || (m_state != State::Running && m_state != State::Paused))
         return fail(tr("no run is training; press Train first"));

@@ -21,6 +21,7 @@
 #include <mutex>
 #include <thread>
 
+#include "session/remotecluster.h"
 #include "session/rundata.h"
 #include "train/run_config.h"
 
@@ -32,6 +33,9 @@ class Subscription;
 namespace ts {
 
 class Trainer;
+namespace remote {
+class Coordinator;
+}
 
 class TrainingSession : public QObject {
     Q_OBJECT
@@ -49,7 +53,10 @@ public:
     void setRefreshInterval(int ms);
     int refreshInterval() const { return m_timer.interval(); }
 
-    bool start(const RunConfig& config, const QString& runName = {}, QString* error = nullptr);
+    // A multi-worker-mirrored or parameter-server configuration runs on the trainstudio-worker
+    // daemons that `remote` describes (pre-flight first; the run is recorded here).
+    bool start(const RunConfig& config, const QString& runName = {}, QString* error = nullptr,
+               const RemoteSettings& remote = {});
     void pause();
     void resume();
     // `interrupted`: the app is closing; the run is recorded as interrupted, not cancelled.
@@ -61,6 +68,8 @@ public:
 
     State state() const { return m_state; }
     bool isActive() const;
+    // The run trains on remote workers (pause and capture on demand are local-only).
+    bool isRemote() const { return m_remote; }
     static QString stateName(State s);
     QString runId() const { return m_runId; }
     QString errorMessage() const { return m_error; }
@@ -81,6 +90,7 @@ private:
     void drain();
     void setState(State s);
     void engineMain(RunConfig config, std::string runName);
+    void engineRemote(RunConfig config, std::string runName);
     void onEngineDone(State state, const QString& message);
 
     QString m_dbPath;
@@ -94,6 +104,8 @@ private:
     std::thread m_engine;
     std::mutex m_trainerMutex;       // guards m_trainer against the engine thread's teardown
     Trainer* m_trainer = nullptr;
+    std::shared_ptr<remote::Coordinator> m_coordinator;  // set for remote runs, for stop()
+    bool m_remote = false;
     std::atomic<bool> m_stopRequested{false}, m_pauseRequested{false}, m_interrupted{false};
 };
 

@@ -4,17 +4,23 @@
 #include <QComboBox>
 #include <QDir>
 #include <QDoubleSpinBox>
+#include <QFile>
 #include <QFileDialog>
 #include <QFileInfo>
+#include <QFontDatabase>
 #include <QFormLayout>
+#include <QHeaderView>
 #include <QGroupBox>
 #include <QHBoxLayout>
 #include <QLabel>
 #include <QLineEdit>
 #include <QListWidget>
+#include <QPlainTextEdit>
 #include <QPushButton>
+#include <QSettings>
 #include <QSpinBox>
 #include <QStandardItemModel>
+#include <QTableWidget>
 #include <QVBoxLayout>
 
 #include <thread>
@@ -48,6 +54,14 @@ const char* kStrategies[] = {"one-device", "mirrored", "multi-worker-mirrored", 
 RunSetupPanel::RunSetupPanel(QWidget* parent) : QWidget(parent)
 {
     buildUi();
+    {
+        const QSettings settings;
+        RemoteSettings r;
+        r.tfConfig = settings.value("cluster/tfConfig").toString();
+        r.tokenFile = settings.value("cluster/tokenFile").toString();
+        r.tlsCa = settings.value("cluster/tlsCa").toString();
+        setRemoteSettings(r);
+    }
     connect(&m_loadTimer, &QTimer::timeout, this, &RunSetupPanel::refreshDeviceState);
     m_loadTimer.start(1000);
     refreshDeviceState();
@@ -154,6 +168,72 @@ void RunSetupPanel::buildUi()
     m_threads->setObjectName("threads");
     sf->addRow(tr("CPU threads"), m_threads);
     layout->addWidget(dist);
+
+    // --- remote workers: TF_CONFIG as TensorFlow users already write it
+    auto* workers = new QGroupBox(tr("Remote workers (TF_CONFIG)"));
+    auto* wf = new QFormLayout(workers);
+    m_tfConfig = new QPlainTextEdit;
+    m_tfConfig->setObjectName("tfConfig");
+    m_tfConfig->setFont(QFontDatabase::systemFont(QFontDatabase::FixedFont));
+    m_tfConfig->setPlaceholderText(R"({"cluster": {"chief": ["host1:7070"], "worker": ["host2:7070"]}})");
+    m_tfConfig->setMaximumHeight(90);
+    m_tfConfig->setToolTip(tr("The cluster's trainstudio-worker daemons, TensorFlow's TF_CONFIG format; a \"task\" entry is ignored"));
+    auto* loadTf = new QPushButton(tr("Load…"));
+    loadTf->setToolTip(tr("Read a TF_CONFIG file"));
+    auto* tfRow = new QHBoxLayout;
+    tfRow->addWidget(m_tfConfig, 1);
+    tfRow->addWidget(loadTf, 0, Qt::AlignTop);
+    wf->addRow(tr("Cluster"), tfRow);
+    m_tokenFile = new QLineEdit;
+    m_tokenFile->setObjectName("tokenFile");
+    m_tokenFile->setPlaceholderText(tr("token file (empty: $TRAINSTUDIO_TOKEN)"));
+    auto* tokenBrowse = new QPushButton(tr("Browse…"));
+    auto* tokRow = new QHBoxLayout;
+    tokRow->addWidget(m_tokenFile, 1);
+    tokRow->addWidget(tokenBrowse);
+    wf->addRow(tr("Token"), tokRow);
+    m_tlsCa = new QLineEdit;
+    m_tlsCa->setObjectName("tlsCa");
+    m_tlsCa->setPlaceholderText(tr("CA certificate (empty: no TLS)"));
+    wf->addRow(tr("TLS"), m_tlsCa);
+    m_checkWorkers = new QPushButton(tr("Check workers"));
+    m_checkWorkers->setObjectName("checkWorkers");
+    m_checkWorkers->setToolTip(tr("Ask every task's worker who it is: reachable, same version, idle"));
+    m_clusterState = new QLabel;
+    m_clusterState->setObjectName("clusterState");
+    m_clusterState->setWordWrap(true);
+    auto* checkRow = new QHBoxLayout;
+    checkRow->addWidget(m_checkWorkers);
+    checkRow->addWidget(m_clusterState, 1);
+    wf->addRow(QString(), checkRow);
+    m_workerTable = new QTableWidget(0, 3);
+    m_workerTable->setObjectName("workerTable");
+    m_workerTable->setHorizontalHeaderLabels({tr("Task"), tr("Address"), tr("State")});
+    m_workerTable->horizontalHeader()->setStretchLastSection(true);
+    m_workerTable->verticalHeader()->hide();
+    m_workerTable->setEditTriggers(QAbstractItemView::NoEditTriggers);
+    m_workerTable->setMaximumHeight(110);
+    wf->addRow(m_workerTable);
+    layout->addWidget(workers);
+    m_probe = new ClusterProbe(this);
+    connect(m_probe, &ClusterProbe::finished, this, &RunSetupPanel::showProbe);
+    connect(m_checkWorkers, &QPushButton::clicked, this, &RunSetupPanel::checkWorkers);
+    connect(loadTf, &QPushButton::clicked, this, [this] {
+        const QString path = QFileDialog::getOpenFileName(this, tr("TF_CONFIG file"), QString(), tr("JSON (*.json);;All files (*)"));
+        if (path.isEmpty()) return;
+        QFile f(path);
+        if (!f.open(QIODevice::ReadOnly)) {
+            m_clusterState->setText(tr("cannot read %1: %2").arg(path, f.errorString()));
+            return;
+        }
+        m_tfConfig->setPlainText(QString::fromUtf8(f.readAll()));
+    });
+    connect(tokenBrowse, &QPushButton::clicked, this, [this] {
+        const QString path = QFileDialog::getOpenFileName(this, tr("Token file"), m_tokenFile->text());
+        if (!path.isEmpty()) m_tokenFile->setText(path);
+    });
+    connect(m_tfConfig, &QPlainTextEdit::textChanged, this, [this] { updateCluster(); });
+    for (QLineEdit* e : {m_tokenFile, m_tlsCa}) connect(e, &QLineEdit::textChanged, this, [this] { updateCluster(); });
 
     // --- hyper-parameters
     auto* hyper = new QGroupBox(tr("Hyper-parameters"));
@@ -289,6 +369,8 @@ void RunSetupPanel::setCheckedDevices(const QStringList& devices)
 
 int RunSetupPanel::replicaCount() const
 {
+    // Remote: one replica per training task (each worker trains on its cpu:0).
+    if (isRemoteStrategy()) return m_cluster.valid ? static_cast<int>(m_cluster.trainingTasks.size()) : 0;
     const int n = static_cast<int>(checkedDevices().size());
     return strategy() == "one-device" ? std::min(n, 1) : n;
 }
@@ -303,6 +385,10 @@ void RunSetupPanel::updateDerived()
     const int batch = m_batch->value();
     m_perReplica->setText(batch % replicas == 0 ? tr("%1 per replica × %2").arg(batch / replicas).arg(replicas)
                                                 : tr("not divisible by %1 replicas").arg(replicas));
+    const bool remote = isRemoteStrategy();
+    m_devices->setEnabled(!remote);
+    m_devices->setToolTip(remote ? tr("each remote worker trains on its own devices; the list is this machine's") : QString());
+    m_threads->setEnabled(!remote);
     const bool pipe = m_usePipeline->isChecked();
     for (QWidget* w : std::initializer_list<QWidget*>{m_shuffleBuffer, m_parallelism, m_prefetch}) w->setEnabled(pipe);
     const QString noImage = tr("augmentation needs an image input (height, width, channels); this model's input is flat");
@@ -319,7 +405,8 @@ QStringList RunSetupPanel::problems() const
 {
     QStringList p;
     const QStringList devices = checkedDevices();
-    if (devices.isEmpty()) p << tr("Devices: check at least one device to train on.");
+    if (isRemoteStrategy()) p << remoteProblems(remoteSettings(), strategy());
+    else if (devices.isEmpty()) p << tr("Devices: check at least one device to train on.");
     if (strategy() == "one-device" && devices.size() > 1)
         p << tr("Strategy: OneDevice trains on one device but %1 are checked; choose Mirrored to use them all, or uncheck all but one.")
                  .arg(devices.size());
@@ -390,7 +477,8 @@ RunConfig RunSetupPanel::config() const
         c.schedule = {{"type", "step"}, {"step_size", std::max<int64_t>(1, (examples + c.batchSize - 1) / c.batchSize)}, {"gamma", 0.1}};
     }
     c.strategy.kind = strategy().toStdString();
-    for (const QString& d : checkedDevices()) {
+    // Remote workers train on their own devices (cpu:0 each); the checklist is this machine's.
+    for (const QString& d : isRemoteStrategy() ? QStringList() : checkedDevices()) {
         auto dev = Device::parse(d.toStdString());
         if (dev.ok()) c.strategy.devices.push_back(*dev);
     }
@@ -453,6 +541,99 @@ void RunSetupPanel::setConfig(const RunConfig& c)
         }
     }
     updateDerived();
+}
+
+RemoteSettings RunSetupPanel::remoteSettings() const
+{
+    RemoteSettings r;
+    r.tfConfig = m_tfConfig->toPlainText();
+    r.tokenFile = m_tokenFile->text().trimmed();
+    r.tlsCa = m_tlsCa->text().trimmed();
+    return r;
+}
+
+void RunSetupPanel::setRemoteSettings(const RemoteSettings& r)
+{
+    const QSignalBlocker b1(m_tfConfig), b2(m_tokenFile), b3(m_tlsCa);
+    m_tfConfig->setPlainText(r.tfConfig);
+    m_tokenFile->setText(r.tokenFile);
+    m_tlsCa->setText(r.tlsCa);
+    updateCluster();
+}
+
+bool RunSetupPanel::isRemoteStrategy() const
+{
+    const QString s = strategy();
+    return s == QLatin1String("multi-worker-mirrored") || s == QLatin1String("parameter-server");
+}
+
+void RunSetupPanel::updateCluster()
+{
+    const RemoteSettings r = remoteSettings();
+    if (m_persistent) {
+        QSettings settings;
+        settings.setValue("cluster/tfConfig", r.tfConfig);
+        settings.setValue("cluster/tokenFile", r.tokenFile);
+        settings.setValue("cluster/tlsCa", r.tlsCa);
+    }
+    m_cluster = summarizeCluster(r.tfConfig);
+    // The strategies a cluster enables, each with the reason when it cannot.
+    const QString noCluster = r.isEmpty() ? tr("needs remote workers: describe them in Remote workers (TF_CONFIG)") : m_cluster.error;
+    const bool mwm = m_cluster.valid && m_cluster.chiefs + m_cluster.workers > 0 && m_cluster.ps == 0;
+    setComboItemEnabled(m_strategy, 2, mwm,
+                        m_cluster.valid ? tr("MultiWorkerMirrored needs chief/worker tasks and no ps tasks in the cluster") : noCluster);
+    const bool psSupported = remoteStrategySupported(QStringLiteral("parameter-server"));
+    const bool ps = m_cluster.valid && m_cluster.ps > 0 && m_cluster.workers > 0 && psSupported;
+    setComboItemEnabled(m_strategy, 3, ps,
+                        !psSupported ? tr("ParameterServer on remote workers is not available in this version")
+                        : m_cluster.valid ? tr("ParameterServer needs ps and worker tasks in the cluster") : noCluster);
+    // The table lists the tasks as written; Check workers fills in their state.
+    m_workerTable->setRowCount(0);
+    for (const QString& t : m_cluster.trainingTasks) {
+        const int row = m_workerTable->rowCount();
+        m_workerTable->insertRow(row);
+        const int at = t.indexOf(QLatin1String(" at "));
+        m_workerTable->setItem(row, 0, new QTableWidgetItem(t.left(at)));
+        m_workerTable->setItem(row, 1, new QTableWidgetItem(t.mid(at + 4)));
+        m_workerTable->setItem(row, 2, new QTableWidgetItem(tr("not checked")));
+    }
+    m_checkWorkers->setEnabled(m_cluster.valid && !m_probe->isRunning());
+    m_clusterState->setText(r.isEmpty() ? tr("no cluster configured")
+                            : m_cluster.valid ? tr("%n training task(s)", nullptr, static_cast<int>(m_cluster.trainingTasks.size())) +
+                                                    (m_cluster.ps ? tr(", %n ps task(s)", nullptr, m_cluster.ps) : QString())
+                                              : m_cluster.error);
+    updateDerived();
+}
+
+void RunSetupPanel::checkWorkers()
+{
+    QString error;
+    const QString kind = isRemoteStrategy() ? strategy() : (m_cluster.ps > 0 ? QStringLiteral("parameter-server") : QStringLiteral("multi-worker-mirrored"));
+    if (!m_probe->start(remoteSettings(), kind, 3000, &error)) {
+        m_clusterState->setText(error);
+        return;
+    }
+    m_checkWorkers->setEnabled(false);
+    m_clusterState->setText(tr("checking %n worker(s)…", nullptr, m_workerTable->rowCount()));
+}
+
+void RunSetupPanel::showProbe(const QList<WorkerProbeResult>& results)
+{
+    int ok = 0;
+    m_workerTable->setRowCount(0);
+    for (const WorkerProbeResult& r : results) {
+        const int row = m_workerTable->rowCount();
+        m_workerTable->insertRow(row);
+        m_workerTable->setItem(row, 0, new QTableWidgetItem(r.task));
+        m_workerTable->setItem(row, 1, new QTableWidgetItem(r.address));
+        auto* state = new QTableWidgetItem(r.ok ? tr("ready: %1").arg(r.detail) : r.problem);
+        state->setToolTip(r.ok ? r.detail : r.problem + (r.hint.isEmpty() ? QString() : QStringLiteral("\n") + r.hint));
+        state->setForeground(r.ok ? QColor(0x27, 0xae, 0x60) : QColor(0xc0, 0x39, 0x2b));
+        m_workerTable->setItem(row, 2, state);
+        ok += r.ok ? 1 : 0;
+    }
+    m_checkWorkers->setEnabled(m_cluster.valid);
+    m_clusterState->setText(tr("%1 of %2 worker(s) ready").arg(ok).arg(results.size()));
 }
 
 void RunSetupPanel::refreshDeviceState()

@@ -13,6 +13,7 @@
 #include <optional>
 
 #include "model/spec.h"
+#include "session/remotecluster.h"
 #include "telemetry/sampler.h"
 #include "train/run_config.h"
 
@@ -22,7 +23,10 @@ class QDoubleSpinBox;
 class QLabel;
 class QLineEdit;
 class QListWidget;
+class QPlainTextEdit;
+class QPushButton;
 class QSpinBox;
+class QTableWidget;
 
 namespace ts {
 
@@ -52,12 +56,26 @@ public:
     // Re-reads device load and memory now (the timer does this every second).
     void refreshDeviceState();
 
+    // Remote workers: the TF_CONFIG cluster, token and TLS files. MultiWorkerMirrored and
+    // ParameterServer are enabled once the cluster has the roles they need. Remembered across
+    // sessions (QSettings) unless setPersistent(false).
+    RemoteSettings remoteSettings() const;
+    void setRemoteSettings(const RemoteSettings& settings);
+    bool isRemoteStrategy() const;
+    void setPersistent(bool persistent) { m_persistent = persistent; }
+    // Pre-flight of every worker now (off the GUI thread); the table shows the answers.
+    void checkWorkers();
+    QTableWidget* workerTable() const { return m_workerTable; }
+    ClusterProbe* clusterProbe() const { return m_probe; }
+
 Q_SIGNALS:
     void changed();
 
 private:
     void buildUi();
     void updateDerived();
+    void updateCluster();
+    void showProbe(const QList<WorkerProbeResult>& results);
     QString dataDir() const;
     nlohmann::json pipelineJson(const RunConfig& c) const;
 
@@ -91,6 +109,15 @@ private:
     QComboBox* m_precision = nullptr;
     QSpinBox* m_seed = nullptr;
     QLabel* m_problems = nullptr;
+    QPlainTextEdit* m_tfConfig = nullptr;
+    QLineEdit* m_tokenFile = nullptr;
+    QLineEdit* m_tlsCa = nullptr;
+    QPushButton* m_checkWorkers = nullptr;
+    QTableWidget* m_workerTable = nullptr;
+    QLabel* m_clusterState = nullptr;
+    ClusterProbe* m_probe = nullptr;
+    ClusterSummary m_cluster;
+    bool m_persistent = true;
 };
 
 } // namespace ts
