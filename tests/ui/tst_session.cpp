@@ -4,6 +4,8 @@
 // a recorded run reopens into the same dashboards, capture-on-demand records spans, and a
 // 1M-point series stays interactive.
 
+#include <cmath>
+
 #include <QCheckBox>
 #include <QComboBox>
 #include <QElapsedTimer>
@@ -47,6 +49,7 @@ private slots:
     void setupBuildsThePipelineAndSchedule();
     void millionPointSeriesStaysInteractive();
     void liveReplotsKeepToTheirBudget();
+    void incrementalFramesMatchAFullReplot();
 
 private:
     // A window with the seed's MLP on the Train tab, recording into this test's database.
@@ -378,6 +381,76 @@ void TestSession::liveReplotsKeepToTheirBudget()
     }
     QVERIFY2(dash.liveReplots() - before <= 2, qPrintable(QString("%1 frames").arg(dash.liveReplots() - before)));
     QCOMPARE(dash.lossPointCount(), i);
+}
+
+void TestSession::incrementalFramesMatchAFullReplot()
+{
+    // Live frames draw only the newest points onto the graph layer; the picture must be the one
+    // a full replot of the same data draws.
+    RunData data;
+    auto addStep = [&data](int i) {
+        telemetry::StepMetricsEvent e;
+        e.stamp.step = i;
+        e.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
+        e.epoch = 1;
+        e.loss = 2.0 / (1 + 0.01 * i) + 0.05 * std::sin(i * 0.7);
+        e.metrics["accuracy"] = 1.0 - 0.8 / (1 + 0.01 * i);
+        e.samplesPerSec = 40000 + 3000 * std::sin(i * 0.3);
+        data.add(telemetry::Event(std::move(e)));
+        telemetry::StepBreakdownEvent b;
+        b.stamp.step = i;
+        b.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
+        b.input = 0.0004 + 0.0002 * std::sin(i * 0.5);
+        b.forward = 0.0015;
+        b.backward = 0.0025 + 0.0003 * std::cos(i * 0.2);
+        b.optimizer = 0.0005;
+        b.other = 0.0001;
+        b.stepSeconds = b.input + b.forward + b.backward + b.optimizer + b.other;
+        data.add(telemetry::Event(std::move(b)));
+    };
+    DashboardWidget dash;
+    dash.resize(900, 700);
+    dash.setData(&data);
+    dash.setCpuBudget(1.0);
+    dash.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&dash));
+    int i = 0;
+    // 600 steps arriving a few at a time: the x range doubles a few times, most frames are
+    // incremental.
+    while (i < 600) {
+        for (int k = 0; k < 7; ++k) addStep(++i);
+        dash.refresh();
+        QTest::qWait(12);  // ~85 ticks over a second: frames at up to 30 Hz
+    }
+    QTRY_VERIFY(dash.liveReplots() > 10);
+    QTest::qWait(100);  // the last frame drawn
+    QVERIFY2(dash.incrementalDraws() > dash.liveReplots(), qPrintable(QString("%1 incremental plot draws in %2 frames")
+                                                                          .arg(dash.incrementalDraws())
+                                                                          .arg(dash.liveReplots())));
+    for (QCustomPlot* p : {dash.lossPlot(), dash.throughputPlot(), dash.breakdownPlot(), dash.stallPlot()}) {
+        const QImage live = p->grab().toImage();
+        p->replot(QCustomPlot::rpImmediateRefresh);
+        const QImage full = p->grab().toImage();
+        QCOMPARE(live.size(), full.size());
+        int differ = 0;
+        for (int y = 0; y < live.height(); ++y)
+            for (int x = 0; x < live.width(); ++x)
+                if (live.pixel(x, y) != full.pixel(x, y)) ++differ;
+        // Where two frames meet, a line joint may differ by a pixel or two; nothing more.
+        const double share = double(differ) / (live.width() * live.height());
+        qInfo("%s: %d of %d pixels differ", qPrintable(p->objectName()), differ, live.width() * live.height());
+        QVERIFY2(share < 0.002, qPrintable(QString("%1: %2 of %3 pixels differ from a full replot")
+                                                .arg(p->objectName())
+                                                .arg(differ)
+                                                .arg(live.width() * live.height())));
+    }
+    // A cleared run (new data) starts the layer afresh: no old points remain.
+    RunData empty;
+    dash.setData(&empty);
+    QTest::qWait(100);
+    const QImage cleared = dash.lossPlot()->grab().toImage();
+    dash.lossPlot()->replot(QCustomPlot::rpImmediateRefresh);
+    QCOMPARE(cleared, dash.lossPlot()->grab().toImage());
 }
 
 QTEST_MAIN(TestSession)

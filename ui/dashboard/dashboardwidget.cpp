@@ -61,7 +61,12 @@ QCustomPlot* makePlot(const QString& title, const QString& yLabel)
     p->plotLayout()->insertRow(0);
     QFont f = p->font();
     f.setBold(true);
-    p->plotLayout()->addElement(0, 0, new QCPTextElement(p, title, f));
+    auto* titleText = new QCPTextElement(p, title, f);
+    p->plotLayout()->addElement(0, 0, titleText);
+    // Graphs and items draw on "main", given its own paint buffer so that a live frame can
+    // redraw it alone while axes, grid, title and legend keep their buffers.
+    titleText->setLayer(QStringLiteral("axes"));
+    p->layer(QStringLiteral("main"))->setMode(QCPLayer::lmBuffered);
     p->yAxis->setLabel(yLabel);
     p->legend->setVisible(true);
     QFont lf = p->font();
@@ -91,6 +96,12 @@ long lastAtOrBefore(const std::vector<double>& col, double x)
     auto it = std::upper_bound(col.begin(), col.end(), x);
     return static_cast<long>(it - col.begin()) - 1;
 }
+
+// QCPLayer::replot clears the layer's buffer before drawing; drawing the newest points of a
+// live plot must add to it. drawToPaintBuffer is protected: reach it through a derived class.
+struct LayerPainter : QCPLayer {
+    static void drawOnto(QCPLayer* layer) { (layer->*(&LayerPainter::drawToPaintBuffer))(); }
+};
 
 double threadCpuMs()
 {
@@ -192,7 +203,10 @@ void DashboardWidget::buildPlots()
     m_loss->yAxis2->setVisible(true);
     m_loss->yAxis2->setLabel(tr("accuracy"));
     m_loss->yAxis2->setRange(0, 1);
-    m_lossRaw = addGraph(m_loss, tr("loss (raw)"), QColor(0x1f, 0x77, 0xb4, 70), 1);
+    // Opaque colours throughout (here the raw loss's blue at 27% over white): live frames draw
+    // only the newest points, and a translucent pixel drawn twice where two frames meet would
+    // show as a darker dot.
+    m_lossRaw = addGraph(m_loss, tr("loss (raw)"), QColor(194, 218, 234), 1);
     m_lossSmooth = addGraph(m_loss, tr("loss"), QColor(0x1f, 0x77, 0xb4), 2);
     m_accSmooth = addGraph(m_loss, tr("accuracy"), QColor(0xff, 0x7f, 0x0e), 2, true);
     m_valLoss = addGraph(m_loss, tr("val loss"), QColor(0x1f, 0x77, 0xb4), 1.5);
@@ -207,28 +221,30 @@ void DashboardWidget::buildPlots()
     m_rate = addGraph(m_throughput, tr("samples/s (epoch so far)"), seriesColor(2), 2);
 
     m_breakdown = makePlot(tr("Step time breakdown"), tr("ms per step"));
-    QCPGraph* below = nullptr;
-    for (const auto& part : parts()) {
+    // Each graph is a cumulative sum (input, input + forward, ...) filled down to zero with an
+    // opaque brush, the largest drawn first: the same picture as fills between neighbours, at a
+    // fraction of the cost (channel fills and alpha blending were most of a live frame).
+    m_stack.assign(parts().size(), nullptr);
+    for (std::size_t i = parts().size(); i-- > 0;) {
+        const auto& part = parts()[i];
         QCPGraph* g = addGraph(m_breakdown, tr(part.name), part.color.darker(120), 1);
-        QColor fill = part.color;
-        fill.setAlpha(170);
-        g->setBrush(fill);
-        if (below) g->setChannelFillGraph(below);
-        below = g;
-        m_stack.push_back(g);
+        g->setBrush(part.color.lighter(115));
+        m_stack[i] = g;
     }
-    // Later graphs are drawn on top: keep the legend in stacking order, top part first.
+    // The legend lists the parts in stacking order, top part first.
     m_breakdown->legend->setVisible(true);
 
     m_stall = makePlot(tr("Input stall"), tr("% of step waiting for input"));
     m_stallShare = addGraph(m_stall, tr("input share"), parts()[0].color, 2);
-    m_stallShare->setBrush(QColor(0xe0, 0x6c, 0x4c, 50));
+    m_stallShare->setBrush(QColor(249, 235, 232));  // the input colour at 20% over white
     m_stall->yAxis->setRange(0, 30);
     for (double level : {5.0, 20.0}) {
         auto* line = new QCPItemStraightLine(m_stall);
         line->point1->setCoords(0, level);
         line->point2->setCoords(1, level);
         line->setPen(QPen(QColor(0x80, 0x80, 0x80), 1, Qt::DotLine));
+        // Over the data, and off the graph layer that live frames draw onto.
+        line->setLayer(QStringLiteral("axes"));
         auto* text = new QCPItemText(m_stall);
         text->position->setTypeX(QCPItemPosition::ptAxisRectRatio);
         text->position->setTypeY(QCPItemPosition::ptPlotCoords);
@@ -236,6 +252,7 @@ void DashboardWidget::buildPlots()
         text->setPositionAlignment(Qt::AlignLeft | Qt::AlignBottom);
         text->setText(level < 10 ? tr("moderately input-bound") : tr("highly input-bound"));
         text->setColor(QColor(0x80, 0x80, 0x80));
+        text->setLayer(QStringLiteral("axes"));
     }
 
     m_devices = makePlot(tr("Devices and host"), tr("utilisation %"));
@@ -250,7 +267,11 @@ void DashboardWidget::buildPlots()
         line->point2->setCoords(0, 1);
         line->setVisible(false);
         line->setSelectable(false);
+        // The crosshair has the overlay's buffer to itself: moving it redraws nothing else.
+        line->setLayer(QStringLiteral("overlay"));
+        p->layer(QStringLiteral("overlay"))->setMode(QCPLayer::lmBuffered);
         m_crosshairs.push_back(line);
+        connect(p, &QCustomPlot::afterReplot, this, [this, p] { markDrawn(p); });
         connect(p->xAxis, qOverload<const QCPRange&>(&QCPAxis::rangeChanged), this,
                 [this, p](const QCPRange& r) { applyXRange(r, p); });
         connect(p, &QCustomPlot::mouseMove, this, [this, p](QMouseEvent* e) { onPlotMouseMove(p, e); });
@@ -343,6 +364,7 @@ double DashboardWidget::keyOf(double step, double wall) const
 
 void DashboardWidget::rebuildAll()
 {
+    ++m_generation;
     for (QCustomPlot* p : plots())
         for (int i = 0; i < p->graphCount(); ++i) p->graph(i)->data()->clear();
     for (auto& [key, g] : m_deviceGraphs) m_devices->removeGraph(g);
@@ -362,6 +384,7 @@ void DashboardWidget::refresh()
     }
     // In epoch mode the keys depend on the epoch length, known once the first epoch ends.
     if (m_xAxis == XAxis::Epoch && m_data->stepsPerEpoch() == 0 && m_stepRows > 0) {
+        ++m_generation;
         for (QCustomPlot* p : plots())
             for (int i = 0; i < p->graphCount(); ++i) p->graph(i)->data()->clear();
         m_lossEma = m_accEma = m_stallEma = Smoother();
@@ -374,7 +397,7 @@ void DashboardWidget::refresh()
     appendDevices();
     updateFindings();
     updateVerdict();
-    if (m_follow) fitX();
+    if (m_follow) fitX(true);
     if (m_hasCrosshair) setCrosshair(m_crosshairX);
     scheduleLiveReplot();
 }
@@ -406,11 +429,66 @@ void DashboardWidget::liveReplot()
     // CPU time, not wall time: under a busy training the wall time includes the time the GUI
     // thread waited for a core, which is not what the frame takes from the training.
     const double c0 = threadCpuMs();
-    for (QCustomPlot* p : plots()) p->replot(QCustomPlot::rpImmediateRefresh);
+    const auto all = plots();
+    m_lastFull.resize(all.size());
+    for (std::size_t i = 0; i < all.size(); ++i) {
+        QCustomPlot* p = all[i];
+        const Frame now{{p->xAxis->range().lower, p->xAxis->range().upper, p->yAxis->range().lower, p->yAxis->range().upper,
+                         p->yAxis2->range().lower, p->yAxis2->range().upper},
+                        p->graphCount(), p->width(), p->height(), m_generation};
+        if (now == m_lastFull[i]) {
+            drawNewPoints(p);
+            ++m_incrementalDraws;
+        } else {
+            p->replot(QCustomPlot::rpImmediateRefresh);
+            m_lastFull[i] = now;
+        }
+    }
     const double ms = threadCpuMs() - c0;
     m_frameMs = m_liveReplots == 0 ? ms : 0.8 * m_frameMs + 0.2 * ms;
     ++m_liveReplots;
     m_sinceReplot.restart();
+}
+
+void DashboardWidget::markDrawn(QCustomPlot* plot)
+{
+    for (int g = 0; g < plot->graphCount(); ++g) m_drawn[plot->graph(g)] = plot->graph(g)->data()->size();
+}
+
+void DashboardWidget::drawNewPoints(QCustomPlot* p)
+{
+    QCPLayer* layer = p->layer(QStringLiteral("main"));
+    // Each graph draws from its last drawn point (so the line joins up) to its newest; the
+    // full containers are swapped back in afterwards. Graphs own the layer: items live on the
+    // axes and overlay layers.
+    std::vector<std::pair<QCPGraph*, QSharedPointer<QCPGraphDataContainer>>> swapped;
+    bool any = false;
+    for (int gi = 0; gi < p->graphCount(); ++gi) {
+        QCPGraph* g = p->graph(gi);
+        QSharedPointer<QCPGraphDataContainer> full = g->data();
+        const int n = full->size();
+        const int drawn = m_drawn.value(g, 0);
+        if (n < drawn) {
+            // Data went away (never in a live run): start the layer afresh.
+            for (auto& [graph, data] : swapped) graph->setData(data);
+            layer->replot();
+            p->repaint();
+            markDrawn(p);
+            return;
+        }
+        auto delta = QSharedPointer<QCPGraphDataContainer>::create();
+        if (n > drawn) {
+            for (auto it = full->constBegin() + std::max(0, drawn - 1); it != full->constEnd(); ++it) delta->add(*it);
+            any = true;
+        }
+        g->setData(delta);
+        swapped.emplace_back(g, full);
+    }
+    if (any) LayerPainter::drawOnto(layer);
+    for (auto& [graph, data] : swapped) graph->setData(data);
+    markDrawn(p);
+    // repaint, not update: compose the buffers now, so the frame's cost is measured here.
+    if (any) p->repaint();
 }
 
 void DashboardWidget::appendSteps()
@@ -469,18 +547,21 @@ void DashboardWidget::appendDevices()
 {
     for (const auto& [label, d] : m_data->devices()) {
         std::size_t& rows = m_deviceRows[label];
-        const bool host = label == "host";
+        // "host" here, "worker:1 host" for a remote worker's machine.
+        const bool host = label == "host" || (label.size() > 5 && label.compare(label.size() - 5, 5, " host") == 0);
+        const std::string who = label == "host" ? std::string() : label.substr(0, label.size() - 4);  // "worker:1 "
+        const QString whoText = QString::fromStdString(who);
         for (; rows < d.step.size(); ++rows) {
             const std::size_t i = rows;
             const double k = keyOf(d.step[i], d.wall[i]);
             if (host) {
                 for (std::size_t c = 0; c < d.perCore.size(); ++c)
                     if (i < d.perCore[c].size() && std::isfinite(d.perCore[c][i]))
-                        deviceGraph("core" + std::to_string(c), tr("core %1").arg(c), false)->addData(k, 100 * d.perCore[c][i]);
+                        deviceGraph(who + "core" + std::to_string(c), whoText + tr("core %1").arg(c), false)->addData(k, 100 * d.perCore[c][i]);
                 if (std::isfinite(d.processCpu[i]) && !d.perCore.empty())
-                    deviceGraph("process", tr("this process (all cores)"), false)
+                    deviceGraph(who + "process", who.empty() ? tr("this process (all cores)") : whoText + tr("process (all cores)"), false)
                         ->addData(k, 100 * d.processCpu[i] / static_cast<double>(d.perCore.size()));
-                if (d.memoryUsed[i] > 0) deviceGraph("host-mem", tr("process memory"), true)->addData(k, d.memoryUsed[i] / kGiB);
+                if (d.memoryUsed[i] > 0) deviceGraph(who + "host-mem", whoText + tr("process memory"), true)->addData(k, d.memoryUsed[i] / kGiB);
             } else {
                 if (std::isfinite(d.utilisation[i]))
                     deviceGraph(label, QString::fromStdString(label), false)->addData(k, 100 * d.utilisation[i]);
@@ -526,7 +607,7 @@ void DashboardWidget::updateVerdict()
     m_verdict->setStyleSheet(QStringLiteral("QLabel { color: %1; font-weight: bold; }").arg(c.name()));
 }
 
-void DashboardWidget::fitX()
+void DashboardWidget::fitX(bool live)
 {
     double lo = 0, hi = 0;
     bool any = false;
@@ -542,9 +623,18 @@ void DashboardWidget::fitX()
     if (!any) return;
     if (hi <= lo) hi = lo + 1;
     m_syncing = true;
+    // Live: the x range doubles when the data reaches its end, so the axes change a few times
+    // per run (log2 of its length) instead of every frame.
+    QCPRange x(lo, hi);
+    if (live) {
+        const QCPRange old = m_loss->xAxis->range();
+        if (old.lower == lo && hi <= old.upper && (hi - lo) >= 0.45 * old.size()) x = old;
+        else x = QCPRange(lo, lo + (hi - lo) * 2.0);
+    }
     for (QCustomPlot* p : plots()) {
-        p->xAxis->setRange(lo, hi);
+        p->xAxis->setRange(x);
         for (QCPAxis* axis : {p->yAxis, p->yAxis2}) {
+            const QCPRange old = axis->range();
             bool first = true;
             for (int i = 0; i < p->graphCount(); ++i) {
                 QCPGraph* g = p->graph(i);
@@ -552,8 +642,19 @@ void DashboardWidget::fitX()
                 g->rescaleValueAxis(!first, true);
                 first = false;
             }
+            if (!live || first) continue;
+            // Keep the old value range while it holds the data and is not much larger; else
+            // leave a margin so the next frames fit too.
+            const QCPRange fit = axis->range();
+            const bool log = axis->scaleType() == QCPAxis::stLogarithmic;
+            const bool holds = old.lower <= fit.lower && fit.upper <= old.upper;
+            const bool snug = log ? (fit.lower > 0 && old.lower > 0 && std::log(old.upper / old.lower) <= 2.0 * std::log(fit.upper / fit.lower))
+                                  : old.size() <= 2.0 * fit.size();
+            if (holds && snug) axis->setRange(old);
+            else if (log) axis->setRange(fit.lower / 1.3, fit.upper * 1.3);
+            else axis->setRange(fit.lower - 0.25 * fit.size(), fit.upper + 0.25 * fit.size());
         }
-        if (p == m_stall) p->yAxis->setRange(0, std::max(25.0, p->yAxis->range().upper * 1.1));
+        if (p == m_stall) p->yAxis->setRange(0, std::max(25.0, p->yAxis->range().upper * (live ? 1.0 : 1.1)));
         if (p == m_devices) p->yAxis->setRange(0, 105);
         if (p == m_loss) m_loss->yAxis2->setRange(std::min(0.0, m_loss->yAxis2->range().lower), 1.0);
         if (p == m_breakdown || p == m_throughput) p->yAxis->setRangeLower(0);
@@ -586,7 +687,7 @@ void DashboardWidget::onPlotMouseMove(QCustomPlot* plot, QMouseEvent* event)
 {
     if (!plot->axisRect()->rect().contains(event->pos())) return;
     setCrosshair(plot->xAxis->pixelToCoord(event->position().x()));
-    for (QCustomPlot* p : plots()) p->replot(QCustomPlot::rpQueuedReplot);
+    for (QCustomPlot* p : plots()) p->layer(QStringLiteral("overlay"))->replot();
     Q_EMIT crosshairMoved(m_crosshairX);
 }
 

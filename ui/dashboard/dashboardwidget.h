@@ -9,6 +9,7 @@
 // interactive.
 
 #include <QElapsedTimer>
+#include <QHash>
 #include <QWidget>
 
 #include <cstddef>
@@ -69,6 +70,9 @@ public:
     double cpuBudget() const { return m_cpuBudget; }
     // Live replots done and their mean CPU cost (ms, all five plots).
     int liveReplots() const { return m_liveReplots; }
+    // Plot redraws within live replots that drew only the newly appended points (the rest
+    // redrew the whole plot because an axis, the size or the set of graphs changed).
+    int incrementalDraws() const { return m_incrementalDraws; }
     double frameMs() const { return m_frameMs; }
 
     // Moves every plot's crosshair to x (in the current x units) and fills the readout.
@@ -105,7 +109,9 @@ private:
     void appendDevices();
     void updateFindings();
     void updateVerdict();
-    void fitX();
+    // Fits every plot to its data. `live` (following a running run): ranges keep headroom and
+    // change only when the data leaves them, so most live frames redraw the graphs alone.
+    void fitX(bool live = false);
     void applyXRange(const QCPRange& range, QCustomPlot* source);
     void onPlotMouseMove(QCustomPlot* plot, QMouseEvent* event);
     double keyOf(double step, double wall) const;
@@ -152,6 +158,24 @@ private:
     bool m_dirty = false;
     QTimer* m_replotTimer = nullptr;
     QElapsedTimer m_sinceReplot;
+    // What each plot's last full replot drew around the graphs (axes, size, graphs, the data
+    // generation): while it is unchanged a live frame draws only the points appended since.
+    struct Frame {
+        double range[6] = {};   // x, y, y2: lower and upper
+        int graphs = -1, width = 0, height = 0;
+        int generation = -1;
+        bool operator==(const Frame&) const = default;
+    };
+    // Draws each graph's points appended since the last draw onto the graph layer's buffer
+    // (without clearing it) and composes the plot.
+    void drawNewPoints(QCustomPlot* plot);
+    // Every graph of `plot` is drawn up to its current size (after a full replot).
+    void markDrawn(QCustomPlot* plot);
+    std::vector<Frame> m_lastFull;
+    // Bumped whenever plotted data is cleared or re-keyed, so nothing drawn before is kept.
+    int m_generation = 0;
+    QHash<const QCPGraph*, int> m_drawn;  // points of each graph on its layer's buffer
+    int m_incrementalDraws = 0;
 };
 
 } // namespace ts
