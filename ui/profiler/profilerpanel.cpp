@@ -8,6 +8,9 @@
 #include <QHeaderView>
 #include <QLabel>
 #include <QMessageBox>
+#include <QPointer>
+#include <QThreadPool>
+#include <QApplication>
 #include <QSpinBox>
 #include <QSplitter>
 #include <QTabWidget>
@@ -76,6 +79,14 @@ ProfilerPanel::ProfilerPanel(QWidget* parent)
     m_openAction->setObjectName(QStringLiteral("openTraceAction"));
     m_openAction->setToolTip(tr("Open a Chrome trace file (TrainStudio, PyTorch, TensorFlow, Horovod; .json or .json.gz)"));
     connect(m_openAction, &QAction::triggered, this, &ProfilerPanel::browseForTrace);
+    connect(this, &ProfilerPanel::loadFailed, this, [this](const QString& path, const QString& error) {
+        if (path != m_browsedPath)
+            return;  // whoever asked handles it
+        QMessageBox::warning(this, tr("Open Chrome Trace"),
+                             tr("Could not open %1:\n\n%2\n\nPick a Chrome Trace Event JSON file (a torch.profiler, "
+                                "TensorFlow profiler or TrainStudio trace).")
+                                 .arg(QDir::toNativeSeparators(path), error));
+    });
     toolbar->addAction(m_openAction);
     toolbar->addSeparator();
     toolbar->addAction(tr("Zoom In"), this, [this] { m_timeline->zoomBy(1.5); })->setToolTip(tr("Zoom in (+)"));
@@ -196,31 +207,78 @@ void ProfilerPanel::setCaptureEnabled(bool enabled)
     m_captureSteps->setEnabled(enabled);
 }
 
-bool ProfilerPanel::openTraceFile(const QString& path, QString* error)
+ProfilerPanel::PreparedTrace ProfilerPanel::prepareTraceFile(const QString& path)
 {
+    PreparedTrace out;
     auto trace = telemetry::readChromeTrace(path.toStdString());
     if (!trace.ok()) {
-        if (error)
-            *error = qs(trace.error().toString());
-        return false;
+        out.error = qs(trace.error().toString());
+        return out;
     }
     auto summary = telemetry::summariseTrace(*trace);
     if (!summary.ok()) {
-        if (error)
-            *error = qs(summary.error().toString());
-        return false;
+        out.error = qs(summary.error().toString());
+        return out;
     }
-    std::vector<Step> steps;
     for (const auto& b : summary->steps) {
         const int64_t start = b.stamp.wallTimeUs;  // the summary stamps a step with its start
-        steps.push_back({b.stamp.step, start, start + static_cast<int64_t>(std::llround(b.stepSeconds * 1e6)), b});
+        out.steps.push_back({b.stamp.step, start, start + static_cast<int64_t>(std::llround(b.stepSeconds * 1e6)), b});
     }
-    QString description = tr("%1 (%2 trace)").arg(QFileInfo(path).fileName(), qs(trace->format));
+    out.description = tr("%1 (%2 trace)").arg(QFileInfo(path).fileName(), qs(trace->format));
     for (const std::string& w : trace->warnings)
-        description += QStringLiteral(" — ") + qs(w);
-    const std::string format = trace->format;
-    load(std::move(trace->spans), format, description, std::move(steps), std::move(summary->findings));
+        out.description += QStringLiteral(" — ") + qs(w);
+    out.findings = std::move(summary->findings);
+    out.data = std::make_shared<const TimelineData>(std::move(trace->spans), trace->format);
+    return out;
+}
+
+bool ProfilerPanel::openTraceFile(const QString& path, QString* error)
+{
+    PreparedTrace prepared = prepareTraceFile(path);
+    if (!prepared.error.isEmpty()) {
+        if (error)
+            *error = prepared.error;
+        return false;
+    }
+    ++m_loadSerial;  // a background load still running is superseded
+    m_loadingPath.clear();
+    showPrepared(std::move(prepared));
     return true;
+}
+
+void ProfilerPanel::openTraceFileInBackground(const QString& path)
+{
+    const int serial = ++m_loadSerial;
+    m_loadingPath = path;
+    m_info->setText(tr("Loading %1 …").arg(QDir::toNativeSeparators(path)));
+    // The result comes back through the application object: the panel may be gone by then,
+    // which the QPointer tells on the GUI thread.
+    QPointer<ProfilerPanel> self(this);
+    QThreadPool::globalInstance()->start([self, serial, path] {
+        auto prepared = std::make_shared<PreparedTrace>(prepareTraceFile(path));
+        QMetaObject::invokeMethod(qApp, [self, serial, path, prepared] {
+            if (!self || serial != self->m_loadSerial)
+                return;  // closed, or superseded by a newer load
+            self->m_loadingPath.clear();
+            if (!prepared->error.isEmpty()) {
+                self->m_info->setText(self->m_description.isEmpty() ? tr("Could not open %1.").arg(QDir::toNativeSeparators(path))
+                                                                    : self->m_description);
+                Q_EMIT self->loadFailed(path, prepared->error);
+                return;
+            }
+            self->showPrepared(std::move(*prepared));
+        }, Qt::QueuedConnection);
+    });
+}
+
+void ProfilerPanel::showPrepared(PreparedTrace prepared)
+{
+    m_data = std::move(prepared.data);
+    m_description = prepared.description;
+    m_steps = std::move(prepared.steps);
+    std::stable_sort(m_steps.begin(), m_steps.end(), [](const Step& a, const Step& b) { return a.step < b.step; });
+    m_findings = std::move(prepared.findings);
+    showLoaded();
 }
 
 bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QString* error)
@@ -297,6 +355,11 @@ void ProfilerPanel::load(std::vector<telemetry::SpanEvent> spans, const std::str
     m_steps = std::move(steps);
     std::stable_sort(m_steps.begin(), m_steps.end(), [](const Step& a, const Step& b) { return a.step < b.step; });
     m_findings = std::move(findings);
+    showLoaded();
+}
+
+void ProfilerPanel::showLoaded()
+{
     m_rangeStats = RangeStats{};
     m_timeline->setData(m_data);
     if (m_data->empty() && m_description.isEmpty()) {
@@ -516,12 +579,8 @@ void ProfilerPanel::browseForTrace()
                                                       tr("Chrome traces (*.json *.json.gz *.gz);;All files (*)"));
     if (path.isEmpty())
         return;
-    QString error;
-    if (!openTraceFile(path, &error))
-        QMessageBox::warning(this, tr("Open Chrome Trace"),
-                             tr("Could not open %1:\n\n%2\n\nPick a Chrome Trace Event JSON file (a torch.profiler, "
-                                "TensorFlow profiler or TrainStudio trace).")
-                                 .arg(QDir::toNativeSeparators(path), error));
+    m_browsedPath = path;
+    openTraceFileInBackground(path);
 }
 
 } // namespace ts

@@ -41,6 +41,12 @@ public:
     // Loads a Chrome trace file (.json or .json.gz). On failure the current trace stays and
     // `error` names the file and what is wrong with it.
     bool openTraceFile(const QString& path, QString* error = nullptr);
+    // The same on a pool thread (reading, summarising and laying out a 1M-span trace takes
+    // seconds): the GUI stays live and the current trace stays shown until the new one is
+    // ready; then traceLoaded, or loadFailed with the file and the reason. A newer request
+    // supersedes an older one still loading.
+    void openTraceFileInBackground(const QString& path);
+    bool isLoading() const { return !m_loadingPath.isEmpty(); }
     // Loads a stored run's spans, step breakdowns and findings.
     bool openRun(store::RunStore& store, const QString& runId, QString* error = nullptr);
     void clear();
@@ -80,8 +86,21 @@ Q_SIGNALS:
     void captureRequested(int steps);
     // A trace or run was loaded (or cleared: empty description).
     void traceLoaded(const QString& description);
+    void loadFailed(const QString& path, const QString& error);
 
 private:
+    // A trace file read, summarised and laid out: what openTraceFile shows. No GUI objects, so
+    // it is built on any thread.
+    struct PreparedTrace {
+        QString error;  // empty: ok
+        std::shared_ptr<const TimelineData> data;
+        QString description;
+        std::vector<Step> steps;
+        std::vector<telemetry::FindingEvent> findings;
+    };
+    static PreparedTrace prepareTraceFile(const QString& path);
+    void showPrepared(PreparedTrace prepared);
+    void showLoaded();  // fills every view from m_data, m_steps, m_findings
     void load(std::vector<telemetry::SpanEvent> spans, const std::string& format, const QString& description,
               std::vector<Step> steps, std::vector<telemetry::FindingEvent> findings);
     void showSpanDetails(int span);
@@ -106,6 +125,9 @@ private:
     QToolButton* m_captureButton;
 
     std::shared_ptr<const TimelineData> m_data;
+    QString m_loadingPath;  // the file being read in the background, if any
+    int m_loadSerial = 0;   // which background load is current
+    QString m_browsedPath;  // picked in the file dialog: its failure is shown in a message box
     QString m_description;
     std::vector<Step> m_steps;
     std::vector<telemetry::FindingEvent> m_findings;
