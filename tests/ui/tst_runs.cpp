@@ -16,6 +16,7 @@
 
 #include <qcustomplot.h>
 
+#include <chrono>
 #include <fstream>
 
 #include "io/safetensors.h"
@@ -120,6 +121,7 @@ private Q_SLOTS:
     void exportsWriteFiles();
     void compareViewHasOneGraphPerRun();
     void compareReadsTheZoomedStepsAtPixelResolution();
+    void compareByEpochAndTime();
     void badDatabaseNamesTheFile();
 
 private:
@@ -433,6 +435,80 @@ void TestRuns::compareReadsTheZoomedStepsAtPixelResolution()
     QVERIFY2(zoomed->data()->constBegin()->key >= 12'299, qPrintable(QStringLiteral("%1 .. %2, %3 points").arg(zoomed->data()->constBegin()->key).arg((zoomed->data()->constEnd() - 1)->key).arg(zoomed->dataCount())));
     QVERIFY((zoomed->data()->constEnd() - 1)->key <= 12'401);
     QCOMPARE(view.plot()->xAxis->range().lower, 12'300.0);  // the user's range is kept
+}
+
+void TestRuns::compareByEpochAndTime()
+{
+    // Two runs of two epochs each, with 20 and 5 steps per epoch (batch sizes differing 4x):
+    // against step they end at 40 and 10, against epoch both at 2.
+    auto add = [this](const std::string& name, int stepsPerEpoch) {
+        st::NewRun spec;
+        spec.name = name;
+        spec.model = {{"name", "seed_mlp"}};
+        auto run = m_writer->createRun(spec);
+        if (!run.ok() || !m_writer->setRunStatus(run->id, st::RunState::Running).ok())
+            return std::string();
+        const int64_t t0 = std::chrono::duration_cast<std::chrono::microseconds>(
+                               std::chrono::system_clock::now().time_since_epoch()).count();
+        std::vector<tl::Event> events;
+        for (int s = 1; s <= 2 * stepsPerEpoch; ++s) {
+            tl::StepMetricsEvent m;
+            m.stamp.runId = run->id;
+            m.stamp.step = s;
+            m.stamp.wallTimeUs = t0 + int64_t(s) * 10'000;  // 10 ms a step
+            m.epoch = 1 + (s - 1) / stepsPerEpoch;
+            m.loss = 1.0 / s;
+            events.push_back(m);
+            if (s % stepsPerEpoch == 0) {
+                tl::EpochMetricsEvent e;
+                e.stamp.runId = run->id;
+                e.stamp.step = s;
+                e.stamp.wallTimeUs = m.stamp.wallTimeUs;
+                e.epoch = s / stepsPerEpoch;
+                e.metrics = {{"loss", m.loss}};
+                events.push_back(e);
+            }
+        }
+        m_writer->recordEvents(std::move(events));
+        return run->id;
+    };
+    const QString small = QString::fromStdString(add("batch 64", 20));
+    const QString big = QString::fromStdString(add("batch 256", 5));
+    QVERIFY(!small.isEmpty() && !big.isEmpty());
+    QVERIFY(m_writer->flush().ok());
+
+    RunCompareView view;
+    view.resize(800, 400);
+    view.setStore(m_writer.get());
+    QString error;
+    QVERIFY2(view.setRuns({small, big}, &error), qPrintable(error));
+    auto lastKey = [&view](int g) { return (view.plot()->graph(g)->data()->constEnd() - 1)->key; };
+    auto firstKey = [&view](int g) { return view.plot()->graph(g)->data()->constBegin()->key; };
+    QCOMPARE(lastKey(0), 40.0);
+    QCOMPARE(lastKey(1), 10.0);
+
+    QVERIFY2(view.setXAxis(RunCompareView::XAxis::Epoch, &error), qPrintable(error));
+    QCOMPARE(view.xAxisBox()->currentIndex(), 1);
+    QCOMPARE(view.plot()->xAxis->label(), QStringLiteral("epoch"));
+    QCOMPARE(view.plot()->graphCount(), 2);
+    QCOMPARE(lastKey(0), 2.0);
+    QCOMPARE(lastKey(1), 2.0);
+    QCOMPARE(firstKey(0), 1.0 / 20);  // step 1 of 20 per epoch
+    QCOMPARE(firstKey(1), 1.0 / 5);
+
+    // Zooming to epoch 1.5 .. 2 re-reads each run's own steps of that range.
+    view.plot()->xAxis->setRange(1.5, 2.0);
+    QTRY_VERIFY(firstKey(0) >= 1.45);
+    QVERIFY(view.plot()->graph(0)->dataCount() >= 10);  // steps 30..40 of the 64-batch run
+    QVERIFY(firstKey(1) >= 1.3);
+
+    // Against time since the start: 10 ms a step, so the 40-step run ends near 0.4 s.
+    QVERIFY2(view.setXAxis(RunCompareView::XAxis::RelativeTime, &error), qPrintable(error));
+    QCOMPARE(view.plot()->xAxis->label(), QStringLiteral("seconds since start"));
+    QVERIFY2(lastKey(0) > 0.35 && lastKey(0) < 5.0, qPrintable(QString::number(lastKey(0))));
+    QVERIFY2(lastKey(1) > 0.05 && lastKey(1) < lastKey(0), qPrintable(QString::number(lastKey(1))));
+    QVERIFY(std::is_sorted(view.plot()->graph(0)->data()->constBegin(), view.plot()->graph(0)->data()->constEnd(),
+                           [](const QCPGraphData& a, const QCPGraphData& b) { return a.key < b.key; }));
 }
 
 void TestRuns::badDatabaseNamesTheFile()

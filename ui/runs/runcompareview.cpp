@@ -34,7 +34,7 @@ QColor runColor(int i)
 } // namespace
 
 RunCompareView::RunCompareView(QWidget* parent)
-    : QWidget(parent), m_metricBox(new QComboBox(this)), m_status(new QLabel(this)), m_plot(new QCustomPlot(this)),
+    : QWidget(parent), m_xAxisBox(new QComboBox(this)), m_metricBox(new QComboBox(this)), m_status(new QLabel(this)), m_plot(new QCustomPlot(this)),
       m_requery(new QTimer(this))
 {
     setObjectName(QStringLiteral("runCompareView"));
@@ -51,9 +51,15 @@ RunCompareView::RunCompareView(QWidget* parent)
     m_plot->legend->setVisible(true);
     m_plot->axisRect()->insetLayout()->setInsetAlignment(0, Qt::AlignTop | Qt::AlignRight);
 
+    m_xAxisBox->setObjectName(QStringLiteral("compareXAxis"));
+    m_xAxisBox->addItems({tr("Step"), tr("Epoch"), tr("Relative time")});
+    m_xAxisBox->setToolTip(tr("Step; epoch (runs with different batch sizes line up); or seconds since each run started "
+                              "(interpolated between its epoch ends)"));
     auto* top = new QHBoxLayout;
     top->addWidget(new QLabel(tr("Metric:"), this));
     top->addWidget(m_metricBox);
+    top->addWidget(new QLabel(tr("against"), this));
+    top->addWidget(m_xAxisBox);
     top->addWidget(m_status, 1);
     auto* layout = new QVBoxLayout(this);
     layout->setContentsMargins(0, 0, 0, 0);
@@ -63,6 +69,11 @@ RunCompareView::RunCompareView(QWidget* parent)
     connect(m_metricBox, &QComboBox::textActivated, this, [this](const QString& metric) {
         QString error;
         if (!setMetric(metric, &error))
+            Q_EMIT errorOccurred(error);
+    });
+    connect(m_xAxisBox, &QComboBox::activated, this, [this](int index) {
+        QString error;
+        if (!setXAxis(static_cast<XAxis>(index), &error))
             Q_EMIT errorOccurred(error);
     });
     // Zooming re-reads the visible steps at pixel resolution, once the wheel has settled.
@@ -127,6 +138,65 @@ bool RunCompareView::setMetric(const QString& metric, QString* error)
     return reload(true, error);
 }
 
+bool RunCompareView::setXAxis(XAxis axis, QString* error)
+{
+    m_xAxis = axis;
+    m_xAxisBox->setCurrentIndex(static_cast<int>(axis));
+    m_plot->xAxis->setLabel(axis == XAxis::Step ? tr("step") : axis == XAxis::Epoch ? tr("epoch") : tr("seconds since start"));
+    return reload(true, error);
+}
+
+double RunCompareView::KeyMap::keyOf(double step) const
+{
+    if (steps.size() < 2)
+        return step;
+    // Past either end: the slope of the nearest segment.
+    std::size_t i = static_cast<std::size_t>(std::upper_bound(steps.begin(), steps.end(), step) - steps.begin());
+    i = std::clamp<std::size_t>(i, 1, steps.size() - 1);
+    const double t = (step - steps[i - 1]) / (steps[i] - steps[i - 1]);
+    return keys[i - 1] + t * (keys[i] - keys[i - 1]);
+}
+
+double RunCompareView::KeyMap::stepOf(double key) const
+{
+    if (keys.size() < 2)
+        return key;
+    std::size_t i = static_cast<std::size_t>(std::upper_bound(keys.begin(), keys.end(), key) - keys.begin());
+    i = std::clamp<std::size_t>(i, 1, keys.size() - 1);
+    const double t = (key - keys[i - 1]) / (keys[i] - keys[i - 1]);
+    return steps[i - 1] + t * (steps[i] - steps[i - 1]);
+}
+
+RunCompareView::KeyMap RunCompareView::keyMap(const std::string& runId) const
+{
+    KeyMap map;
+    if (m_xAxis == XAxis::Step)
+        return map;
+    auto epochs = m_store->epochMetrics(runId);
+    auto info = m_store->run(runId);
+    if (!epochs.ok() || !info.ok())
+        return map;  // no knots: plotted by step (series() reports a damaged run itself)
+    // Knots strictly ascending in both step and key, from step 0 at the run's start.
+    auto knot = [&map](double step, double key) {
+        if (map.steps.empty() || (step > map.steps.back() && key > map.keys.back())) {
+            map.steps.push_back(step);
+            map.keys.push_back(key);
+        }
+    };
+    knot(0, 0);
+    const double start = static_cast<double>(info->startedUs ? info->startedUs : info->createdUs);
+    for (const store::EpochRow& e : *epochs)
+        knot(static_cast<double>(e.step),
+             m_xAxis == XAxis::Epoch ? static_cast<double>(e.epoch) : (static_cast<double>(e.wallUs) - start) * 1e-6);
+    if (m_xAxis == XAxis::RelativeTime && info->endedUs > 0 && info->lastStep > 0)
+        knot(static_cast<double>(info->lastStep), (static_cast<double>(info->endedUs) - start) * 1e-6);
+    if (map.steps.size() < 2) {
+        map.steps.clear();  // no epoch ended yet: nothing to map through
+        map.keys.clear();
+    }
+    return map;
+}
+
 bool RunCompareView::reload(bool rescale, QString* error)
 {
     m_reloading = true;
@@ -141,47 +211,48 @@ bool RunCompareView::reload(bool rescale, QString* error)
         m_status->setText(m_runs.isEmpty() ? tr("Select runs and press Compare.") : tr("These runs have no metrics yet."));
         return done(true);
     }
-    std::vector<std::string> ids;
-    for (const QString& id : m_runs)
-        ids.push_back(id.toStdString());
-    store::SeriesQuery query;
-    query.buckets = std::max(64, m_plot->axisRect()->width());
-    if (!rescale) {
-        const QCPRange r = m_plot->xAxis->range();
-        query.step0 = static_cast<int64_t>(std::floor(r.lower));
-        query.step1 = static_cast<int64_t>(std::ceil(r.upper));
-        if (query.step1 <= query.step0)
-            query.step1 = query.step0 + 1;
-    }
-    auto series = m_store->compare(ids, m_metric.toStdString(), query);
-    if (!series.ok()) {
-        const QString message = tr("Could not read %1 of runs %2 from %3: %4")
-                                    .arg(m_metric, m_runs.join(QStringLiteral(", ")), qs(m_store->path()),
-                                         qs(series.error().toString()));
-        m_status->setText(message);
-        if (error)
-            *error = message;
-        return done(false);
-    }
     int64_t samples = 0;
     bool downsampled = false;
-    for (std::size_t i = 0; i < series->size(); ++i) {
-        const store::Series& s = (*series)[i];
+    QStringList unmapped;
+    for (int i = 0; i < m_runs.size(); ++i) {
+        const std::string id = m_runs[i].toStdString();
+        const KeyMap map = keyMap(id);
+        auto info = m_store->run(id);
+        const QString name = info.ok() && !info->name.empty() ? qs(info->name) : m_runs[i];
+        if (m_xAxis != XAxis::Step && map.steps.empty())
+            unmapped << name;
+        store::SeriesQuery query;
+        query.buckets = std::max(64, m_plot->axisRect()->width());
+        if (!rescale) {
+            // The visible x range, back to this run's steps.
+            const QCPRange r = m_plot->xAxis->range();
+            query.step0 = static_cast<int64_t>(std::floor(map.stepOf(r.lower)));
+            query.step1 = static_cast<int64_t>(std::ceil(map.stepOf(r.upper)));
+            if (query.step1 <= query.step0)
+                query.step1 = query.step0 + 1;
+        }
+        auto s = m_store->series(id, m_metric.toStdString(), query);
+        if (!s.ok()) {
+            const QString message = tr("Could not read %1 of run %2 from %3: %4")
+                                        .arg(m_metric, m_runs[i], qs(m_store->path()), qs(s.error().toString()));
+            m_status->setText(message);
+            if (error)
+                *error = message;
+            return done(false);
+        }
         QCPGraph* g = m_plot->addGraph();
-        auto info = m_store->run(s.runId);
-        const QString name = info.ok() && !info->name.empty() ? qs(info->name) : qs(s.runId);
-        g->setName(s.points.empty() ? tr("%1 (no %2)").arg(name, m_metric) : name);
-        g->setPen(QPen(runColor(static_cast<int>(i)), 1.5));
+        g->setName(s->points.empty() ? tr("%1 (no %2)").arg(name, m_metric) : name);
+        g->setPen(QPen(runColor(i), 1.5));
         QVector<double> keys, values;
-        keys.reserve(static_cast<int>(s.points.size()));
-        values.reserve(static_cast<int>(s.points.size()));
-        for (const store::SeriesPoint& p : s.points) {
-            keys << static_cast<double>(p.step);
+        keys.reserve(static_cast<int>(s->points.size()));
+        values.reserve(static_cast<int>(s->points.size()));
+        for (const store::SeriesPoint& p : s->points) {
+            keys << map.keyOf(static_cast<double>(p.step));
             values << p.value;
         }
         g->setData(keys, values, true);
-        samples += s.samples;
-        downsampled |= s.downsampled;
+        samples += s->samples;
+        downsampled |= s->downsampled;
     }
     if (rescale) {
         m_plot->rescaleAxes();
@@ -205,7 +276,9 @@ bool RunCompareView::reload(bool rescale, QString* error)
     }
     m_status->setText(tr("%n run(s), %1 sample(s)%2", nullptr, m_plot->graphCount())
                           .arg(samples)
-                          .arg(downsampled ? tr(", downsampled per pixel") : QString()));
+                          .arg(downsampled ? tr(", downsampled per pixel") : QString()) +
+                      (unmapped.isEmpty() ? QString()
+                                          : tr("; by step (no epoch ended yet): %1").arg(unmapped.join(QStringLiteral(", ")))));
     return done(true);
 }
 
