@@ -463,6 +463,7 @@ void DashboardWidget::drawNewPoints(QCustomPlot* p)
     // axes and overlay layers.
     std::vector<std::pair<QCPGraph*, QSharedPointer<QCPGraphDataContainer>>> swapped;
     bool any = false;
+    double keyLo = 0, keyHi = 0;  // the key span of what is drawn now
     for (int gi = 0; gi < p->graphCount(); ++gi) {
         QCPGraph* g = p->graph(gi);
         QSharedPointer<QCPGraphDataContainer> full = g->data();
@@ -479,6 +480,9 @@ void DashboardWidget::drawNewPoints(QCustomPlot* p)
         auto delta = QSharedPointer<QCPGraphDataContainer>::create();
         if (n > drawn) {
             for (auto it = full->constBegin() + std::max(0, drawn - 1); it != full->constEnd(); ++it) delta->add(*it);
+            const double lo = delta->constBegin()->key, hi = (delta->constEnd() - 1)->key;
+            keyLo = any ? std::min(keyLo, lo) : lo;
+            keyHi = any ? std::max(keyHi, hi) : hi;
             any = true;
         }
         g->setData(delta);
@@ -487,8 +491,15 @@ void DashboardWidget::drawNewPoints(QCustomPlot* p)
     if (any) LayerPainter::drawOnto(layer);
     for (auto& [graph, data] : swapped) graph->setData(data);
     markDrawn(p);
-    // repaint, not update: compose the buffers now, so the frame's cost is measured here.
-    if (any) p->repaint();
+    if (!any) return;
+    // Compose only the columns the new points touched (the pen's width either side): blending
+    // the whole of every layer's buffer was two thirds of an incremental frame.
+    const QRect axes = p->axisRect()->rect();
+    const double x0 = p->xAxis->coordToPixel(keyLo), x1 = p->xAxis->coordToPixel(keyHi);
+    const int left = static_cast<int>(std::floor(std::min(x0, x1))) - 4, right = static_cast<int>(std::ceil(std::max(x0, x1))) + 4;
+    const QRect dirty = QRect(QPoint(left, axes.top() - 4), QPoint(right, axes.bottom() + 4)).intersected(p->rect());
+    // repaint, not update: compose now, so the frame's cost is measured here.
+    if (!dirty.isEmpty()) p->repaint(dirty);
 }
 
 void DashboardWidget::appendSteps()
@@ -602,9 +613,13 @@ void DashboardWidget::updateVerdict()
         return;
     }
     const QString verdict = QString::fromLatin1(RunData::inputVerdict(share));
-    m_verdict->setText(tr("Input: %1% of step time (last 50 steps) — %2 input-bound").arg(100 * share, 0, 'f', 1).arg(verdict));
+    // Called at 30 Hz: touch the label only when what it shows changes (a new style sheet
+    // re-polishes the widget, new text re-lays it out).
+    const QString text = tr("Input: %1% of step time (last 50 steps) — %2 input-bound").arg(100 * share, 0, 'f', 1).arg(verdict);
+    if (m_verdict->text() != text) m_verdict->setText(text);
     const QColor c = verdict == "not" ? QColor(0x2c, 0xa0, 0x2c) : verdict == "moderately" ? QColor(0xd4, 0xa0, 0x17) : QColor(0xd6, 0x27, 0x28);
-    m_verdict->setStyleSheet(QStringLiteral("QLabel { color: %1; font-weight: bold; }").arg(c.name()));
+    const QString style = QStringLiteral("QLabel { color: %1; font-weight: bold; }").arg(c.name());
+    if (m_verdict->styleSheet() != style) m_verdict->setStyleSheet(style);
 }
 
 void DashboardWidget::fitX(bool live)
