@@ -366,7 +366,9 @@ Status CudaBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const 
     TS_ASSIGN(Tensor wT, scratch(Shape{F, KH * KW * C}, DType::F32));
     TS_TRY(check(cudak::transpose2d(w.data<float>(), wT.data<float>(), KH * KW * C, F, s), "conv weight transpose"));
     Tensor dxin = dx;
-    if (!plan->symmetric) TS_ASSIGN(dxin, scratch(Shape{N, plan->HP, plan->WP, C}, DType::F32));
+    if (!plan->symmetric) {
+        TS_ASSIGN(dxin, scratch(Shape{N, plan->HP, plan->WP, C}, DType::F32));
+    }
     TS_ASSIGN(Tensor ws, scratch(Shape{int64_t(plan->wsBwdData)}, DType::U8));
     const float one = 1.0f, zero = 0.0f;
     TS_TRY(check(cudnnConvolutionBackwardData(m_cudnn, &one, plan->wDesc, wT.raw(), plan->yDesc, dy.raw(),

@@ -69,3 +69,16 @@ extern "C" __attribute__((visibility("default"))) const char* ts_cuda_plugin_sta
 {
     return pluginStatus().c_str();
 }
+
+// The caching allocator's counters of `device` for tests and diagnostics: out[0] bytes in use,
+// [1] bytes cached, [2] peak in use, [3] cudaMalloc calls, [4] cache hits, [5] cache releases.
+// Returns 0, or -1 when the device has no context (never used, or not a usable device).
+extern "C" __attribute__((visibility("default"))) int ts_cuda_allocator_stats(int device, uint64_t* out)
+{
+    auto ctx = ts::cuda::deviceContext(device);
+    if (!ctx.ok() || !out) return -1;
+    const ts::cuda::AllocatorStats s = (*ctx)->allocator->stats();
+    const uint64_t values[6] = {s.bytesInUse, s.bytesCached, s.peakInUse, s.deviceAllocs, s.cacheHits, s.releases};
+    for (int i = 0; i < 6; ++i) out[i] = values[i];
+    return 0;
+}
