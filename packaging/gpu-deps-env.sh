@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by packaging/gpu-carry.sh and packaging/gpu-check.sh (bash): unpacks the carried Debian
 # packages into a private prefix and points CMake, pkg-config, the linker and the loader at it, so
 # a machine with no Debian packages (the GPU machine) builds TrainStudio's headless core + CUDA
@@ -45,6 +46,7 @@ gpu_deps_env() {
   export PKG_CONFIG_PATH="$lib/pkgconfig:$root/usr/share/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   local pkgconf=$root/usr/bin/pkgconf
   [[ -x $pkgconf ]] || pkgconf=$(command -v pkg-config || command -v pkgconf || echo pkg-config)
+  # shellcheck disable=SC2034  # read by the scripts that source this file
   GPU_CMAKE_ARGS=(
     "-DCMAKE_PREFIX_PATH=$root/usr;$lib/cmake;$root/usr/share/cmake"
     "-DCMAKE_LIBRARY_PATH=$lib;$root/usr/lib"
