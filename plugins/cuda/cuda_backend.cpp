@@ -2,6 +2,7 @@
 
 #include <climits>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include "cuda_kernels.h"
@@ -121,22 +122,34 @@ void CudaBackend::bindThread() { cudaSetDevice(m_ctx->index); }
 
 Status CudaBackend::synchronize() { return check(cudaStreamSynchronize(m_ctx->stream), "cudaStreamSynchronize"); }
 
-DeviceInfo CudaBackend::info() const
+Result<DeviceInfo> deviceInfo(int device)
 {
+    TS_ASSIGN(DeviceContext* ctx, deviceContext(device));
     DeviceInfo d;
-    d.device = device();
-    const cudaDeviceProp& p = m_ctx->props;
-    d.name = device().toString() + " (" + p.name + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) + ", " +
-             gib(p.totalGlobalMem) + ")";
+    d.device = Device{DeviceKind::Cuda, device};
+    const cudaDeviceProp& p = ctx->props;
+    d.name = d.device.toString() + " (" + p.name + ", sm_" + std::to_string(p.major) + std::to_string(p.minor) +
+             ", " + gib(p.totalGlobalMem) + ")";
     d.memoryTotal = p.totalGlobalMem;
     int prev = -1;
     cudaGetDevice(&prev);
-    if (prev != m_ctx->index) cudaSetDevice(m_ctx->index);
+    if (prev != device) cudaSetDevice(device);
     std::size_t freeB = 0, totalB = 0;
     if (cudaMemGetInfo(&freeB, &totalB) == cudaSuccess) d.memoryFree = freeB;
     else (void)cudaGetLastError();
-    if (prev >= 0 && prev != m_ctx->index) cudaSetDevice(prev);
+    if (prev >= 0 && prev != device) cudaSetDevice(prev);
     return d;
+}
+
+DeviceInfo CudaBackend::info() const
+{
+    auto d = deviceInfo(m_ctx->index);
+    if (d.ok()) return *d;
+    DeviceInfo fallback;  // the context exists (this backend holds it), so only memoryFree is lost
+    fallback.device = device();
+    fallback.name = device().toString() + " (" + m_ctx->props.name + ")";
+    fallback.memoryTotal = m_ctx->props.totalGlobalMem;
+    return fallback;
 }
 
 DeviceSample CudaBackend::sample() const { return NvmlProbe::instance().sample(m_ctx->index); }

@@ -23,6 +23,9 @@
 
 namespace ts::cuda {
 
+// Name and memory of a device without creating a backend (no cuBLAS/cuDNN handles).
+Result<DeviceInfo> deviceInfo(int device);
+
 class CudaBackend final : public Backend {
 public:
     static Result<std::unique_ptr<Backend>> create(int deviceIndex, const BackendOptions& options);

@@ -352,9 +352,10 @@ __global__ void activationBackwardKernel(int act, float alpha, const float* x, c
 // One warp per row: rows are short (class counts) and many.
 __global__ void softmaxForwardKernel(const float* x, float* y, int64_t rows, int64_t cols)
 {
-    const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
-    if (r >= rows) return;
+    const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+    // Warp-stride over rows; r is the same for the whole warp, so the shuffles stay converged.
+    for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
     const float* xr = x + r * cols;
     float* yr = y + r * cols;
     double mx = -INFINITY;
@@ -364,18 +365,20 @@ __global__ void softmaxForwardKernel(const float* x, float* y, int64_t rows, int
     for (int64_t j = lane; j < cols; j += 32) sum += exp(double(xr[j]) - mx);
     for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     for (int64_t j = lane; j < cols; j += 32) yr[j] = float(exp(double(xr[j]) - mx) / sum);
+    }
 }
 
 __global__ void softmaxBackwardKernel(const float* y, const float* dy, float* dx, int64_t rows, int64_t cols)
 {
-    const int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
     const int lane = threadIdx.x % 32;
-    if (r >= rows) return;
+    const int64_t warps = int64_t(gridDim.x) * blockDim.x / 32;
+    for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
     double dot = 0;
     for (int64_t j = lane; j < cols; j += 32) dot += double(y[r * cols + j]) * dy[r * cols + j];
     for (int o = 16; o > 0; o /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, o);
     for (int64_t j = lane; j < cols; j += 32)
         dx[r * cols + j] = float(double(y[r * cols + j]) * (double(dy[r * cols + j]) - dot));
+    }
 }
 
 __device__ inline uint64_t splitmix64(uint64_t z)

@@ -26,10 +26,8 @@ ts::BackendFactory cudaFactory(std::vector<int> devices)
     f.priority = 10;
     f.enumerate = [devices] {
         std::vector<ts::DeviceInfo> out;
-        for (int d : devices) {
-            auto be = ts::cuda::CudaBackend::create(d, ts::BackendOptions{});
-            if (be.ok()) out.push_back((*be)->info());
-        }
+        for (int d : devices)
+            if (auto info = ts::cuda::deviceInfo(d); info.ok()) out.push_back(*info);
         return out;
     };
     f.create = [devices](int deviceIndex, const ts::BackendOptions& options) -> ts::Result<std::unique_ptr<ts::Backend>> {

@@ -202,7 +202,7 @@ void TstGpu::initTestCase()
         return;
     }
     if (!BackendRegistry::instance().find("cuda")) {
-        m_noDevice = "no usable CUDA device (" + m_pluginStatus + ")";
+        m_noDevice = m_pluginStatus;
         return;
     }
     auto be = BackendRegistry::instance().create("cuda", 0, BackendOptions{});
@@ -787,7 +787,8 @@ void TstGpu::trainingMatchesReference()
     for (int i = 0; i < samples; ++i) labels.push_back(int32_t(m_rng() % 10));
     Tensor y = intTensor(Shape{samples}, labels);
 
-    auto train = [&](const std::string& backend, Device device, LossRecorder& rec) -> std::vector<float> {
+    using Params = std::vector<std::pair<std::string, std::vector<float>>>;
+    auto train = [&](const std::string& backend, Device device, LossRecorder& rec) -> Params {
         TrainConfig tc;
         tc.epochs = 2;
         tc.seed = 11;
@@ -801,26 +802,39 @@ void TstGpu::trainingMatchesReference()
         TensorSource src(x, y, batch);
         auto r = (*t)->fit(src, nullptr, &rec);
         if (!r.ok()) qFatal("%s: %s", backend.c_str(), r.error().toString().c_str());
-        std::vector<float> out;
+        Params out;
         auto params = (*t)->strategy().exportParameters();
         if (!params.ok()) qFatal("%s: export failed", backend.c_str());
-        for (auto& [name, tensor] : *params)
-            for (float v : tensor.toVector()) out.push_back(v);
+        for (auto& [name, tensor] : *params) out.emplace_back(name, tensor.toVector());
         return out;
     };
     LossRecorder refLoss, gpuLoss;
-    const std::vector<float> ref = train("reference", Device{DeviceKind::Cpu, 0}, refLoss);
-    const std::vector<float> gpu = train("cuda", Device{DeviceKind::Cuda, 0}, gpuLoss);
+    const Params ref = train("reference", Device{DeviceKind::Cpu, 0}, refLoss);
+    const Params gpu = train("cuda", Device{DeviceKind::Cuda, 0}, gpuLoss);
     QCOMPARE(gpuLoss.losses.size(), refLoss.losses.size());
     QVERIFY(refLoss.losses.size() >= 8);
     for (std::size_t i = 0; i < refLoss.losses.size(); ++i)
         QVERIFY2(std::abs(gpuLoss.losses[i] - refLoss.losses[i]) <= 1e-4 * std::max(1.0, std::abs(refLoss.losses[i])),
                  qPrintable(QString("step %1: loss %2 on cuda, %3 on reference")
                                 .arg(i + 1).arg(gpuLoss.losses[i], 0, 'g', 9).arg(refLoss.losses[i], 0, 'g', 9)));
+    // Per tensor: the mean difference stays at float-rounding level (a wrong kernel moves a whole
+    // tensor by about one update, ~1e-3), and no single weight drifts by more than ~2 Adam steps
+    // (a gradient that rounding alone decides can move one weight by up to lr per step).
     QCOMPARE(gpu.size(), ref.size());
-    double worst = 0;
-    for (std::size_t i = 0; i < ref.size(); ++i) worst = std::max(worst, double(std::abs(gpu[i] - ref[i])));
-    QVERIFY2(worst <= 1e-4, qPrintable(QString("max parameter difference %1").arg(worst)));
+    for (std::size_t t = 0; t < ref.size(); ++t) {
+        const auto& [name, r] = ref[t];
+        const auto& g = gpu[t].second;
+        QCOMPARE(g.size(), r.size());
+        double sum = 0, worst = 0;
+        for (std::size_t i = 0; i < r.size(); ++i) {
+            const double d = std::abs(double(g[i]) - double(r[i]));
+            sum += d;
+            worst = std::max(worst, d);
+        }
+        const double mean = r.empty() ? 0.0 : sum / double(r.size());
+        QVERIFY2(mean <= 2e-5 && worst <= 2e-3,
+                 qPrintable(QString("%1: mean difference %2, max %3").arg(QString::fromStdString(name)).arg(mean).arg(worst)));
+    }
 }
 
 QTEST_GUILESS_MAIN(TstGpu)
