@@ -27,6 +27,8 @@ elapsed() { echo "$(( $(date +%s) - t0 )) s"; }
 [[ -d .gpu-deps/debs ]] || { say ".gpu-deps/debs missing: run packaging/gpu-carry.sh on the Debian machine and carry .gpu-deps"; exit 2; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | sed 's/^/gpu-check: device /' | tee -a "$summary"
 
+# PyTorch runs with the machine's own libraries, not the carried Debian ones (libssl, libffi...).
+orig_ld=${LD_LIBRARY_PATH:-}
 # shellcheck source=packaging/gpu-deps-env.sh
 source packaging/gpu-deps-env.sh
 if [[ ! -f $deps/.unpacked ]]; then
@@ -38,7 +40,7 @@ say "packages unpacked into $deps ($(elapsed))"
 # cuDNN: the toolkit's, else the pip wheel PyTorch uses (its library is libcudnn.so.9 only).
 cudnn_args=()
 if [[ ! -f /usr/local/cuda/include/cudnn.h ]]; then
-  wheel=$(python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0])' 2>/dev/null)
+  wheel=$(LD_LIBRARY_PATH=$orig_ld python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0])' 2>/dev/null)
   if [[ -n $wheel && -f $wheel/include/cudnn.h ]]; then
     lib=$(find "$wheel/lib" -name "libcudnn.so*" | sort | head -1)
     cudnn_args=("-DTS_CUDNN_INCLUDE_DIR=$wheel/include" "-DTS_CUDNN_LIBRARY=$lib")
@@ -65,15 +67,15 @@ say "gpu tests: $(grep -E 'tests passed|tests failed' "$out/tests.log" | tail -1
 say "tst_gpu totals: $(grep -E '^Totals' "$out/tst_gpu.txt" 2>/dev/null || echo 'n/a')"
 
 export FMNIST_DIR=$repo/.gpu-deps/fashion-mnist TRAINSTUDIO_FMNIST_DIR=$repo/.gpu-deps/fashion-mnist
-json_field() { python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1]).get(sys.argv[1], ""))' "$1"; }
+json_field() { LD_LIBRARY_PATH=$orig_ld python3 -c 'import json,sys; print(json.loads(sys.stdin.read().strip().splitlines()[-1]).get(sys.argv[1], ""))' "$1"; }
 for model in mlp cnn; do
   ts_json=$("$build/plugins/trainstudio-cuda-bench" --model "$model" --epochs "$epochs" --backend cuda \
             2>"$out/bench-ts-$model.log" | tail -1)
-  pt_json=$(python3 packaging/gpu-torch-bench.py --bench .gpu-deps/bench --model "$model" --epochs "$epochs" \
+  pt_json=$(LD_LIBRARY_PATH=$orig_ld python3 packaging/gpu-torch-bench.py --bench .gpu-deps/bench --model "$model" --epochs "$epochs" \
             2>&1 | tee "$out/bench-torch-$model.log" | tail -1)
   ts=$(echo "$ts_json" | json_field samples_per_sec 2>/dev/null)
   pt=$(echo "$pt_json" | json_field samples_per_sec 2>/dev/null)
-  ratio=$(python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}x' if a and b else 'n/a')" "$ts" "$pt" 2>/dev/null || echo n/a)
+  ratio=$(LD_LIBRARY_PATH=$orig_ld python3 -c "import sys; a,b=sys.argv[1:]; print(f'{float(a)/float(b):.2f}x' if a and b else 'n/a')" "$ts" "$pt" 2>/dev/null || echo n/a)
   say "bench $model fp32: trainstudio cuda ${ts:-FAILED} samples/s, pytorch ${pt:-FAILED} samples/s, ratio $ratio"
   [[ -n $ts ]] || tail -5 "$out/bench-ts-$model.log"
 done
