@@ -72,6 +72,11 @@ CudaBackend::CudaBackend(DeviceContext* ctx) : m_ctx(ctx) {}
 
 CudaBackend::~CudaBackend()
 {
+    cudaStreamSynchronize(m_ctx->stream);  // staged copies still read the pinned slots
+    for (Staging& st : m_staging) {
+        if (st.done) cudaEventDestroy(st.done);
+        if (st.host) cudaFreeHost(st.host);
+    }
     m_convPlans.clear();
     if (m_cudnn) cudnnDestroy(m_cudnn);
     if (m_cublas) cublasDestroy(m_cublas);
@@ -794,9 +799,29 @@ Status CudaBackend::copyFromHost(const void* src, Tensor& dst)
         std::memcpy(dst.raw(), src, dst.bytes());
         return okStatus();
     }
+    const std::size_t bytes = dst.bytes();
+    constexpr std::size_t kStageMin = 64 * 1024;  // below this the pageable path costs as little
+    if (bytes >= kStageMin) {
+        Staging& st = m_staging[m_nextStaging];
+        m_nextStaging ^= 1;
+        if (st.done) TS_TRY(check(cudaEventSynchronize(st.done), "waiting for a staging buffer"));
+        else TS_TRY(check(cudaEventCreateWithFlags(&st.done, cudaEventDisableTiming), "cudaEventCreate"));
+        if (st.capacity < bytes) {
+            if (st.host) cudaFreeHost(st.host);
+            st.host = nullptr;
+            st.capacity = 0;
+            if (cudaMallocHost(&st.host, bytes) == cudaSuccess) st.capacity = bytes;
+            else (void)cudaGetLastError();  // no pinned memory to spare: the pageable path below
+        }
+        if (st.host) {
+            std::memcpy(st.host, src, bytes);
+            TS_TRY(check(cudaMemcpyAsync(dst.raw(), st.host, bytes, cudaMemcpyHostToDevice, m_ctx->stream),
+                         "host-to-device copy"));
+            return check(cudaEventRecord(st.done, m_ctx->stream), "cudaEventRecord");
+        }
+    }
     // Pageable source: the call returns once the bytes are staged, so the caller may reuse `src`.
-    return check(cudaMemcpyAsync(dst.raw(), src, dst.bytes(), cudaMemcpyHostToDevice, m_ctx->stream),
-                 "host-to-device copy");
+    return check(cudaMemcpyAsync(dst.raw(), src, bytes, cudaMemcpyHostToDevice, m_ctx->stream), "host-to-device copy");
 }
 
 Status CudaBackend::copyToHost(const Tensor& src, void* dst)

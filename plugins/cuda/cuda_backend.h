@@ -123,6 +123,17 @@ private:
     Result<ConvPlan*> convPlan(int64_t N, int64_t H, int64_t W, int64_t C, int64_t KH, int64_t KW, int64_t F,
                                int64_t OH, int64_t OW, const Conv2dParams& p);
 
+    // Pinned staging for host-to-device copies: copyFromHost returns once the bytes are in a
+    // pinned slot, and the DMA runs on the stream behind the queued kernels (a pageable copy
+    // would wait for them). Two slots, each reused after its previous copy's event.
+    struct Staging {
+        void* host = nullptr;
+        std::size_t capacity = 0;
+        cudaEvent_t done = nullptr;
+    };
+    Staging m_staging[2];
+    int m_nextStaging = 0;
+
     DeviceContext* m_ctx;
     cublasHandle_t m_cublas = nullptr;
     cudnnHandle_t m_cudnn = nullptr;
