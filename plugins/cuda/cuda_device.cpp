@@ -52,7 +52,35 @@ private:
 
 } // namespace
 
-CachingAllocator::CachingAllocator(int device) : m_device(device) {}
+RawDeviceMemory cudaRawMemory(int device)
+{
+    RawDeviceMemory raw;
+    raw.allocate = [device](std::size_t bytes) -> void* {
+        DeviceGuard guard(device);
+        void* p = nullptr;
+        if (cudaMalloc(&p, bytes) != cudaSuccess) {
+            (void)cudaGetLastError();  // clear the error so the next call starts clean
+            return nullptr;
+        }
+        return p;
+    };
+    raw.release = [device](void* p) {
+        DeviceGuard guard(device);
+        cudaFree(p);  // implicit device sync: queued users of the block finish first
+    };
+    raw.freeBytes = [device]() -> uint64_t {
+        DeviceGuard guard(device);
+        std::size_t freeB = 0, totalB = 0;
+        if (cudaMemGetInfo(&freeB, &totalB) != cudaSuccess) {
+            (void)cudaGetLastError();
+            return 0;
+        }
+        return freeB;
+    };
+    return raw;
+}
+
+CachingAllocator::CachingAllocator(int device, RawDeviceMemory raw) : m_device(device), m_raw(std::move(raw)) {}
 
 std::size_t CachingAllocator::sizeClass(std::size_t bytes)
 {
@@ -78,20 +106,16 @@ void* CachingAllocator::allocate(std::size_t bytes)
         m_stats.bytesCached -= cls;
         ++m_stats.cacheHits;
     } else {
-        DeviceGuard guard(m_device);
-        cudaError_t err = cudaMalloc(&p, cls);
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();  // clear the sticky-free error state for the next call
+        p = m_raw.allocate(cls);
+        if (!p && m_stats.bytesCached > 0) {
+            // Cached blocks of other sizes may be what the device lacks: give them back, retry.
             releaseLocked();
             ++m_stats.releases;
-            err = cudaMalloc(&p, cls);
+            p = m_raw.allocate(cls);
         }
-        if (err != cudaSuccess) {
-            (void)cudaGetLastError();
-            std::size_t freeB = 0, totalB = 0;
-            if (cudaMemGetInfo(&freeB, &totalB) != cudaSuccess) freeB = 0;
+        if (!p) {
             m_failBytes = cls;
-            m_failFree = freeB;
+            m_failFree = m_raw.freeBytes ? m_raw.freeBytes() : 0;
             return nullptr;
         }
         ++m_stats.deviceAllocs;
@@ -129,9 +153,8 @@ void CachingAllocator::releaseCached()
 
 void CachingAllocator::releaseLocked()
 {
-    DeviceGuard guard(m_device);
     for (auto& [cls, blocks] : m_free) {
-        for (void* p : blocks) cudaFree(p);  // implicit device sync: queued users finish first
+        for (void* p : blocks) m_raw.release(p);
         m_stats.bytesCached -= cls * blocks.size();
         blocks.clear();
     }
@@ -168,7 +191,7 @@ Result<DeviceContext*> deviceContext(int device)
         delete ctx;
         return cudaFailure(err, "creating the device's stream", device);
     }
-    ctx->allocator = new CachingAllocator(device);
+    ctx->allocator = new CachingAllocator(device, cudaRawMemory(device));
     contexts[device] = ctx;
     return ctx;
 }

@@ -5,17 +5,18 @@
 // state down from static destructors after the runtime has unloaded crashes at exit.
 //
 // CachingAllocator contract (on top of ts::Allocator's):
-//  - Memory comes from plain cudaMalloc (never managed memory), rounded up to a size class; a
+//  - Memory comes from plain cudaMalloc (never managed memory; see RawDeviceMemory), rounded up to a size class; a
 //    freed block goes to its class's free list and is handed out again for the same class.
 //  - Reuse is safe without events because every op on this device runs on the device's one
 //    stream: work that read a block is queued before any work that reuses it.
-//  - On cudaMalloc failure the cache is released (cudaFree of every cached block) and the
+//  - On allocation failure the cache is released (cudaFree of every cached block) and the
 //    allocation retried once; a second failure returns nullptr and records the request for the
 //    error message (lastFailure()).
 //  - Thread-safe; stats() is consistent under the same lock.
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -42,9 +43,18 @@ struct AllocatorStats {
     uint64_t releases = 0;      // times the cache was emptied to satisfy an allocation
 };
 
+// Where the allocator's blocks come from: cudaMalloc/cudaFree on the device (cudaRawMemory), or,
+// in tests, any function pair, so the caching logic is exercised on machines without a GPU.
+struct RawDeviceMemory {
+    std::function<void*(std::size_t)> allocate;  // nullptr when the device has no room
+    std::function<void(void*)> release;
+    std::function<uint64_t()> freeBytes;         // for out-of-memory messages
+};
+RawDeviceMemory cudaRawMemory(int device);
+
 class CachingAllocator final : public Allocator {
 public:
-    explicit CachingAllocator(int device);
+    CachingAllocator(int device, RawDeviceMemory raw);
 
     void* allocate(std::size_t bytes) override;
     void deallocate(void* p, std::size_t bytes) override;
@@ -64,6 +74,7 @@ private:
     void releaseLocked();
 
     int m_device;
+    RawDeviceMemory m_raw;
     mutable std::mutex m_mutex;
     std::map<std::size_t, std::vector<void*>> m_free;  // size class -> cached blocks
     std::map<void*, std::size_t> m_live;               // block -> size class

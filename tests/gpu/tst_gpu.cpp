@@ -1,5 +1,6 @@
 // The CUDA plugin: it loads through the registry on every machine (and registers nothing, saying
-// why, where there is no GPU); on a machine with a usable GPU, every op against the reference
+// why, where there is no GPU), and its caching allocator's logic runs on fake memory everywhere;
+// on a machine with a usable GPU, every op against the reference
 // backend (values and gradients), the caching allocator's reuse, and training of the seed's MLP
 // and the small CNN matching the reference step by step. Without a device those cases QSKIP.
 
@@ -9,6 +10,9 @@
 
 #include <climits>
 #include <cmath>
+#include <cstdlib>
+#include <map>
+#include <memory>
 #include <cstring>
 #include <random>
 #include <string>
@@ -17,6 +21,7 @@
 #include "backend/backend.h"
 #include "backend/reference/reference_backend.h"
 #include "backend/registry.h"
+#include "cuda_device.h"
 #include "data/source.h"
 #include "model/spec.h"
 #include "train/trainer.h"
@@ -130,6 +135,8 @@ class TstGpu : public QObject {
 private slots:
     void initTestCase();
     void pluginLoadsThroughRegistry();
+    void allocatorSizeClasses();
+    void allocatorCachingOnFakeMemory();
     void gemm();
     void dense();
     void conv_data();
@@ -250,6 +257,95 @@ void TstGpu::pluginLoadsThroughRegistry()
     QVERIFY(s.memoryTotal > 0);
     auto bad = f->create(int(devices.size()) + 7, BackendOptions{});
     QVERIFY(!bad.ok());
+}
+
+void TstGpu::allocatorSizeClasses()
+{
+    using cuda::CachingAllocator;
+    QCOMPARE(CachingAllocator::sizeClass(0), std::size_t(512));
+    QCOMPARE(CachingAllocator::sizeClass(1), std::size_t(512));
+    QCOMPARE(CachingAllocator::sizeClass(512), std::size_t(512));
+    QCOMPARE(CachingAllocator::sizeClass(513), std::size_t(1024));
+    QCOMPARE(CachingAllocator::sizeClass(std::size_t(1) << 20), std::size_t(1) << 20);
+    QCOMPARE(CachingAllocator::sizeClass((std::size_t(1) << 20) + 1), std::size_t(1310720));  // 1 MiB + 256 KiB
+    QCOMPARE(CachingAllocator::sizeClass(3000000), std::size_t(3145728));                      // 6 x 512 KiB
+    // Every class covers its request with at most 25% slack above 1 MiB (512 bytes below).
+    for (std::size_t b = 1; b < (std::size_t(1) << 34); b = b * 3 / 2 + 7) {
+        const std::size_t c = CachingAllocator::sizeClass(b);
+        QVERIFY(c >= b);
+        QVERIFY2(c - b < 512 || double(c - b) <= 0.25 * double(b), qPrintable(QString("%1 -> %2").arg(b).arg(c)));
+        QCOMPARE(CachingAllocator::sizeClass(c), c);  // a class is its own class
+    }
+}
+
+void TstGpu::allocatorCachingOnFakeMemory()
+{
+    // Host memory with a 16 KiB budget stands in for the device.
+    struct Fake {
+        std::size_t budget = 16 * 1024, used = 0;
+        int allocs = 0, releases = 0;
+        std::map<void*, std::size_t> live;
+    };
+    auto fake = std::make_shared<Fake>();
+    cuda::RawDeviceMemory raw;
+    raw.allocate = [fake](std::size_t bytes) -> void* {
+        if (fake->used + bytes > fake->budget) return nullptr;
+        void* p = std::aligned_alloc(256, bytes);
+        fake->used += bytes;
+        ++fake->allocs;
+        fake->live[p] = bytes;
+        return p;
+    };
+    raw.release = [fake](void* p) {
+        fake->used -= fake->live.at(p);
+        fake->live.erase(p);
+        ++fake->releases;
+        std::free(p);
+    };
+    raw.freeBytes = [fake]() -> uint64_t { return fake->budget - fake->used; };
+    cuda::CachingAllocator alloc(0, raw);
+    QVERIFY(!alloc.hostAccessible());
+    QCOMPARE(int(alloc.device().kind), int(DeviceKind::Cuda));
+
+    void* a = alloc.allocate(4000);
+    QVERIFY(a);
+    QCOMPARE(fake->allocs, 1);
+    QCOMPARE(alloc.stats().bytesInUse, uint64_t(4096));
+    alloc.deallocate(a, 4000);
+    QCOMPARE(alloc.stats().bytesInUse, uint64_t(0));
+    QCOMPARE(alloc.stats().bytesCached, uint64_t(4096));
+    QCOMPARE(fake->releases, 0);  // cached, not given back
+
+    void* b = alloc.allocate(3900);  // same 4 KiB class: the cached block, no new allocation
+    QCOMPARE(b, a);
+    QCOMPARE(fake->allocs, 1);
+    QCOMPARE(alloc.stats().cacheHits, uint64_t(1));
+    void* c = alloc.allocate(5000);  // another class: a new block
+    QVERIFY(c && c != b);
+    QCOMPARE(fake->allocs, 2);
+    QCOMPARE(alloc.stats().peakInUse, uint64_t(4096 + 5120));
+    alloc.deallocate(b, 3900);
+    alloc.deallocate(c, 5000);
+    QCOMPARE(alloc.stats().bytesCached, uint64_t(4096 + 5120));
+
+    // 12 KiB does not fit beside the 9 KiB cached: the cache is released and the request retried.
+    void* d = alloc.allocate(12 * 1024);
+    QVERIFY(d);
+    QCOMPARE(alloc.stats().releases, uint64_t(1));
+    QCOMPARE(alloc.stats().bytesCached, uint64_t(0));
+    QCOMPARE(fake->releases, 2);
+    QCOMPARE(fake->used, std::size_t(12 * 1024));
+
+    // Over the budget even with an empty cache: nullptr, and the failure is recorded for the message.
+    QVERIFY(alloc.allocate(8 * 1024) == nullptr);
+    QCOMPARE(alloc.lastFailure().first, uint64_t(8 * 1024));
+    QCOMPARE(alloc.lastFailure().second, uint64_t(4 * 1024));
+    alloc.deallocate(reinterpret_cast<void*>(0x1234), 16);  // not ours: ignored
+    alloc.deallocate(d, 12 * 1024);
+    alloc.releaseCached();
+    QCOMPARE(fake->used, std::size_t(0));
+    QCOMPARE(alloc.stats().bytesInUse, uint64_t(0));
+    QCOMPARE(alloc.stats().peakInUse, uint64_t(12 * 1024));
 }
 
 void TstGpu::gemm()
