@@ -46,10 +46,16 @@ struct CudaBackend::ConvPlan {
     cudnnTensorDescriptor_t xDesc = nullptr, yDesc = nullptr;
     cudnnFilterDescriptor_t wDesc = nullptr;
     cudnnConvolutionDescriptor_t convDesc = nullptr;
-    cudnnConvolutionFwdAlgo_t fwd{};
-    cudnnConvolutionBwdDataAlgo_t bwdData{};
-    cudnnConvolutionBwdFilterAlgo_t bwdFilter{};
-    std::size_t wsFwd = 0, wsBwdData = 0, wsBwdFilter = 0;
+    // Deterministic algorithms in cuDNN's heuristic order (with their workspace sizes); a pass
+    // starts at the first and moves on, for good, when cuDNN reports one unsupported at run time.
+    template <typename Algo>
+    struct Candidates {
+        std::vector<std::pair<Algo, std::size_t>> list;
+        std::size_t current = 0;
+    };
+    Candidates<cudnnConvolutionFwdAlgo_t> fwd;
+    Candidates<cudnnConvolutionBwdDataAlgo_t> bwdData;
+    Candidates<cudnnConvolutionBwdFilterAlgo_t> bwdFilter;
 
     ~ConvPlan()
     {
@@ -290,7 +296,7 @@ Result<CudaBackend::ConvPlan*> CudaBackend::convPlan(int64_t N, int64_t H, int64
                              " output where the model expects " + std::to_string(OH) + "x" + std::to_string(OW),
                          "report this geometry; the cpu backend computes it");
 
-    // Heuristic order, keeping the first deterministic algorithm that is supported.
+    // Heuristic order, keeping every deterministic algorithm it reports as usable.
     constexpr int kMax = 16;
     int got = 0;
     {
@@ -298,28 +304,20 @@ Result<CudaBackend::ConvPlan*> CudaBackend::convPlan(int64_t N, int64_t H, int64
         TS_TRY(check(cudnnGetConvolutionForwardAlgorithm_v7(m_cudnn, plan->xDesc, plan->wDesc, plan->convDesc,
                                                             plan->yDesc, kMax, &got, perf),
                      "cudnnGetConvolutionForwardAlgorithm_v7"));
-        bool found = false;
-        for (int i = 0; i < got && !found; ++i)
-            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) {
-                plan->fwd = perf[i].algo;
-                plan->wsFwd = perf[i].memory;
-                found = true;
-            }
-        if (!found) return makeError(ErrorCode::Unsupported, geom + ": cuDNN offers no forward algorithm");
+        for (int i = 0; i < got; ++i)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC)
+                plan->fwd.list.emplace_back(perf[i].algo, perf[i].memory);
+        if (plan->fwd.list.empty()) return makeError(ErrorCode::Unsupported, geom + ": cuDNN offers no forward algorithm");
     }
     {
         cudnnConvolutionBwdDataAlgoPerf_t perf[kMax];
         TS_TRY(check(cudnnGetConvolutionBackwardDataAlgorithm_v7(m_cudnn, plan->wDesc, plan->yDesc, plan->convDesc,
                                                                  plan->xDesc, kMax, &got, perf),
                      "cudnnGetConvolutionBackwardDataAlgorithm_v7"));
-        bool found = false;
-        for (int i = 0; i < got && !found; ++i)
-            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) {
-                plan->bwdData = perf[i].algo;
-                plan->wsBwdData = perf[i].memory;
-                found = true;
-            }
-        if (!found)
+        for (int i = 0; i < got; ++i)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC)
+                plan->bwdData.list.emplace_back(perf[i].algo, perf[i].memory);
+        if (plan->bwdData.list.empty())
             return makeError(ErrorCode::Unsupported, geom + ": cuDNN offers no deterministic backward-data algorithm");
     }
     {
@@ -327,20 +325,34 @@ Result<CudaBackend::ConvPlan*> CudaBackend::convPlan(int64_t N, int64_t H, int64
         TS_TRY(check(cudnnGetConvolutionBackwardFilterAlgorithm_v7(m_cudnn, plan->xDesc, plan->yDesc, plan->convDesc,
                                                                    plan->wDesc, kMax, &got, perf),
                      "cudnnGetConvolutionBackwardFilterAlgorithm_v7"));
-        bool found = false;
-        for (int i = 0; i < got && !found; ++i)
-            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) {
-                plan->bwdFilter = perf[i].algo;
-                plan->wsBwdFilter = perf[i].memory;
-                found = true;
-            }
-        if (!found)
+        for (int i = 0; i < got; ++i)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC)
+                plan->bwdFilter.list.emplace_back(perf[i].algo, perf[i].memory);
+        if (plan->bwdFilter.list.empty())
             return makeError(ErrorCode::Unsupported,
                              geom + ": cuDNN offers no deterministic backward-filter algorithm");
     }
     ConvPlan* raw = plan.get();
     m_convPlans.emplace(key, std::move(plan));
     return raw;
+}
+
+template <typename Candidates, typename Run>
+Status CudaBackend::runConv(Candidates& c, const char* what, Run&& run)
+{
+    while (c.current < c.list.size()) {
+        const auto [algo, wsBytes] = c.list[c.current];
+        TS_ASSIGN(Tensor ws, scratch(Shape{int64_t(wsBytes)}, DType::U8));
+        const cudnnStatus_t st = run(algo, ws.raw(), wsBytes);
+        // cuDNN 9 refines NOT_SUPPORTED (3000) into sub-codes 3001..3999 (layout, shape, ...).
+        const bool unsupported = int(st) >= int(CUDNN_STATUS_NOT_SUPPORTED) && int(st) < int(CUDNN_STATUS_NOT_SUPPORTED) + 1000;
+        if (!unsupported) return check(st, what);
+        ++c.current;  // the heuristics offered one this geometry cannot run: the next, from now on
+    }
+    return makeError(ErrorCode::Unsupported,
+                     std::string(what) + ": none of cuDNN's deterministic algorithms runs this convolution on gpu:" +
+                         std::to_string(m_ctx->index),
+                     "report the layer's shapes; the cpu backend computes it");
 }
 
 Status CudaBackend::conv2dForward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p, Tensor& y)
@@ -361,11 +373,11 @@ Status CudaBackend::conv2dForward(const Tensor& x, const Tensor& w, const Tensor
                                     plan->WP, s),
                      "conv input padding"));
     }
-    TS_ASSIGN(Tensor ws, scratch(Shape{int64_t(plan->wsFwd)}, DType::U8));
     const float one = 1.0f, zero = 0.0f;
-    TS_TRY(check(cudnnConvolutionForward(m_cudnn, &one, plan->xDesc, xin.raw(), plan->wDesc, wT.raw(), plan->convDesc,
-                                         plan->fwd, ws.raw(), plan->wsFwd, &zero, plan->yDesc, y.raw()),
-                 "cudnnConvolutionForward"));
+    TS_TRY(runConv(plan->fwd, "cudnnConvolutionForward", [&](cudnnConvolutionFwdAlgo_t algo, void* ws, std::size_t n) {
+        return cudnnConvolutionForward(m_cudnn, &one, plan->xDesc, xin.raw(), plan->wDesc, wT.raw(), plan->convDesc,
+                                       algo, ws, n, &zero, plan->yDesc, y.raw());
+    }));
     if (!b.defined()) return okStatus();
     return check(cudak::biasActivation(y.data<float>(), b.data<float>(), N * OH * OW, F, cudak::ActLinear, s),
                  "conv bias");
@@ -387,12 +399,12 @@ Status CudaBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const 
     if (!plan->symmetric) {
         TS_ASSIGN(dxin, scratch(Shape{N, plan->HP, plan->WP, C}, DType::F32));
     }
-    TS_ASSIGN(Tensor ws, scratch(Shape{int64_t(plan->wsBwdData)}, DType::U8));
     const float one = 1.0f, zero = 0.0f;
-    TS_TRY(check(cudnnConvolutionBackwardData(m_cudnn, &one, plan->wDesc, wT.raw(), plan->yDesc, dy.raw(),
-                                              plan->convDesc, plan->bwdData, ws.raw(), plan->wsBwdData, &zero,
-                                              plan->xDesc, dxin.raw()),
-                 "cudnnConvolutionBackwardData"));
+    TS_TRY(runConv(plan->bwdData, "cudnnConvolutionBackwardData",
+                   [&](cudnnConvolutionBwdDataAlgo_t algo, void* ws, std::size_t n) {
+                       return cudnnConvolutionBackwardData(m_cudnn, &one, plan->wDesc, wT.raw(), plan->yDesc, dy.raw(),
+                                                           plan->convDesc, algo, ws, n, &zero, plan->xDesc, dxin.raw());
+                   }));
     if (plan->symmetric) return okStatus();
     return check(cudak::cropNhwc(dxin.data<float>(), dx.data<float>(), N, H, W, C, p.padTop, p.padLeft, plan->HP,
                                  plan->WP, s),
@@ -421,12 +433,13 @@ Status CudaBackend::conv2dBackwardWeights(const Tensor& x, const Tensor& dy, con
                      "conv input padding"));
     }
     TS_ASSIGN(Tensor dwT, scratch(Shape{F, KH * KW * C}, DType::F32));
-    TS_ASSIGN(Tensor ws, scratch(Shape{int64_t(plan->wsBwdFilter)}, DType::U8));
     const float one = 1.0f, zero = 0.0f;
-    TS_TRY(check(cudnnConvolutionBackwardFilter(m_cudnn, &one, plan->xDesc, xin.raw(), plan->yDesc, dy.raw(),
-                                                plan->convDesc, plan->bwdFilter, ws.raw(), plan->wsBwdFilter, &zero,
-                                                plan->wDesc, dwT.raw()),
-                 "cudnnConvolutionBackwardFilter"));
+    TS_TRY(runConv(plan->bwdFilter, "cudnnConvolutionBackwardFilter",
+                   [&](cudnnConvolutionBwdFilterAlgo_t algo, void* ws, std::size_t n) {
+                       return cudnnConvolutionBackwardFilter(m_cudnn, &one, plan->xDesc, xin.raw(), plan->yDesc,
+                                                             dy.raw(), plan->convDesc, algo, ws, n, &zero, plan->wDesc,
+                                                             dwT.raw());
+                   }));
     TS_TRY(check(cudak::transpose2d(dwT.data<float>(), dw.data<float>(), F, KH * KW * C, s), "conv weight transpose"));
     if (!db.defined()) return okStatus();
     return colSums(dy, N * OH * OW, F, db, false);

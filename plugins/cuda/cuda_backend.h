@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <tuple>
+#include <vector>
 
 #include <cublas_v2.h>
 #include <cudnn.h>
@@ -116,6 +117,10 @@ private:
     Status check(cublasStatus_t st, const char* what) const;
     Status check(cudnnStatus_t st, const char* what) const;
     Status colSums(const Tensor& m, int64_t rows, int64_t cols, Tensor& out, bool accumulate);
+    // Runs one convolution pass with the plan's current algorithm, moving down its candidates
+    // while cuDNN answers CUDNN_STATUS_NOT_SUPPORTED.
+    template <typename Candidates, typename Run>
+    Status runConv(Candidates& c, const char* what, Run&& run);
 
     // cuDNN descriptors and the algorithms chosen for one convolution geometry, cached so a
     // steady-state step plans nothing.
