@@ -17,7 +17,7 @@ out=$(mkdir -p "${1:-build/gpu-check-out}" && readlink -f "${1:-build/gpu-check-
 deps=${TS_GPU_DEPS_ROOT:-/tmp/ts-gpu-deps}
 build=build/gpu-check
 jobs=$(nproc)
-epochs=${TS_GPU_BENCH_EPOCHS:-3}
+epochs=${TS_GPU_BENCH_EPOCHS:-5}
 summary=$out/summary.txt
 t0=$(date +%s)
 : >"$summary"
