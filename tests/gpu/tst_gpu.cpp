@@ -16,6 +16,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "backend/backend.h"
@@ -157,6 +158,9 @@ private slots:
     void optimizers();
     void sumSquares();
     void allocatorReuse();
+    void outOfMemoryIsAnError();
+    void deterministic();
+    void deviceSample();
     void trainingMatchesReference_data();
     void trainingMatchesReference();
     void cleanupTestCase();
@@ -858,6 +862,69 @@ void TstGpu::allocatorReuse()
     }
     statsFn(0, s2);
     QCOMPARE(s2[3], s1[3]);
+}
+
+void TstGpu::outOfMemoryIsAnError()
+{
+    REQUIRE_GPU();
+    // Far beyond any GPU: a typed error naming the device, and the backend stays usable.
+    auto huge = Tensor::create(Shape{int64_t(1) << 50}, DType::F32, m_be->allocator());
+    QVERIFY(!huge.ok());
+    QCOMPARE(int(huge.error().code), int(ErrorCode::OutOfMemory));
+    QVERIFY2(huge.error().message.find("gpu:0") != std::string::npos, huge.error().message.c_str());
+    Tensor x = randomTensor(Shape{64}, m_rng);
+    CHECK_SAME(compare(down(up(x)), x, 0, 0, "round trip after a failed allocation"));
+}
+
+void TstGpu::deterministic()
+{
+    REQUIRE_GPU();
+    // The backend contract: the same inputs give bit-identical outputs (fixed reduction orders,
+    // deterministic cuDNN algorithms).
+    Conv2dParams p;
+    p.padTop = p.padBottom = p.padLeft = p.padRight = 1;
+    Tensor x = up(randomTensor(Shape{8, 14, 14, 16}, m_rng)), dy = up(randomTensor(Shape{8, 14, 14, 32}, m_rng));
+    Tensor dense_x = up(randomTensor(Shape{300, 200}, m_rng)), dense_dy = up(randomTensor(Shape{300, 50}, m_rng));
+    Tensor dense_w = up(randomTensor(Shape{200, 50}, m_rng));
+    Tensor bn_x = up(randomTensor(Shape{4000, 8}, m_rng)), bn_dy = up(randomTensor(Shape{4000, 8}, m_rng));
+    Tensor bn_mean = up(randomTensor(Shape{8}, m_rng)), bn_inv = up(randomTensor(Shape{8}, m_rng, 0.5f, 2.0f));
+    auto once = [&](std::vector<Tensor>& out) {
+        Tensor dw = up(Tensor::zeros(Shape{3, 3, 16, 32})), db = up(Tensor::zeros(Shape{32}));
+        CHECK_OK(m_be->conv2dBackwardWeights(x, dy, p, dw, db));
+        Tensor ddw = up(Tensor::zeros(Shape{200, 50})), ddb = up(Tensor::zeros(Shape{50})), none;
+        CHECK_OK(m_be->denseBackward(dense_x, dense_w, dense_dy, none, ddw, ddb, false));
+        Tensor bdx = up(Tensor::zeros(Shape{4000, 8})), bdg = up(Tensor::zeros(Shape{8})), bdb = up(Tensor::zeros(Shape{8}));
+        CHECK_OK(m_be->batchNormBackward(bn_x, Tensor(), bn_mean, bn_inv, bn_dy, bdx, bdg, bdb));
+        for (Tensor* t : {&dw, &db, &ddw, &ddb, &bdx, &bdg, &bdb}) out.push_back(down(*t));
+        double ss = 0;
+        CHECK_OK(m_be->sumSquares(bn_x, &ss));
+        Tensor bits = Tensor::empty(Shape{int64_t(sizeof ss)}, DType::U8);  // all 64 bits of the double
+        std::memcpy(bits.raw(), &ss, sizeof ss);
+        out.push_back(bits);
+    };
+    std::vector<Tensor> a, b;
+    once(a);
+    once(b);
+    if (QTest::currentTestFailed()) return;
+    QCOMPARE(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i)
+        QVERIFY2(std::memcmp(a[i].raw(), b[i].raw(), a[i].bytes()) == 0, qPrintable(QString("output %1 differs between runs").arg(i)));
+}
+
+void TstGpu::deviceSample()
+{
+    REQUIRE_GPU();
+    const DeviceSample s = m_be->sample();
+    QVERIFY(s.memoryTotal > 0);
+    QVERIFY(s.memoryUsed <= s.memoryTotal);
+    QVERIFY(s.utilisation == -1 || (s.utilisation >= 0 && s.utilisation <= 1));
+    // Safe from another thread while this one queues work (the sampler thread does that).
+    DeviceSample other;
+    std::thread sampler([&] { other = m_be->sample(); });
+    Tensor x = up(randomTensor(Shape{1 << 16}, m_rng));
+    CHECK_OK(m_be->scale(2.0f, x));
+    sampler.join();
+    QVERIFY(other.memoryTotal == s.memoryTotal);
 }
 
 void TstGpu::trainingMatchesReference_data()
