@@ -20,6 +20,7 @@
 
 #include <cstdio>
 
+#include "backend/registry.h"
 #include "bench_dashboard.h"
 #include "dashboard/dashboardwidget.h"
 #include "designer/designerscene.h"
@@ -40,6 +41,8 @@ int main(int argc, char** argv)
     QApplication::setApplicationVersion(QStringLiteral("0.1.0"));
     QApplication::setDesktopFileName(QStringLiteral("trainstudio"));
     QApplication::setWindowIcon(ts::appIcon());
+    // GPU backends are plugins: loaded before the run setup lists the devices.
+    ts::BackendRegistry::instance().loadDefaultPlugins();
 
     QCommandLineParser parser;
     parser.setApplicationDescription(QStringLiteral("TrainStudio: design, train and watch neural networks"));

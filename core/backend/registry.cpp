@@ -14,6 +14,7 @@ struct BackendRegistry::Impl {
     mutable std::mutex mutex;
     std::vector<BackendFactory> factories;
     std::vector<std::string> loadedPlugins;
+    std::vector<std::string> pluginNotes;  // what each loaded plugin said it did (ts_plugin_status)
 };
 
 BackendRegistry::BackendRegistry() : m_d(std::make_shared<Impl>())
@@ -68,10 +69,14 @@ Result<std::unique_ptr<Backend>> BackendRegistry::create(const std::string& name
 {
     const BackendFactory* f = find(name);
     if (!f) {
-        std::string known;
+        std::string known, notes;
         for (const auto& n : names()) known += (known.empty() ? "" : ", ") + n;
+        {
+            std::lock_guard lock(m_d->mutex);
+            for (const auto& n : m_d->pluginNotes) notes += "; " + n;
+        }
         return makeError(ErrorCode::NotFound, "no backend named '" + name + "'",
-                         "available backends: " + known);
+                         "available backends: " + known + (notes.empty() ? std::string("; no plugin is loaded") : notes));
     }
     return f->create(deviceIndex, options);
 }
@@ -104,8 +109,12 @@ Status BackendRegistry::loadPlugin(const std::string& path)
                          "it is not a TrainStudio backend plugin");
     }
     fn(this);
+    // Optional: why a plugin registered nothing (e.g. no GPU), for the "no backend" error.
+    using StatusFn = const char* (*)();
+    auto status = reinterpret_cast<StatusFn>(dlsym(handle, "ts_plugin_status"));
     std::lock_guard lock(m_d->mutex);
     m_d->loadedPlugins.push_back(path);
+    if (status && status()) m_d->pluginNotes.push_back(std::string(status()) + " (" + path + ")");
     return okStatus();
 }
 
@@ -145,6 +154,10 @@ std::vector<std::string> BackendRegistry::loadDefaultPlugins()
             }
             Status st = loadPlugin(entry.path().string());
             messages.push_back(st.ok() ? "loaded " + entry.path().string() : st.error().toString());
+            if (!st.ok()) {
+                std::lock_guard lock(m_d->mutex);
+                m_d->pluginNotes.push_back(st.error().toString());
+            }
         }
     }
     return messages;

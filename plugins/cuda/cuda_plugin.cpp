@@ -54,8 +54,9 @@ extern "C" __attribute__((visibility("default"))) void ts_register_backends(ts::
     std::string why;
     std::vector<int> devices = ts::cuda::usableDevices(&why);
     if (devices.empty()) {
+        // Quiet: every CPU-only machine would print this at each start. The registry puts it
+        // in the error of anyone asking for the cuda backend (ts_plugin_status).
         pluginStatus() = "cuda backend not registered: " + why;
-        std::fprintf(stderr, "trainstudio-cuda: %s\n", pluginStatus().c_str());
         return;
     }
     registry->add(cudaFactory(devices));
@@ -67,6 +68,9 @@ extern "C" __attribute__((visibility("default"))) const char* ts_cuda_plugin_sta
 {
     return pluginStatus().c_str();
 }
+
+// The same under the name every plugin may export: the registry reads it after registration.
+extern "C" __attribute__((visibility("default"))) const char* ts_plugin_status() { return pluginStatus().c_str(); }
 
 // The caching allocator's counters of `device` for tests and diagnostics: out[0] bytes in use,
 // [1] bytes cached, [2] peak in use, [3] cudaMalloc calls, [4] cache hits, [5] cache releases.
