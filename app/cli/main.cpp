@@ -15,7 +15,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "backend/registry.h"
 #include "commands.h"
 
 namespace {
@@ -57,9 +56,6 @@ int main(int argc, char** argv)
     tscli::addRunsCommand(app, runs);
     tscli::TraceOptions trace;
     tscli::addTraceCommand(app, trace);
-    // Backends from plugins (libtrainstudio-cuda.so next to the binary or on
-    // $TRAINSTUDIO_PLUGIN_PATH). Failures are not fatal: asking for a missing backend says why.
-    ts::BackendRegistry::instance().loadDefaultPlugins();
 
     try {
         app.parse(argc, argv);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <deque>
 #include <cstdlib>
 #include <filesystem>
 #include <mutex>
@@ -12,7 +13,9 @@ namespace ts {
 
 struct BackendRegistry::Impl {
     mutable std::mutex mutex;
-    std::vector<BackendFactory> factories;
+    // A deque: find() hands out pointers that a later plugin load must not invalidate.
+    std::deque<BackendFactory> factories;
+    bool pluginsTried = false;  // loadDefaultPlugins() ran (lookups that miss load them once)
     std::vector<std::string> loadedPlugins;
     std::vector<std::string> pluginNotes;  // what each loaded plugin said it did (ts_plugin_status)
 };
@@ -49,19 +52,41 @@ std::vector<std::string> BackendRegistry::names() const
 
 const BackendFactory* BackendRegistry::find(const std::string& name) const
 {
-    std::lock_guard lock(m_d->mutex);
-    for (const auto& f : m_d->factories)
-        if (f.name == name) return &f;
-    return nullptr;
+    auto lookup = [&]() -> const BackendFactory* {
+        std::lock_guard lock(m_d->mutex);
+        for (const auto& f : m_d->factories)
+            if (f.name == name) return &f;
+        return nullptr;
+    };
+    if (const BackendFactory* f = lookup()) return f;
+    // Plugins load on first need: the CUDA libraries take ~0.1 s and 200 MB of mappings to
+    // load, which a CPU run should not pay.
+    if (!loadPluginsOnce()) return nullptr;
+    return lookup();
+}
+
+bool BackendRegistry::loadPluginsOnce() const
+{
+    {
+        std::lock_guard lock(m_d->mutex);
+        if (m_d->pluginsTried) return false;
+    }
+    const_cast<BackendRegistry*>(this)->loadDefaultPlugins();
+    return true;
 }
 
 const BackendFactory* BackendRegistry::preferred(DeviceKind kind) const
 {
-    std::lock_guard lock(m_d->mutex);
-    const BackendFactory* best = nullptr;
-    for (const auto& f : m_d->factories)
-        if (f.kind == kind && (!best || f.priority > best->priority)) best = &f;
-    return best;
+    auto lookup = [&]() -> const BackendFactory* {
+        std::lock_guard lock(m_d->mutex);
+        const BackendFactory* best = nullptr;
+        for (const auto& f : m_d->factories)
+            if (f.kind == kind && (!best || f.priority > best->priority)) best = &f;
+        return best;
+    };
+    if (const BackendFactory* f = lookup()) return f;
+    if (!loadPluginsOnce()) return nullptr;
+    return lookup();
 }
 
 Result<std::unique_ptr<Backend>> BackendRegistry::create(const std::string& name, int deviceIndex,
@@ -120,6 +145,10 @@ Status BackendRegistry::loadPlugin(const std::string& path)
 
 std::vector<std::string> BackendRegistry::loadDefaultPlugins()
 {
+    {
+        std::lock_guard lock(m_d->mutex);
+        m_d->pluginsTried = true;
+    }
     namespace fs = std::filesystem;
     std::vector<fs::path> dirs;
     if (const char* env = std::getenv("TRAINSTUDIO_PLUGIN_PATH")) {

@@ -28,6 +28,7 @@ public:
 
     void add(BackendFactory factory);
     std::vector<std::string> names() const;
+    // Lookups that miss load the default plugins once (loadDefaultPlugins) and look again.
     const BackendFactory* find(const std::string& name) const;
     // The preferred backend for a device kind ("cpu" for Cpu when built with oneDNN).
     const BackendFactory* preferred(DeviceKind kind) const;
@@ -40,11 +41,14 @@ public:
     // dlopen a plugin and call its `extern "C" void ts_register_backends(ts::BackendRegistry*)`.
     Status loadPlugin(const std::string& path);
     // Loads every libtrainstudio-*.so found next to the executable or in $TRAINSTUDIO_PLUGIN_PATH;
-    // failures are returned as messages, not fatal (the app keeps working on the CPU).
+    // failures are returned as messages, not fatal (the app keeps working on the CPU). Hosts
+    // that list devices (the studio) call it at start; otherwise the first lookup that misses
+    // does.
     std::vector<std::string> loadDefaultPlugins();
 
 private:
     BackendRegistry();
+    bool loadPluginsOnce() const;  // false if they were loaded (or tried) before
     struct Impl;
     std::shared_ptr<Impl> m_d;
 };
