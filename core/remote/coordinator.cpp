@@ -80,7 +80,11 @@ struct PsEvaluator {
         tc.strategy.kind = "one-device";
         tc.strategy.threads = cfg.strategy.threads;
         tc.strategy.backend = cfg.strategy.backend;
-        TS_ASSIGN(e->trainer, Trainer::create(cfg.model, tc));
+        ModelSpec model = cfg.model;
+        if (!cfg.modelFile.empty()) {
+            TS_ASSIGN(model, loadModelFile(cfg.modelFile));
+        }
+        TS_ASSIGN(e->trainer, Trainer::create(model, tc));
         PsClientOptions po;
         po.spec = spec;
         po.runId = runId;
@@ -352,6 +356,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     FitResult fit;
     bool anyCancelled = false, cancelSent = false;
     std::map<std::string, int64_t> staleness;  // parameter-server: each worker's latest
+    std::optional<tm::EpochMetricsEvent> lastEpoch;  // worker 0's, re-recorded with the final evaluation
     double workerSamplesPerSec = 0;
     int64_t workerSteps = 0;
     // Worker 0's epoch, with the ps tasks' weights evaluated on the test split now.
@@ -421,7 +426,10 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
                 fit.last.epoch = m.epoch;
                 fit.last.loss = f.value("loss", 0.0);
                 fit.last.accuracy = f.value("accuracy", 0.0);
-                if (psRun) evaluatedEpoch(m);  // the streams queue meanwhile (the inbox is unlocked)
+                if (psRun) {
+                    evaluatedEpoch(m);  // the streams queue meanwhile (the inbox is unlocked)
+                    lastEpoch = m;
+                }
                 if (onEpoch) onEpoch(m);
                 bus.publish(tm::Event(std::move(m)));
             } else if (e.kind == "sample") {
@@ -471,11 +479,10 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     if (psRun && !failure) {
         // Every worker has ended: their last pushes are applied (each flushes before it reports
         // its end). The final weights are the ps tasks'; then the ps tasks are stopped.
-        if (!m_cancel && primary < m_tasks.size() && m_tasks[primary]->state == "completed" && evaluator->validation) {
-            tm::EpochMetricsEvent m;
+        if (!m_cancel && lastEpoch && m_tasks[primary]->state == "completed" && evaluator->validation) {
+            // Worker 0's last epoch again, now with the weights after every worker's last push.
+            tm::EpochMetricsEvent m = *lastEpoch;
             m.stamp = stamp(m_tasks[primary]->id.toString(), "", fit.steps);
-            m.epoch = std::max<int64_t>(1, fit.last.epoch);
-            m.metrics = {{"loss", fit.last.loss}, {"accuracy", fit.last.accuracy}};
             evaluatedEpoch(m);
             if (!failure) {
                 m_summary["evaluation"] = {{"val_loss", fit.last.valLoss}, {"val_accuracy", fit.last.valAccuracy}};

@@ -304,7 +304,7 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra)
     auto info = store->run(runId);
     QVERIFY(info.ok());
     QCOMPARE(info->strategy, std::string("parameter-server"));
-    QCOMPARE(info->status, RunState::Completed);
+    QCOMPARE(info->status, store::RunState::Completed);
     auto epochs = store->epochMetrics(runId);
     QVERIFY(epochs.ok());
     QCOMPARE(epochs->size(), std::size_t(2));
