@@ -91,7 +91,10 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()
                                   : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
-    if (!o.quiet && !o.json) std::printf("Starting run %s on %zu worker(s)\n", runId.c_str(), c.numTasks());
+    const bool ps = strategy == "parameter-server";
+    const std::string where = ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)"
+                                 : std::to_string(c.numTasks()) + " worker(s)";
+    if (!o.quiet && !o.json) std::printf("Starting run %s on %s\n", runId.c_str(), where.c_str());
     std::fflush(stdout);
     auto result = c.run(std::move(cfg), runId, bus, [&](const ts::telemetry::EpochMetricsEvent& m) {
         if (o.quiet) return;
@@ -118,15 +121,15 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
                             {"strategy", strategy}, {"workers", c.numTasks()}, {"run_id", runId}};
         if (std::isfinite(fit.last.valAccuracy)) j["val_accuracy"] = fit.last.valAccuracy;
         if (std::isfinite(fit.last.valLoss)) j["val_loss"] = fit.last.valLoss;
-        if (strategy == "parameter-server") {
+        if (ps) {
             j["workers"] = c.spec().count("worker");
             j["ps"] = c.spec().count("ps");
             j["tasks"] = c.summary();
         }
         std::cout << j.dump() << "\n";
     } else if (!o.quiet) {
-        std::printf("Trained %lld step(s) on %zu worker(s) in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), c.numTasks(),
-                    fit.seconds, fit.samplesPerSec);
+        std::printf("Trained %lld step(s) on %s in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), where.c_str(), fit.seconds,
+                    fit.samplesPerSec);
         if (std::isfinite(fit.last.valAccuracy))
             std::printf("Test accuracy of the final weights: %.4f (loss %.4f)\n", fit.last.valAccuracy, fit.last.valLoss);
         if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());

@@ -21,7 +21,7 @@ using namespace ts::remote;
 namespace {
 
 const std::string kToken = "ps-test-token";
-constexpr int kEpochs = 3;
+constexpr int kEpochs = 4;
 
 // The seed's MLP (784-256-10), as Program names its variables.
 std::vector<VariableInfo> mlpVariables()
@@ -267,7 +267,7 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra)
     const QString db = dir.filePath("runs.db");
     QElapsedTimer timer;
     timer.start();
-    // 3 epochs: 2 reach 0.86 here, too close to the bar for an asynchronous run.
+    // 4 epochs: 2 or 3 reach only 0.86 here, too close to the bar for an asynchronous run.
     auto coord = startCoordinator(trainArgs(c.file, kEpochs) + extra + QStringList{"--db", db, "--json"});
     QVERIFY(coord->waitForFinished(120000));
     const double secs = timer.elapsed() / 1000.0;
