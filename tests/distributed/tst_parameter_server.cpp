@@ -142,10 +142,11 @@ private slots:
     void refusesPushWithoutToken();
     void killedPsIsNamed();
     void killedWorkerIsNamed();
+    void silentPsIsNamed();
 
 private:
     void trainEndToEnd(int ps, const QStringList& extra);
-    void killedTaskIsNamed(bool killPs);
+    void killedTaskIsNamed(bool killPs, int signal = SIGKILL);
 };
 
 void TestParameterServer::partitionRoundRobin()
@@ -389,7 +390,13 @@ void TestParameterServer::killedWorkerIsNamed()
     killedTaskIsNamed(false);
 }
 
-void TestParameterServer::killedTaskIsNamed(bool killPs)
+// SIGSTOP: the ps keeps its sockets open but answers nothing; only the heartbeat notices.
+void TestParameterServer::silentPsIsNamed()
+{
+    killedTaskIsNamed(true, SIGSTOP);
+}
+
+void TestParameterServer::killedTaskIsNamed(bool killPs, int signal)
 {
     QTemporaryDir dir;
     Cluster c = startCluster(dir.path(), 2, 1);
@@ -406,15 +413,18 @@ void TestParameterServer::killedTaskIsNamed(bool killPs)
     QVERIFY2(seen.contains("Epoch 1:"), qPrintable(seen + coord->readAllStandardError()));
     QCOMPARE(coord->state(), QProcess::Running);
     WorkerProcess& victim = killPs ? *c.ps[0] : *c.workers[1];
-    ::kill(static_cast<pid_t>(victim.process->processId()), SIGKILL);
+    ::kill(static_cast<pid_t>(victim.process->processId()), signal);
     QElapsedTimer timer;
     timer.start();
-    QVERIFY(coord->waitForFinished(30000));
+    const bool finished = coord->waitForFinished(30000);
     const double secs = timer.elapsed() / 1000.0;
+    if (signal == SIGSTOP) ::kill(static_cast<pid_t>(victim.process->processId()), SIGCONT);  // so it can be shut down
+    QVERIFY(finished);
     const QString out = seen + QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
     QCOMPARE(coord->exitCode(), 1);
     for (const QString& line : out.split('\n'))
         if (line.startsWith("error:")) qInfo("%s (after %.1f s)", qPrintable(line), secs);
+    if (signal == SIGSTOP) QVERIFY2(out.contains("stopped responding"), qPrintable(out));
     QVERIFY2(out.contains(QString("%1 at 127.0.0.1:%2").arg(killPs ? "ps:0" : "worker:1").arg(victim.port)), qPrintable(out));
     QVERIFY2(secs < 10.0, qPrintable(QString("detected after %1 s: ").arg(secs) + out));
 }
