@@ -28,7 +28,8 @@ struct WorkerOptions {
     bool allowRemote = false;             // required to bind a non-loopback address
     std::string token;
     std::string name;                     // how the worker calls itself (default: host:port)
-    int maxMessageBytes = 4 << 20;        // bounds every request (run configs inline the model)
+    int maxMessageBytes = 4 << 20;        // bounds every request and reply (run configs inline the
+                                          // model; a ps task's pulls carry its whole shard)
     TlsFiles tls;                         // certificate + key: serve TLS; rootCa: verify the
                                           // coordinating daemon's rendezvous when this one is a peer
 };
