@@ -12,6 +12,7 @@
 
 #include "commands.h"
 #include "distribute/cluster_spec.h"
+#include "io/safetensors.h"
 #include "store/recording.h"
 #include "remote/auth.h"
 #include "remote/coordinator.h"
@@ -59,8 +60,14 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         cfg.model = std::move(m).value();
         cfg.modelFile.clear();
     }
+    const bool ps = strategy == "parameter-server";
+    // parameter-server: this process pulls the final weights from the ps tasks, so it can write
+    // them itself; the workers are never told a path.
+    const std::string saveWeights = ps ? cfg.saveWeights : std::string();
+    if (ps) cfg.saveWeights.clear();
     if (!cfg.saveWeights.empty() || !cfg.loadWeights.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--save-weights/--load-weights are not available with --cluster yet",
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument,
+                                 ps ? "--load-weights is not available with --cluster yet" : "--save-weights/--load-weights are not available with --cluster yet",
                                  "workers write no files the coordinator names; train with --tf-config on each machine to keep weights"));
         return 2;
     }
@@ -91,11 +98,11 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()
                                   : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
-    const bool ps = strategy == "parameter-server";
     const std::string where = ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)"
                                  : std::to_string(c.numTasks()) + " worker(s)";
     if (!o.quiet && !o.json) std::printf("Starting run %s on %s\n", runId.c_str(), where.c_str());
     std::fflush(stdout);
+    const std::string modelName = cfg.model.name;
     auto result = c.run(std::move(cfg), runId, bus, [&](const ts::telemetry::EpochMetricsEvent& m) {
         if (o.quiet) return;
         const double loss = m.metrics.count("loss") ? m.metrics.at("loss") : 0.0;
@@ -109,6 +116,15 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         else std::printf("Epoch %lld: loss %.4f accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc, m.samplesPerSec);
         std::fflush(stdout);
     });
+    if (result.ok() && !result->cancelled && !saveWeights.empty()) {
+        ts::Status saved = ts::writeSafetensors(saveWeights, c.finalWeights(), {{"format", "trainstudio"}, {"model", modelName},
+                                                                                {"step", std::to_string(result->steps)}});
+        if (!saved.ok()) result = saved.error();
+        else if (recording) {
+            ts::PreparedRun none;  // the weights are written already: keepWeights only lists them
+            recording->keepWeights(none, saveWeights, result->steps);
+        }
+    }
     if (recording) recording->fitDone(result);
     if (!result.ok()) {
         printError(result.error());

@@ -180,7 +180,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--limit", o.limit, "use only the first N training examples");
     c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples");
     c->add_option("--load-weights", o.loadWeights, "initial weights (.safetensors, Keras layouts)");
-    c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors)");
+    c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors; with --cluster: parameter-server only)");
     c->add_option("--backend", o.backend, "force a backend by name (reference, cpu)");
     c->add_flag("--json", o.json, "one JSON object per epoch, then one with \"final\": true");
     c->add_flag("--quiet", o.quiet, "print nothing but errors");

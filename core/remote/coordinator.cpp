@@ -113,8 +113,8 @@ struct PsEvaluator {
         return e;
     }
 
-    // The ps tasks' current weights on the test split.
-    Result<EvalResult> evaluate()
+    // The ps tasks' current weights into this model.
+    Status pullWeights()
     {
         if (!begun) {
             std::vector<StoreVariable> vars;
@@ -132,6 +132,13 @@ struct PsEvaluator {
         } else {
             TS_TRY(store->pull());
         }
+        return okStatus();
+    }
+
+    // The ps tasks' current weights on the test split.
+    Result<EvalResult> evaluate()
+    {
+        TS_TRY(pullWeights());
         return trainer->evaluate(*validation);
     }
 };
@@ -476,10 +483,19 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
         if (failure || inbox.allEnded() || (psRun && trainingEnded() && inbox.events.empty())) break;
     }
     lock.unlock();
+    m_finalWeights.clear();
     if (psRun && !failure) {
         // Every worker has ended: their last pushes are applied (each flushes before it reports
         // its end). The final weights are the ps tasks'; then the ps tasks are stopped.
-        if (!m_cancel && lastEpoch && m_tasks[primary]->state == "completed" && evaluator->validation) {
+        const bool completed = !m_cancel && m_tasks[primary]->state == "completed";
+        if (completed) {
+            Status pulled = evaluator->pullWeights();
+            auto weights = pulled.ok() ? evaluator->trainer->strategy().exportParameters()
+                                       : Result<std::vector<std::pair<std::string, Tensor>>>(pulled.error());
+            if (weights.ok()) m_finalWeights = std::move(weights).value();
+            else failure = weights.takeError();
+        }
+        if (completed && !failure && lastEpoch && evaluator->validation) {
             // Worker 0's last epoch again, now with the weights after every worker's last push.
             tm::EpochMetricsEvent m = *lastEpoch;
             m.stamp = stamp(m_tasks[primary]->id.toString(), "", fit.steps);

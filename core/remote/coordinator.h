@@ -84,6 +84,9 @@ public:
     // What the tasks of the last run() reported at their end, by task ("worker:1": its steps,
     // pushes and staleness; "ps:0": updates applied), plus "evaluation" (parameter-server).
     nlohmann::json summary() const { return m_summary; }
+    // parameter-server: the weights the ps tasks held when the last run() completed (Keras names
+    // and layouts, host tensors); empty after a failed or cancelled run, and for other strategies.
+    const std::vector<std::pair<std::string, Tensor>>& finalWeights() const { return m_finalWeights; }
     const ClusterSpec& spec() const { return m_options.spec; }
 
 private:
@@ -94,6 +97,7 @@ private:
     std::string m_strategy;
     std::vector<std::unique_ptr<Task>> m_tasks;   // parameter-server: the ps tasks first
     nlohmann::json m_summary = nlohmann::json::object();
+    std::vector<std::pair<std::string, Tensor>> m_finalWeights;
     std::atomic<bool> m_cancel{false};
     std::function<void()> m_wake;   // wakes run()'s loop; set while it runs
     std::mutex m_wakeMutex;

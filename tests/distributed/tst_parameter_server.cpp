@@ -10,10 +10,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/dataset.h"
 #include "distribute/partitioner.h"
+#include "io/safetensors.h"
 #include "parameter_server.grpc.pb.h"
 #include "remote/worker_service.h"
 #include "store/run_store.h"
+#include "train/trainer.h"
 
 using namespace ts;
 using namespace ts::remote;
@@ -266,10 +269,11 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra)
     for (const auto& w : c.workers) QVERIFY(w->port > 0);
     for (const auto& p : c.ps) QVERIFY(p->port > 0);
     const QString db = dir.filePath("runs.db");
+    const QString weights = dir.filePath("final.safetensors");
     QElapsedTimer timer;
     timer.start();
     // 4 epochs: 2 or 3 reach only 0.86 here, too close to the bar for an asynchronous run.
-    auto coord = startCoordinator(trainArgs(c.file, kEpochs) + extra + QStringList{"--db", db, "--json"});
+    auto coord = startCoordinator(trainArgs(c.file, kEpochs) + extra + QStringList{"--db", db, "--json", "--save-weights", weights});
     QVERIFY(coord->waitForFinished(120000));
     const double secs = timer.elapsed() / 1000.0;
     const QString out = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
@@ -318,6 +322,30 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra)
     QVERIFY(names.ok());
     for (const char* m : {"loss", "accuracy", "staleness", "staleness/worker:0", "staleness/worker:1"})
         QVERIFY2(std::find(names->begin(), names->end(), m) != names->end(), m);
+    auto kept = store->checkpoints(runId);
+    QVERIFY(kept.ok() && kept->size() == 1);
+    QCOMPARE(kept->front().path, weights.toStdString());
+
+    // The saved weights are the ones evaluated: loaded into a local model they score the same.
+    auto model = loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    QVERIFY(model.ok());
+    TrainConfig tc;
+    tc.strategy.threads = 1;
+    auto trainer = Trainer::create(*model, tc);
+    QVERIFY(trainer.ok());
+    Status loaded = (*trainer)->loadWeights(weights.toStdString());
+    QVERIFY2(loaded.ok(), loaded.ok() ? "" : loaded.error().toString().c_str());
+    auto data = loadIdxFolder(defaultFashionMnistDir(), true);
+    QVERIFY(data.ok());
+    InMemoryBatchOptions bo;
+    bo.batchSize = 1000;
+    bo.shuffle = false;
+    auto test = InMemoryBatchSource::create(data->test, bo);
+    QVERIFY(test.ok());
+    auto local = (*trainer)->evaluate(**test);
+    QVERIFY(local.ok());
+    QCOMPARE(local->examples, int64_t(10000));
+    QVERIFY2(std::abs(local->accuracy - acc) < 1e-9, qPrintable(QString("%1 vs %2").arg(local->accuracy).arg(acc)));
 }
 
 void TestParameterServer::trainsWithOnePs()
