@@ -14,6 +14,8 @@
 #include "distribute/partitioner.h"
 #include "io/safetensors.h"
 #include "parameter_server.grpc.pb.h"
+#include "train/run_config.h"
+#include "worker.grpc.pb.h"
 #include "remote/worker_service.h"
 #include "store/run_store.h"
 #include "train/trainer.h"
@@ -143,6 +145,7 @@ private slots:
     void trainsWithOnePs();
     void trainsWithTwoPs();
     void refusesPushWithoutToken();
+    void psTaskAppliesPushesAndRefusesMalformedOnes();
     void killedPsIsNamed();
     void killedWorkerIsNamed();
     void silentPsIsNamed();
@@ -260,6 +263,21 @@ void TestParameterServer::partitionRejectsBadOptions()
     QVERIFY(ok.ok());
     QCOMPARE(ok->minShardBytes, int64_t(65536));
     QCOMPARE(PartitionOptions::fromJson(ok->toJson(), "x")->policy, std::string("by-size"));
+    // The run configuration carries it (strategy.partition) to every task.
+    RunConfig cfg;
+    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    cfg.strategy.kind = "parameter-server";
+    cfg.strategy.partition = *ok;
+    auto back = RunConfig::fromJson(cfg.toJson(), "run.json");
+    QVERIFY(back.ok());
+    QCOMPARE(back->strategy.partition.policy, std::string("by-size"));
+    QCOMPARE(back->strategy.partition.minShardBytes, int64_t(65536));
+    nlohmann::json badJson = cfg.toJson();
+    badJson["strategy"]["partition"]["policy"] = "random";
+    auto refused = RunConfig::fromJson(badJson, "run.json");
+    QVERIFY(!refused.ok());
+    QVERIFY2(refused.error().message.find("run.json: strategy.partition.policy: unknown partitioner 'random'") != std::string::npos,
+             refused.error().message.c_str());
 }
 
 void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra)
@@ -406,6 +424,122 @@ void TestParameterServer::refusesPushWithoutToken()
     const grpc::Status st = push(kToken, 1024);
     QCOMPARE(st.error_code(), grpc::StatusCode::UNAVAILABLE);
     QVERIFY2(st.error_message().find("no ps task of run run-1") != std::string::npos, st.error_message().c_str());
+}
+
+void TestParameterServer::psTaskAppliesPushesAndRefusesMalformedOnes()
+{
+    WorkerOptions o;
+    o.token = kToken;
+    auto daemon = std::move(WorkerDaemon::start(o)).value();
+    const std::string addr = "127.0.0.1:" + std::to_string(daemon->port());
+    auto channel = grpc::CreateChannel(addr, grpc::InsecureChannelCredentials());
+    auto control = Worker::NewStub(channel);
+    auto ps = ParameterServer::NewStub(channel);
+    auto ctx = [](grpc::ClientContext& c) {
+        c.AddMetadata("authorization", "Bearer " + kToken);
+        c.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    };
+    // A ps task of a parameter-server run with plain SGD (lr 0.5): an update is easy to predict.
+    RunConfig cfg;
+    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    cfg.strategy.kind = "parameter-server";
+    cfg.optimizer = {{"type", "sgd"}, {"learning_rate", 0.5}};
+    {
+        grpc::ClientContext c;
+        ctx(c);
+        StartTaskRequest req;
+        req.set_run_id("run-ps");
+        req.set_run_config_json(cfg.toJson().dump());
+        req.set_cluster_json(R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": [")" + addr + R"("]}})");
+        req.set_task_type("ps");
+        req.set_task_index(0);
+        StartTaskReply reply;
+        const grpc::Status st = control->StartTask(&c, req, &reply);
+        QVERIFY2(st.ok(), st.error_message().c_str());
+    }
+    auto pull = [&](PullReply& reply) {
+        grpc::ClientContext c;
+        ctx(c);
+        PullRequest req;
+        req.set_run_id("run-ps");
+        req.set_describe(true);
+        return ps->Pull(&c, req, &reply);
+    };
+    // Hosted but not initialised yet: a worker waits (FAILED_PRECONDITION), then worker 0 initialises.
+    QElapsedTimer t;
+    t.start();
+    grpc::Status st;
+    PullReply before;
+    while ((st = pull(before)).error_code() == grpc::StatusCode::UNAVAILABLE && t.elapsed() < 10000) QTest::qWait(20);
+    QCOMPARE(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+    auto init = [&] {
+        grpc::ClientContext c;
+        ctx(c);
+        InitializeRequest req;
+        req.set_run_id("run-ps");
+        req.add_slices("w[0:2]");
+        const float w[2] = {1.f, 2.f};
+        req.add_values(std::string(reinterpret_cast<const char*>(w), sizeof w));
+        InitializeReply reply;
+        return ps->Initialize(&c, req, &reply);
+    };
+    QVERIFY(init().ok());
+    QCOMPARE(init().error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    auto push = [&](const std::vector<std::vector<float>>& grads, float lr, int64_t pulled, PushReply* out = nullptr) {
+        grpc::ClientContext c;
+        ctx(c);
+        PushRequest req;
+        req.set_run_id("run-ps");
+        req.set_worker("worker:0");
+        req.set_pulled_version(pulled);
+        req.set_learning_rate(lr);
+        for (const auto& g : grads) req.add_grads(std::string(reinterpret_cast<const char*>(g.data()), g.size() * sizeof(float)));
+        PushReply reply;
+        const grpc::Status s = ps->Push(&c, req, &reply);
+        if (out) *out = reply;
+        return s;
+    };
+    QCOMPARE(push({{1.f, 1.f}, {1.f}}, 0.5f, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);  // a slice too many
+    QCOMPARE(push({{1.f, 1.f, 1.f}}, 0.5f, 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT);    // wrong size
+    QCOMPARE(push({{1.f, 1.f}}, std::nanf(""), 0).error_code(), grpc::StatusCode::INVALID_ARGUMENT); // NaN rate
+    QCOMPARE(push({{1.f, 1.f}}, 0.5f, 7).error_code(), grpc::StatusCode::INVALID_ARGUMENT);         // unseen version
+    // Two pushes computed from version 0: the second finds one update applied since (staleness 1).
+    PushReply r1, r2;
+    QVERIFY(push({{2.f, 4.f}}, 0.5f, 0, &r1).ok());
+    QCOMPARE(r1.version(), int64_t(1));
+    QCOMPARE(r1.staleness(), int64_t(0));
+    QVERIFY(push({{2.f, 0.f}}, 0.5f, 0, &r2).ok());
+    QCOMPARE(r2.version(), int64_t(2));
+    QCOMPARE(r2.staleness(), int64_t(1));
+    PullReply after;
+    QVERIFY(pull(after).ok());
+    QCOMPARE(after.version(), int64_t(2));
+    QCOMPARE(after.slices(0), std::string("w[0:2]"));
+    QCOMPARE(after.values(0).size(), std::size_t(8));
+    float w[2];
+    std::memcpy(w, after.values(0).data(), sizeof w);
+    // SGD with the run's optimizer: w - 0.5 * g, twice.
+    QCOMPARE(w[0], 1.f - 0.5f * 2.f - 0.5f * 2.f);
+    QCOMPARE(w[1], 2.f - 0.5f * 4.f);
+    // The coordinator stops a ps task with Cancel; it reports what it applied.
+    {
+        grpc::ClientContext c;
+        ctx(c);
+        CancelRequest req;
+        req.set_run_id("run-ps");
+        CancelReply reply;
+        QVERIFY(control->Cancel(&c, req, &reply).ok());
+    }
+    std::string state;
+    for (t.restart(); t.elapsed() < 10000 && state != "completed"; QTest::qWait(20)) {
+        grpc::ClientContext c;
+        ctx(c);
+        HeartbeatPong pong;
+        if (control->Heartbeat(&c, HeartbeatPing(), &pong).ok()) state = pong.state();
+    }
+    QCOMPARE(state, std::string("completed"));
+    PullReply gone;
+    QCOMPARE(pull(gone).error_code(), grpc::StatusCode::UNAVAILABLE);
 }
 
 void TestParameterServer::killedPsIsNamed()
