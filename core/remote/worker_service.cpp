@@ -329,13 +329,15 @@ private:
             running = {{"state", "running"}, {"rank", joined->rank}, {"size", joined->size}};
         }
         auto prepared = prepareRun(cfg);
+        // Drops this task's link to the ps tasks; says whether the task was asked to stop.
         auto dropStore = [&] {
             std::lock_guard lock(m_mutex);
             m_store = nullptr;
+            return m_cancelRequested;
         };
         if (!prepared.ok()) {
-            dropStore();
-            if (m_cancelRequested && prepared.error().code == ErrorCode::Cancelled) return finish("cancelled", {});
+            const bool cancelled = dropStore();
+            if (cancelled && prepared.error().code == ErrorCode::Cancelled) return finish("cancelled", {});
             return finish("failed", prepared.error().message, prepared.error().hint);
         }
         PreparedRun run = std::move(prepared).value();
