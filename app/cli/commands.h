@@ -58,6 +58,8 @@ struct TrainOptions {
     std::string cluster;            // coordinator: TF_CONFIG-style file of trainstudio-worker addresses
     std::string tlsCa;              // coordinator: verify the workers' TLS certificates with this CA
     double collectiveTimeout = 30;  // seconds before a silent transfer fails
+    std::string partitioner;        // parameter-server: round-robin | by-size (empty: the config's)
+    long long minShardBytes = 0;    // parameter-server with by-size (0: the config's)
 };
 
 struct BenchOptions {

@@ -1,16 +1,18 @@
-// trainstudio-cli train --cluster FILE: this process coordinates a multi-worker-mirrored run on
-// trainstudio-worker daemons. Pre-flight (every task's worker answers, same version), then
+// trainstudio-cli train --cluster FILE [--strategy parameter-server]: this process coordinates a
+// multi-worker-mirrored (default) or parameter-server run on trainstudio-worker daemons. Pre-flight (every task's worker answers, same version), then
 // every task is started, their event streams are merged into one recorded run, and a worker
 // that dies or goes silent stops the run with an error naming it.
 
 #include <unistd.h>
 
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
 #include "commands.h"
 #include "distribute/cluster_spec.h"
+#include "io/safetensors.h"
 #include "store/recording.h"
 #include "remote/auth.h"
 #include "remote/coordinator.h"
@@ -39,7 +41,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         printError(spec.error());
         return 2;
     }
-    if (auto st = spec->validateFor("multi-worker-mirrored"); !st.ok()) {
+    const std::string strategy = o.strategy == "parameter-server" ? "parameter-server" : "multi-worker-mirrored";
+    if (auto st = spec->validateFor(strategy); !st.ok()) {
         printError(st.error());
         return 2;
     }
@@ -57,8 +60,14 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         cfg.model = std::move(m).value();
         cfg.modelFile.clear();
     }
+    const bool ps = strategy == "parameter-server";
+    // parameter-server: this process pulls the final weights from the ps tasks, so it can write
+    // them itself; the workers are never told a path.
+    const std::string saveWeights = ps ? cfg.saveWeights : std::string();
+    if (ps) cfg.saveWeights.clear();
     if (!cfg.saveWeights.empty() || !cfg.loadWeights.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--save-weights/--load-weights are not available with --cluster yet",
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument,
+                                 ps ? "--load-weights is not available with --cluster yet" : "--save-weights/--load-weights are not available with --cluster yet",
                                  "workers write no files the coordinator names; train with --tf-config on each machine to keep weights"));
         return 2;
     }
@@ -66,7 +75,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     copts.spec = std::move(spec).value();
     copts.token = *token;
     copts.tls.rootCa = o.tlsCa;
-    auto coordinator = ts::remote::Coordinator::create(std::move(copts), "multi-worker-mirrored");
+    auto coordinator = ts::remote::Coordinator::create(std::move(copts), strategy);
     if (!coordinator.ok()) {
         printError(coordinator.error());
         return 2;
@@ -83,22 +92,39 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
                         p.identity.pid, p.identity.devices.size());
     }
 
-    cfg.strategy.kind = "multi-worker-mirrored";  // what the record shows; run() forces it too
+    cfg.strategy.kind = strategy;  // what the record shows; run() forces it too
     ts::telemetry::EventBus bus;
     if (recording) recording->beginRemote(cfg, bus);
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()
                                   : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
-    if (!o.quiet && !o.json) std::printf("Starting run %s on %zu worker(s)\n", runId.c_str(), c.numTasks());
+    const std::string where = ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)"
+                                 : std::to_string(c.numTasks()) + " worker(s)";
+    if (!o.quiet && !o.json) std::printf("Starting run %s on %s\n", runId.c_str(), where.c_str());
     std::fflush(stdout);
+    const std::string modelName = cfg.model.name;
     auto result = c.run(std::move(cfg), runId, bus, [&](const ts::telemetry::EpochMetricsEvent& m) {
         if (o.quiet) return;
         const double loss = m.metrics.count("loss") ? m.metrics.at("loss") : 0.0;
         const double acc = m.metrics.count("accuracy") ? m.metrics.at("accuracy") : 0.0;
-        if (o.json) std::cout << nlohmann::json{{"epoch", m.epoch}, {"loss", loss}, {"accuracy", acc}, {"worker", m.stamp.lane.worker}}.dump() << "\n";
+        nlohmann::json j{{"epoch", m.epoch}, {"loss", loss}, {"accuracy", acc}, {"worker", m.stamp.lane.worker}};
+        if (m.metrics.count("val_accuracy")) j["val_accuracy"] = m.metrics.at("val_accuracy");
+        if (o.json) std::cout << j.dump() << "\n";
+        else if (m.metrics.count("val_accuracy"))
+            std::printf("Epoch %lld: loss %.4f accuracy %.4f val_accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc,
+                        m.metrics.at("val_accuracy"), m.samplesPerSec);
         else std::printf("Epoch %lld: loss %.4f accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc, m.samplesPerSec);
         std::fflush(stdout);
     });
+    if (result.ok() && !result->cancelled && !saveWeights.empty()) {
+        ts::Status saved = ts::writeSafetensors(saveWeights, c.finalWeights(), {{"format", "trainstudio"}, {"model", modelName},
+                                                                                {"step", std::to_string(result->steps)}});
+        if (!saved.ok()) result = saved.error();
+        else if (recording) {
+            ts::PreparedRun none;  // the weights are written already: keepWeights only lists them
+            recording->keepWeights(none, saveWeights, result->steps);
+        }
+    }
     if (recording) recording->fitDone(result);
     if (!result.ok()) {
         printError(result.error());
@@ -108,11 +134,20 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     if (o.json) {
         nlohmann::json j = {{"final", true}, {"epochs", fit.epochs}, {"steps", fit.steps}, {"loss", fit.last.loss},
                             {"accuracy", fit.last.accuracy}, {"samples_per_sec", fit.samplesPerSec}, {"seconds", fit.seconds},
-                            {"strategy", "multi-worker-mirrored"}, {"workers", c.numTasks()}, {"run_id", runId}};
+                            {"strategy", strategy}, {"workers", c.numTasks()}, {"run_id", runId}};
+        if (std::isfinite(fit.last.valAccuracy)) j["val_accuracy"] = fit.last.valAccuracy;
+        if (std::isfinite(fit.last.valLoss)) j["val_loss"] = fit.last.valLoss;
+        if (ps) {
+            j["workers"] = c.spec().count("worker");
+            j["ps"] = c.spec().count("ps");
+            j["tasks"] = c.summary();
+        }
         std::cout << j.dump() << "\n";
     } else if (!o.quiet) {
-        std::printf("Trained %lld step(s) on %zu worker(s) in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), c.numTasks(),
-                    fit.seconds, fit.samplesPerSec);
+        std::printf("Trained %lld step(s) on %s in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), where.c_str(), fit.seconds,
+                    fit.samplesPerSec);
+        if (std::isfinite(fit.last.valAccuracy))
+            std::printf("Test accuracy of the final weights: %.4f (loss %.4f)\n", fit.last.valAccuracy, fit.last.valLoss);
         if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
     }
     return 0;

@@ -155,14 +155,20 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)");
     c->add_option("--optimizer", o.optimizer, "adam, adamw, sgd or rmsprop (overrides the model's)");
     c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)");
-    c->add_option("--strategy", o.strategy, "one-device, mirrored or multi-worker-mirrored (one process per task of TF_CONFIG)")
-        ->check(CLI::IsMember({"one-device", "mirrored", "multi-worker-mirrored"}));
+    c->add_option("--strategy", o.strategy,
+                  "one-device, mirrored, multi-worker-mirrored (one process per task of TF_CONFIG, or --cluster) or parameter-server (--cluster)")
+        ->check(CLI::IsMember({"one-device", "mirrored", "multi-worker-mirrored", "parameter-server"}));
     c->add_option("--tf-config", o.tfConfig, "multi-worker: TF_CONFIG file (default: the TF_CONFIG environment variable)");
     c->add_option("--task", o.task, "multi-worker: this process's task, e.g. worker:1 (overrides TF_CONFIG's \"task\")");
     c->add_option("--token-file", o.tokenFile,
                   "multi-worker: file with the cluster's shared token (default: $" + std::string(ts::remote::kTokenEnv) + ")");
     c->add_option("--cluster", o.cluster,
-                  "coordinate a multi-worker-mirrored run on the trainstudio-worker daemons listed in FILE (TF_CONFIG \"cluster\" format)");
+                  "coordinate a multi-worker-mirrored (default) or parameter-server run on the trainstudio-worker daemons listed in FILE "
+                  "(TF_CONFIG \"cluster\" format)");
+    c->add_option("--partitioner", o.partitioner, "parameter-server: round-robin (whole variables) or by-size (split large ones)")
+        ->check(CLI::IsMember({"round-robin", "by-size"}));
+    c->add_option("--min-shard-bytes", o.minShardBytes, "parameter-server with by-size: the smallest shard of a split variable")
+        ->check(CLI::PositiveNumber);
     c->add_option("--tls-ca", o.tlsCa, "with --cluster: talk TLS to the workers, verifying them with this PEM CA");
     c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run")
         ->check(CLI::PositiveNumber);
@@ -174,7 +180,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--limit", o.limit, "use only the first N training examples");
     c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples");
     c->add_option("--load-weights", o.loadWeights, "initial weights (.safetensors, Keras layouts)");
-    c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors)");
+    c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors; with --cluster: parameter-server only)");
     c->add_option("--backend", o.backend, "force a backend by name (reference, cpu)");
     c->add_flag("--json", o.json, "one JSON object per epoch, then one with \"final\": true");
     c->add_flag("--quiet", o.quiet, "print nothing but errors");
@@ -246,6 +252,10 @@ int runTrain(const TrainOptions& options)
             std::printf("Joined the cluster as %s, rank %d of %d%s\n", cluster->taskName.c_str(), cluster->rank, cluster->size,
                         cluster->coordinator ? " (coordinator: records the run)" : "");
         std::fflush(stdout);
+    } else if (o.strategy == "parameter-server" && o.cluster.empty()) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "parameter-server runs on a cluster of trainstudio-worker daemons",
+                                 "pass --cluster FILE listing \"ps\" and \"worker\" tasks"));
+        return 2;
     } else if (!o.tfConfig.empty() || !o.task.empty()) {
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--tf-config and --task are for --strategy multi-worker-mirrored"));
         return 2;
@@ -319,6 +329,8 @@ int runTrain(const TrainOptions& options)
     }
     if (o.threads > 0) cfg.strategy.threads = o.threads;
     if (!o.backend.empty()) cfg.strategy.backend = o.backend;
+    if (!o.partitioner.empty()) cfg.strategy.partition.policy = o.partitioner;
+    if (o.minShardBytes > 0) cfg.strategy.partition.minShardBytes = o.minShardBytes;
     cfg.seed = o.seed;
     if (o.noShuffle) cfg.shuffle = false;
     if (o.noValidation) cfg.validate = false;

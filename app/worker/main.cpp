@@ -1,8 +1,8 @@
 // trainstudio-worker: a remote worker daemon. Wiring only: the service is remote/worker_service.
 //   trainstudio-worker [--listen 127.0.0.1:7070] [--allow-remote] [--token-file FILE]
 //                      [--name NAME] [--tls-cert PEM --tls-key PEM --tls-ca PEM] [--port-file FILE]
-// Serves the Worker control service (and, for a run's coordinating task, the rendezvous) until
-// SIGINT/SIGTERM.
+// Serves the Worker control service (and, for a run's coordinating task, the rendezvous; for a
+// parameter-server run's ps task, the parameter service) until SIGINT/SIGTERM.
 
 #include <csignal>
 #include <cstdio>
@@ -17,7 +17,7 @@
 
 int main(int argc, char** argv)
 {
-    CLI::App app{"trainstudio-worker: runs training tasks for a TrainStudio coordinator"};
+    CLI::App app{"trainstudio-worker: runs training tasks (chief, worker or ps) for a TrainStudio coordinator"};
     ts::remote::WorkerOptions o;
     o.listen = "127.0.0.1:7070";
     std::string tokenFile, portFile;
@@ -28,7 +28,7 @@ int main(int argc, char** argv)
     app.add_option("--tls-cert", o.tls.certificate, "PEM certificate chain: serve TLS (with --tls-key)");
     app.add_option("--tls-key", o.tls.privateKey, "PEM private key for --tls-cert");
     app.add_option("--tls-ca", o.tls.rootCa, "PEM CA that signed the other workers' certificates (tasks verify the rendezvous with it)");
-    app.add_option("--max-message-bytes", o.maxMessageBytes, "largest request accepted")->check(CLI::Range(1024, 64 << 20));
+    app.add_option("--max-message-bytes", o.maxMessageBytes, "largest request accepted or reply sent (a ps task's shard must fit)")->check(CLI::Range(1024, 64 << 20));
     app.add_option("--port-file", portFile, "write the port served on to FILE (useful with port 0)");
     CLI11_PARSE(app, argc, argv);
 

@@ -8,6 +8,7 @@
 
 #include "backend/registry.h"
 #include "distribute/communicator.h"
+#include "distribute/parameter_server_strategy.h"
 #include "optim/optimizer.h"
 #include "telemetry/breakdown.h"
 #include "telemetry/tracer.h"
@@ -341,9 +342,11 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
         s->m_processRank = config.processRank;
         s->m_processCount = config.crossProcess->size();
         if (devices.empty()) devices = {Device{DeviceKind::Cpu, 0}};
+    } else if (config.kind == "parameter-server" || config.kind == "parameter_server") {
+        return makeParameterServerStrategy(config, graph, loss);
     } else {
         return makeError(ErrorCode::InvalidArgument, "unknown strategy '" + config.kind + "'",
-                         "use one-device, mirrored or multi-worker-mirrored (with a cluster)");
+                         "use one-device, mirrored, multi-worker-mirrored or parameter-server (with a cluster)");
     }
     for (std::size_t i = 0; i < devices.size(); ++i)
         for (std::size_t j = i + 1; j < devices.size(); ++j)

@@ -19,14 +19,16 @@
 
 #include "backend/backend.h"
 #include "data/source.h"
+#include "distribute/partitioner.h"
 #include "nn/program.h"
 
 namespace ts {
 
 class Communicator;
+class ParameterStore;
 
 struct StrategyConfig {
-    std::string kind = "one-device";  // "one-device" | "mirrored" | "multi-worker-mirrored"
+    std::string kind = "one-device";  // "one-device" | "mirrored" | "multi-worker-mirrored" | "parameter-server"
     std::vector<Device> devices;      // empty: cpu:0 (one-device, multi-worker) / cpu:0..cores-1 (mirrored)
     int threads = 0;                  // total CPU threads of this process; 0 = all cores
     std::string backend;              // force a backend by name ("reference", "cpu"); empty = best
@@ -37,12 +39,20 @@ struct StrategyConfig {
     // replicas. Not part of the JSON: the caller connects the cluster.
     std::shared_ptr<Communicator> crossProcess;
     int processRank = 0;
+    // parameter-server: the ps tasks holding the variables (remote/ps_client.h), and this
+    // worker's place: worker processRank of numWorkers trains on rows
+    // [rank * B / n, (rank + 1) * B / n) of every global batch (element-wise auto-sharding).
+    // `partition` travels in the run's JSON ("strategy": {"partition": {...}}); the store does not.
+    std::shared_ptr<ParameterStore> parameterStore;
+    int numWorkers = 1;
+    PartitionOptions partition;
 };
 
 struct StepStats {
     double lossSum = 0;   // sum over rows of the per-sample loss
     int64_t correct = 0;
     int64_t count = 0;
+    int64_t staleness = -1;  // parameter-server: of the latest acknowledged push (-1: none/not PS)
 };
 
 class Strategy {

@@ -1,5 +1,6 @@
 #pragma once
-// Shared-token authentication for every TrainStudio gRPC service (rendezvous, worker control).
+// Shared-token authentication for every TrainStudio gRPC service (rendezvous, worker control,
+// parameter server).
 // The token travels as "authorization: Bearer <token>" metadata; servers compare it in constant
 // time and refuse (and log) calls without it. TLS, when configured, protects it on the wire.
 // Contract: free functions, thread-safe; loadToken returns errors naming the file or variable.

@@ -2,9 +2,13 @@
 
 #include <condition_variable>
 #include <deque>
+#include <map>
+#include <filesystem>
 #include <optional>
 #include <thread>
 
+#include "data/dataset.h"
+#include "remote/ps_client.h"
 #include "telemetry/bus.h"
 #include "telemetry/events.h"
 #include "telemetry/tracer.h"
@@ -17,6 +21,7 @@ namespace tm = ts::telemetry;
 
 struct Coordinator::Task {
     TaskId id;
+    bool ps = false;                 // a parameter-server run's ps task
     std::string address, label;
     std::unique_ptr<WorkerClient> client;
     std::thread stream;
@@ -51,11 +56,103 @@ tm::Stamp makeStamp(const std::string& runId, const std::string& worker, const s
     return s;
 }
 
+bool isParameterServer(const std::string& kind)
+{
+    return kind == "parameter-server" || kind == "parameter_server";
+}
+
+// The coordinator's view of a parameter-server run's weights: a one-device model that pulls the
+// ps tasks' current values and evaluates them on the test split.
+struct PsEvaluator {
+    std::unique_ptr<Trainer> trainer;
+    std::shared_ptr<RemoteParameterStore> store;
+    std::shared_ptr<InMemoryDataset> test;
+    std::unique_ptr<InMemoryBatchSource> validation;  // null: the run does not validate
+    bool begun = false;
+
+    static Result<std::unique_ptr<PsEvaluator>> create(const RunConfig& cfg, const ClusterSpec& spec, const std::string& runId,
+                                                       const std::string& token, const TlsFiles& tls)
+    {
+        auto e = std::make_unique<PsEvaluator>();
+        TrainConfig tc;
+        tc.optimizer = cfg.optimizer;
+        tc.loss = cfg.loss;
+        tc.strategy.kind = "one-device";
+        tc.strategy.threads = cfg.strategy.threads;
+        tc.strategy.backend = cfg.strategy.backend;
+        ModelSpec model = cfg.model;
+        if (!cfg.modelFile.empty()) {
+            TS_ASSIGN(model, loadModelFile(cfg.modelFile));
+        }
+        TS_ASSIGN(e->trainer, Trainer::create(model, tc));
+        PsClientOptions po;
+        po.spec = spec;
+        po.runId = runId;
+        po.token = token;
+        po.tls = tls;
+        po.partition = cfg.strategy.partition;
+        TS_ASSIGN(e->store, RemoteParameterStore::connect(po));
+        if (cfg.validate) {
+            std::string dir = cfg.dataDir.empty() ? defaultFashionMnistDir() : cfg.dataDir;
+            if (cfg.pipeline && cfg.pipeline->source.kind == SourceKind::Idx && !cfg.pipeline->source.dir.empty()) dir = cfg.pipeline->source.dir;
+            auto file = [&](const std::string& base) {
+                std::error_code ec;
+                const std::filesystem::path gz = std::filesystem::path(dir) / (base + ".gz");
+                return std::filesystem::is_regular_file(gz, ec) ? gz.string() : (std::filesystem::path(dir) / base).string();
+            };
+            TS_ASSIGN(InMemoryDataset test, loadIdxDataset(file("t10k-images-idx3-ubyte"), file("t10k-labels-idx1-ubyte"), /*flatten=*/true));
+            e->test = std::make_shared<InMemoryDataset>(std::move(test));
+            const GraphAnalysis& g = e->trainer->graph();
+            InMemoryBatchOptions vo;
+            vo.batchSize = std::min<int64_t>(1000, e->test->size());
+            vo.shuffle = false;
+            vo.limit = cfg.validationLimit;
+            vo.featureShape = g.nodes[static_cast<std::size_t>(g.inputNodes.at(0))].outputShape;
+            TS_ASSIGN(e->validation, InMemoryBatchSource::create(*e->test, vo));
+        }
+        return e;
+    }
+
+    // The ps tasks' current weights into this model.
+    Status pullWeights()
+    {
+        if (!begun) {
+            std::vector<StoreVariable> vars;
+            for (const ParamSlot& slot : trainer->strategy().primary().params()) {
+                if (!slot.grad.defined()) continue;
+                StoreVariable v;
+                v.info.name = slot.name;
+                for (int d = 0; d < slot.value.shape().rank(); ++d) v.info.shape.push_back(slot.value.shape()[d]);
+                v.values = slot.value.data<float>();
+                v.grads = slot.grad.data<float>();
+                vars.push_back(std::move(v));
+            }
+            TS_TRY(store->begin(vars, false));
+            begun = true;
+        } else {
+            TS_TRY(store->pull());
+        }
+        return okStatus();
+    }
+
+    // The ps tasks' current weights on the test split.
+    Result<EvalResult> evaluate()
+    {
+        TS_TRY(pullWeights());
+        return trainer->evaluate(*validation);
+    }
+};
+
 } // namespace
 
 bool Coordinator::supportsStrategy(const std::string& kind)
 {
-    return kind == "multi-worker-mirrored";
+    return kind == "multi-worker-mirrored" || isParameterServer(kind);
+}
+
+bool Coordinator::supportsStrategy(const std::string& kind, const ClusterSpec& spec)
+{
+    return supportsStrategy(kind) && spec.validateFor(kind).ok();
 }
 
 Coordinator::Coordinator(CoordinatorOptions options, std::string strategy)
@@ -76,12 +173,22 @@ Result<std::unique_ptr<Coordinator>> Coordinator::create(CoordinatorOptions opti
 {
     if (!supportsStrategy(strategy))
         return makeError(ErrorCode::Unsupported, "remote workers cannot run the '" + strategy + "' strategy yet",
-                         "choose multi-worker-mirrored for a cluster of trainstudio-worker daemons");
+                         "choose multi-worker-mirrored or parameter-server for a cluster of trainstudio-worker daemons");
     if (auto st = options.spec.validateFor(strategy); !st.ok()) return st.error();
-    std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), strategy));
-    for (const auto& id : c->m_options.spec.trainingTasks()) {
+    const bool ps = isParameterServer(strategy);
+    std::unique_ptr<Coordinator> c(new Coordinator(std::move(options), ps ? "parameter-server" : strategy));
+    std::vector<TaskId> ids;
+    if (ps) {
+        // The ps tasks start first (the workers pull from them), then the workers.
+        for (int i = 0; i < c->m_options.spec.count("ps"); ++i) ids.push_back({"ps", i});
+        for (int i = 0; i < c->m_options.spec.count("worker"); ++i) ids.push_back({"worker", i});
+    } else {
+        ids = c->m_options.spec.trainingTasks();
+    }
+    for (const auto& id : ids) {
         auto t = std::make_unique<Task>();
         t->id = id;
+        t->ps = id.type == "ps";
         t->address = *c->m_options.spec.address(id);
         t->label = id.toString() + " at " + t->address;
         auto client = WorkerClient::connect(t->label, t->address, c->m_options.token, c->m_options.tls);
@@ -146,9 +253,30 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     auto stamp = [&](const std::string& worker, const std::string& device, int64_t step) {
         return makeStamp(runId, worker, device, step);
     };
+    const bool psRun = isParameterServer(m_strategy);
+    m_summary = nlohmann::json::object();
+    // The task whose metrics are the run's: the chief (rank 0), or worker 0 after the ps tasks.
+    std::size_t primary = 0;
+    while (primary < m_tasks.size() && m_tasks[primary]->ps) ++primary;
+    std::unique_ptr<PsEvaluator> evaluator;
+    if (psRun) {
+        auto ev = PsEvaluator::create(cfg, m_options.spec, runId, m_options.token, m_options.tls);
+        if (!ev.ok()) {
+            bus.publish(tm::Event(tm::ErrorEvent{stamp("coordinator", "", 0), ev.error().message, ev.error().hint, "coordinator"}));
+            bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Failed, ev.error().message}));
+            return ev.error();
+        }
+        evaluator = std::move(ev).value();
+    }
     const nlohmann::json runConfig = cfg.toJson();
     Inbox inbox;
     inbox.ended.assign(m_tasks.size(), false);
+    // parameter-server: the run is over when every worker has ended (the ps tasks serve on).
+    auto trainingEnded = [&] {
+        for (std::size_t i = 0; i < m_tasks.size(); ++i)
+            if (!m_tasks[i]->ps && !inbox.ended[i]) return false;
+        return true;
+    };
     {
         std::lock_guard lock(m_wakeMutex);
         m_wake = [&inbox] {
@@ -177,7 +305,8 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
         return r;
     };
 
-    // Start every task; a refusal cancels the ones already started.
+    // Start every task (ps tasks first: they come first in m_tasks); a refusal cancels the ones
+    // already started.
     for (std::size_t i = 0; i < m_tasks.size(); ++i) {
         Task& t = *m_tasks[i];
         auto tf = m_options.spec.tfConfigFor(t.id);
@@ -233,10 +362,28 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     std::optional<Error> failure;
     FitResult fit;
     bool anyCancelled = false, cancelSent = false;
+    std::map<std::string, int64_t> staleness;  // parameter-server: each worker's latest
+    std::optional<tm::EpochMetricsEvent> lastEpoch;  // worker 0's, re-recorded with the final evaluation
+    double workerSamplesPerSec = 0;
+    int64_t workerSteps = 0;
+    // Worker 0's epoch, with the ps tasks' weights evaluated on the test split now.
+    auto evaluatedEpoch = [&](tm::EpochMetricsEvent& m) {
+        if (!evaluator || !evaluator->validation) return;
+        auto v = evaluator->evaluate();
+        if (!v.ok()) {
+            if (!failure && !m_cancel) failure = v.takeError();
+            return;
+        }
+        m.metrics["val_loss"] = v->loss;
+        m.metrics["val_accuracy"] = v->accuracy;
+        fit.last.valLoss = v->loss;
+        fit.last.valAccuracy = v->accuracy;
+    };
     std::unique_lock lock(inbox.mutex);
     for (;;) {
         inbox.cv.wait(lock, [&] {
-            return !inbox.events.empty() || !inbox.failures.empty() || inbox.allEnded() || (m_cancel && !cancelSent);
+            return !inbox.events.empty() || !inbox.failures.empty() || inbox.allEnded() || (psRun && trainingEnded()) ||
+                   (m_cancel && !cancelSent);
         });
         if (m_cancel && !cancelSent) {
             // Each worker stops at its next step and reports "cancelled"; their streams then end.
@@ -250,8 +397,9 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             inbox.events.pop_front();
             lock.unlock();
             Task& t = *m_tasks[i];
-            const bool chief = i == 0;
+            const bool chief = i == primary;
             const auto& f = e.fields;
+            if (psRun && e.kind == "step" && f.contains("staleness")) staleness[e.worker] = f["staleness"].get<int64_t>();
             if (e.kind == "state") {
                 t.state = f.value("state", "");
                 bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, t.label + ": " + t.state}));
@@ -268,6 +416,10 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
                 m.metrics["accuracy"] = f.value("accuracy", 0.0);
                 m.samplesPerSec = f.value("samples_per_sec", 0.0);
                 m.learningRate = f.value("learning_rate", 0.0);
+                if (f.contains("staleness")) m.metrics["staleness"] = f["staleness"].get<double>();
+                // Every worker's latest staleness, named by worker, at worker 0's steps (the
+                // store keeps one value per metric and step).
+                for (const auto& [worker, v] : staleness) m.metrics["staleness/" + worker] = static_cast<double>(v);
                 bus.publish(tm::Event(std::move(m)));
             } else if (e.kind == "epoch" && chief) {
                 tm::EpochMetricsEvent m;
@@ -281,6 +433,10 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
                 fit.last.epoch = m.epoch;
                 fit.last.loss = f.value("loss", 0.0);
                 fit.last.accuracy = f.value("accuracy", 0.0);
+                if (psRun) {
+                    evaluatedEpoch(m);  // the streams queue meanwhile (the inbox is unlocked)
+                    lastEpoch = m;
+                }
                 if (onEpoch) onEpoch(m);
                 bus.publish(tm::Event(std::move(m)));
             } else if (e.kind == "sample") {
@@ -306,6 +462,16 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
                 b.optimizer = f.value("optimizer", 0.0);
                 b.other = f.value("other", 0.0);
                 bus.publish(tm::Event(std::move(b)));
+            } else if (e.kind == "final" && psRun) {
+                m_summary[t.id.toString()] = f;
+                if (!t.ps) {
+                    // The run's throughput is every worker's; its steps, the updates applied.
+                    workerSteps += f.value("steps", int64_t{0});
+                    workerSamplesPerSec += f.value("samples_per_sec", 0.0);
+                    fit.seconds = std::max(fit.seconds, f.value("seconds", 0.0));
+                    fit.steps = workerSteps;
+                    fit.samplesPerSec = workerSamplesPerSec;
+                }
             } else if (e.kind == "final" && chief) {
                 fit.steps = f.value("steps", int64_t{0});
                 fit.samplesPerSec = f.value("samples_per_sec", 0.0);
@@ -314,9 +480,47 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             lock.lock();
         }
         if (!inbox.failures.empty() && !failure) failure = inbox.failures.front().second;
-        if (failure || inbox.allEnded()) break;
+        if (failure || inbox.allEnded() || (psRun && trainingEnded() && inbox.events.empty())) break;
     }
     lock.unlock();
+    m_finalWeights.clear();
+    if (psRun && !failure) {
+        // Every worker has ended: their last pushes are applied (each flushes before it reports
+        // its end). The final weights are the ps tasks'; then the ps tasks are stopped.
+        const bool completed = !m_cancel && m_tasks[primary]->state == "completed";
+        if (completed) {
+            Status pulled = evaluator->pullWeights();
+            auto weights = pulled.ok() ? evaluator->trainer->strategy().exportParameters()
+                                       : Result<std::vector<std::pair<std::string, Tensor>>>(pulled.error());
+            if (weights.ok()) m_finalWeights = std::move(weights).value();
+            else failure = weights.takeError();
+        }
+        if (completed && !failure && lastEpoch && evaluator->validation) {
+            // Worker 0's last epoch again, now with the weights after every worker's last push.
+            tm::EpochMetricsEvent m = *lastEpoch;
+            m.stamp = stamp(m_tasks[primary]->id.toString(), "", fit.steps);
+            evaluatedEpoch(m);
+            if (!failure) {
+                m_summary["evaluation"] = {{"val_loss", fit.last.valLoss}, {"val_accuracy", fit.last.valAccuracy}};
+                bus.publish(tm::Event(std::move(m)));
+            }
+        }
+        for (auto& t : m_tasks)
+            if (t->ps) (void)t->client->cancel(runId);
+        // Wait for the ps tasks' ends (their final statistics), still watching for failures.
+        lock.lock();
+        inbox.cv.wait(lock, [&] { return inbox.allEnded() || !inbox.failures.empty(); });
+        while (!inbox.events.empty()) {
+            auto [i, e] = std::move(inbox.events.front());
+            inbox.events.pop_front();
+            if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
+            else if (e.kind == "final") m_summary[m_tasks[i]->id.toString()] = e.fields;
+            else if (e.kind == "error" && !failure)
+                failure = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
+        }
+        if (!inbox.failures.empty() && !failure) failure = inbox.failures.front().second;
+        lock.unlock();
+    }
     stopBeats = true;
     beats.join();
     // Stop the others: they would wait for the failed one until their collective timeout.

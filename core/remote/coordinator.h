@@ -5,6 +5,10 @@
 // (the chief's metrics are the run's; every worker's devices on their own lanes), and stops the
 // run with an error naming the worker when one fails, dies or goes silent.
 // The CLI (`train --cluster`) and the studio's session both coordinate through it.
+// parameter-server: the ps tasks start first, then the workers; each worker's steps carry their
+// staleness; the coordinator plays TF's chief: it evaluates the ps tasks' weights after each of
+// worker 0's epochs and at the end (pulled from every ps), records the run, then stops the ps
+// tasks. A "chief" entry of the cluster only says where the coordinator runs: it is not contacted.
 // Contract:
 //  - Threading: probe/preflight/run are called from one thread (run blocks it until the run
 //    ends); cancel() may be called from any thread at any time, also before run().
@@ -54,8 +58,10 @@ struct TaskProbe {
 
 class Coordinator {
 public:
-    // The strategies a cluster can run: "multi-worker-mirrored".
+    // The strategies a cluster can run: "multi-worker-mirrored", "parameter-server".
     static bool supportsStrategy(const std::string& kind);
+    // ... and whether this cluster has the tasks it needs (parameter-server: >= 1 ps and worker).
+    static bool supportsStrategy(const std::string& kind, const ClusterSpec& spec);
 
     // Validates the spec for `strategy` and opens a channel to every training task (no network
     // traffic yet: gRPC connects lazily).
@@ -75,6 +81,12 @@ public:
     void cancel();
 
     std::size_t numTasks() const { return m_tasks.size(); }
+    // What the tasks of the last run() reported at their end, by task ("worker:1": its steps,
+    // pushes and staleness; "ps:0": updates applied), plus "evaluation" (parameter-server).
+    nlohmann::json summary() const { return m_summary; }
+    // parameter-server: the weights the ps tasks held when the last run() completed (Keras names
+    // and layouts, host tensors); empty after a failed or cancelled run, and for other strategies.
+    const std::vector<std::pair<std::string, Tensor>>& finalWeights() const { return m_finalWeights; }
     const ClusterSpec& spec() const { return m_options.spec; }
 
 private:
@@ -83,7 +95,9 @@ private:
 
     CoordinatorOptions m_options;
     std::string m_strategy;
-    std::vector<std::unique_ptr<Task>> m_tasks;
+    std::vector<std::unique_ptr<Task>> m_tasks;   // parameter-server: the ps tasks first
+    nlohmann::json m_summary = nlohmann::json::object();
+    std::vector<std::pair<std::string, Tensor>> m_finalWeights;
     std::atomic<bool> m_cancel{false};
     std::function<void()> m_wake;   // wakes run()'s loop; set while it runs
     std::mutex m_wakeMutex;

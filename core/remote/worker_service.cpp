@@ -15,6 +15,8 @@
 
 #include "distribute/cluster_spec.h"
 #include "remote/cluster.h"
+#include "remote/parameter_service.h"
+#include "remote/ps_client.h"
 #include "remote/rendezvous.h"
 #include "telemetry/bus.h"
 #include "train/run_config.h"
@@ -26,6 +28,11 @@
 
 namespace ts::remote {
 namespace {
+
+bool isParameterServer(const std::string& kind)
+{
+    return kind == "parameter-server" || kind == "parameter_server";
+}
 
 double nowSeconds()
 {
@@ -40,7 +47,8 @@ grpc::Status refuse(const grpc::ServerContext& ctx, grpc::StatusCode code, const
 
 class WorkerService final : public Worker::Service {
 public:
-    WorkerService(std::string token, std::string name, TlsFiles tls) : m_token(std::move(token)), m_name(std::move(name)), m_tls(std::move(tls)) {}
+    WorkerService(std::string token, std::string name, TlsFiles tls, ParameterService* ps)
+        : m_token(std::move(token)), m_name(std::move(name)), m_tls(std::move(tls)), m_ps(ps) {}
     ~WorkerService() override { shutdown(); }
 
     void setName(std::string name) { m_name = std::move(name); }
@@ -50,6 +58,7 @@ public:
         std::unique_lock lock(m_mutex);
         m_shutdown = true;
         if (m_trainer) m_trainer->cancel();
+        if (m_store) m_store->cancel();
         m_cancelRequested = true;
         m_cv.notify_all();
         lock.unlock();
@@ -93,8 +102,6 @@ public:
         if (!spec.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, spec.error().toString());
         auto withTask = spec->withTask({req->task_type(), req->task_index()});
         if (!withTask.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, withTask.error().toString());
-        if (auto v = withTask->validateFor("multi-worker-mirrored"); !v.ok())
-            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, v.error().toString());
 
         nlohmann::json j = nlohmann::json::parse(req->run_config_json(), nullptr, false);
         if (j.is_discarded()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": the run configuration is not valid JSON");
@@ -103,6 +110,13 @@ public:
         if (!cfg->modelFile.empty() || !cfg->saveWeights.empty() || !cfg->loadWeights.empty())
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": a remote task must inline its model and name no weight files (model_file, load_weights, save_weights)");
+        const bool ps = isParameterServer(cfg->strategy.kind);
+        if (auto v = withTask->validateFor(ps ? "parameter-server" : "multi-worker-mirrored"); !v.ok())
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, v.error().toString());
+        const std::string& type = withTask->task().type;
+        if (ps ? (type != "ps" && type != "worker") : (type != "chief" && type != "worker"))
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          source + ": a " + (ps ? "parameter-server" : "multi-worker-mirrored") + " run has no " + type + " tasks to start");
         std::lock_guard starting(m_startMutex);  // one StartTask at a time past this point
         std::unique_lock lock(m_mutex);
         if (m_state == "running")
@@ -154,6 +168,8 @@ public:
         if (m_state == "running") {
             m_cancelRequested = true;
             if (m_trainer) m_trainer->cancel();
+            if (m_store) m_store->cancel();
+            m_cv.notify_all();
             logLine("the coordinator " + peer + " left run " + m_runId + ": cancelling it");
         }
         return grpc::Status::CANCELLED;
@@ -166,6 +182,8 @@ public:
         if (req->run_id() != m_runId) return refuse(*ctx, grpc::StatusCode::NOT_FOUND, "Worker.Cancel", "no run " + req->run_id() + " on this worker");
         m_cancelRequested = true;
         if (m_trainer) m_trainer->cancel();
+        if (m_store) m_store->cancel();
+        m_cv.notify_all();
         logLine("cancelling run " + m_runId + " for " + ctx->peer());
         return grpc::Status::OK;
     }
@@ -215,8 +233,10 @@ private:
         explicit Listener(WorkerService& s) : m_s(s) {}
         void onStep(const StepEvent& e) override
         {
-            m_s.publish("step", e.step, {{"epoch", e.epoch}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"samples_per_sec", e.samplesPerSec},
-                                         {"learning_rate", e.learningRate}, {"step_seconds", e.stepSeconds}, {"batch_size", e.batchSize}});
+            nlohmann::json j = {{"epoch", e.epoch}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"samples_per_sec", e.samplesPerSec},
+                                {"learning_rate", e.learningRate}, {"step_seconds", e.stepSeconds}, {"batch_size", e.batchSize}};
+            if (e.staleness >= 0) j["staleness"] = e.staleness;
+            m_s.publish("step", e.step, j);
         }
         void onEpoch(const EpochEvent& e) override
         {
@@ -242,22 +262,84 @@ private:
         logLine("run " + m_runId + " " + state + (message.empty() ? "" : ": " + message));
     }
 
+    // A ps task: host this run's shard until the coordinator stops the task (Cancel), which is
+    // how a ps task ends: it has no steps of its own.
+    void runParameterServer(const RunConfig& cfg)
+    {
+        const nlohmann::json optimizer = cfg.optimizer.is_null() ? cfg.model.compile.optimizer : cfg.optimizer;
+        if (auto st = m_ps->host(m_runId, m_task, optimizer, cfg.strategy.backend); !st.ok())
+            return finish("failed", st.error().message, st.error().hint);
+        publish("state", 0, {{"state", "running"}, {"role", "ps"}});
+        {
+            std::unique_lock lock(m_mutex);
+            // Progress for the coordinator's heartbeat: the updates applied so far.
+            while (!m_cancelRequested && !m_shutdown) {
+                m_cv.wait_for(lock, std::chrono::milliseconds(500));
+                m_step = m_ps->stats().version;
+            }
+        }
+        const ShardStats st = m_ps->stats();
+        m_ps->unhost();
+        publish("final", st.version, {{"updates", st.version}, {"pulls", st.pulls}, {"elements", st.elements},
+                                      {"staleness_max", st.maxStaleness},
+                                      {"staleness_mean", st.version > 0 ? st.sumStaleness / static_cast<double>(st.version) : 0.0}});
+        finish("completed", {});
+    }
+
     void runTask(RunConfig cfg, ClusterSpec spec)
     {
         m_device = "host";
         publish("state", 0, {{"state", "connecting"}});
-        ClusterOptions co;
-        co.token = m_token;
-        co.group = m_runId;
-        co.tls = m_tls;  // the rendezvous is served by a daemon like this one, with the same TLS
-        co.rendezvousAlreadyServed = spec.task() == spec.coordinator();  // served by this daemon
-        auto joined = connectCluster(spec, co);
-        if (!joined.ok()) return finish("failed", joined.error().message, joined.error().hint);
-        cfg.strategy.kind = "multi-worker-mirrored";
-        cfg.strategy.crossProcess = joined->communicator;
-        cfg.strategy.processRank = joined->rank;
+        std::shared_ptr<RemoteParameterStore> store;
+        nlohmann::json running;
+        if (isParameterServer(cfg.strategy.kind)) {
+            if (spec.task().type == "ps") return runParameterServer(cfg);
+            PsClientOptions po;
+            po.spec = spec;
+            po.runId = m_runId;
+            po.token = m_token;
+            po.worker = m_task;
+            po.tls = m_tls;  // the ps tasks are daemons like this one, with the same TLS
+            po.partition = cfg.strategy.partition;
+            auto connected = RemoteParameterStore::connect(po);
+            if (!connected.ok()) return finish("failed", connected.error().message, connected.error().hint);
+            store = std::move(connected).value();
+            {
+                std::lock_guard lock(m_mutex);
+                m_store = store;
+                if (m_cancelRequested) store->cancel();
+            }
+            cfg.strategy.kind = "parameter-server";
+            cfg.strategy.parameterStore = store;
+            cfg.strategy.processRank = spec.task().index;
+            cfg.strategy.numWorkers = spec.count("worker");
+            cfg.validate = false;  // the coordinator evaluates the ps tasks' weights
+            running = {{"state", "running"}, {"rank", spec.task().index}, {"size", spec.count("worker")}};
+        } else {
+            ClusterOptions co;
+            co.token = m_token;
+            co.group = m_runId;
+            co.tls = m_tls;  // the rendezvous is served by a daemon like this one, with the same TLS
+            co.rendezvousAlreadyServed = spec.task() == spec.coordinator();  // served by this daemon
+            auto joined = connectCluster(spec, co);
+            if (!joined.ok()) return finish("failed", joined.error().message, joined.error().hint);
+            cfg.strategy.kind = "multi-worker-mirrored";
+            cfg.strategy.crossProcess = joined->communicator;
+            cfg.strategy.processRank = joined->rank;
+            running = {{"state", "running"}, {"rank", joined->rank}, {"size", joined->size}};
+        }
         auto prepared = prepareRun(cfg);
-        if (!prepared.ok()) return finish("failed", prepared.error().message, prepared.error().hint);
+        // Drops this task's link to the ps tasks; says whether the task was asked to stop.
+        auto dropStore = [&] {
+            std::lock_guard lock(m_mutex);
+            m_store = nullptr;
+            return m_cancelRequested;
+        };
+        if (!prepared.ok()) {
+            const bool cancelled = dropStore();
+            if (cancelled && prepared.error().code == ErrorCode::Cancelled) return finish("cancelled", {});
+            return finish("failed", prepared.error().message, prepared.error().hint);
+        }
         PreparedRun run = std::move(prepared).value();
         {
             std::lock_guard lock(m_mutex);
@@ -267,7 +349,7 @@ private:
             m_trainer = run.trainer.get();
             if (m_cancelRequested) m_trainer->cancel();
         }
-        publish("state", 0, {{"state", "running"}, {"rank", joined->rank}, {"size", joined->size}});
+        publish("state", 0, running);
         // The trainer's device samples and step breakdowns go back on the stream too, each with
         // its device (the listener above carries the metrics).
         telemetry::EventBus bus;
@@ -293,16 +375,34 @@ private:
             std::lock_guard lock(m_mutex);
             m_trainer = nullptr;
         }
+        nlohmann::json final = {{"steps", result.ok() ? result->steps : 0}};
+        if (store && result.ok() && !result->cancelled) {
+            // The last pushes land before this task says it is done: the coordinator then pulls
+            // the final weights.
+            Status flushed = store->flush();
+            if (!flushed.ok()) result = flushed.error();
+            const StalenessStats st = store->staleness();
+            final["pushes"] = st.pushes;
+            final["staleness_max"] = st.max;
+            final["staleness_mean"] = st.pushes > 0 ? st.sum / static_cast<double>(st.pushes) : 0.0;
+        }
+        dropStore();
         if (!result.ok()) return finish("failed", result.error().message, result.error().hint);
         if (result->cancelled) return finish("cancelled", {});
-        publish("final", result->steps, {{"steps", result->steps}, {"epochs", result->epochs}, {"samples_per_sec", result->samplesPerSec},
-                                          {"seconds", result->seconds}});
+        final["epochs"] = result->epochs;
+        final["samples_per_sec"] = result->samplesPerSec;
+        final["seconds"] = result->seconds;
+        final["loss"] = result->last.loss;
+        final["accuracy"] = result->last.accuracy;
+        publish("final", result->steps, final);
         finish("completed", {});
     }
 
     std::string m_token;
     std::string m_name;
     TlsFiles m_tls;
+    ParameterService* m_ps;                          // the daemon's; hosts this daemon's ps task
+    std::shared_ptr<RemoteParameterStore> m_store;   // a parameter-server worker's link to the ps tasks
     std::mutex m_startMutex;
     std::mutex m_mutex;
     std::condition_variable m_cv;
@@ -325,6 +425,7 @@ bool isLoopbackHost(const std::string& host)
 
 class WorkerDaemon::Impl {
 public:
+    std::unique_ptr<ParameterService> ps;  // before worker: the worker service points at it
     std::unique_ptr<WorkerService> worker;
     std::unique_ptr<grpc::Service> rendezvous;
     std::unique_ptr<grpc::Server> server;
@@ -360,12 +461,14 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
         return makeError(ErrorCode::InvalidArgument, "trainstudio-worker needs a shared token", "pass --token-file or set $" + std::string(kTokenEnv));
     TS_ASSIGN(auto creds, serverCredentials(options.tls));
     auto impl = std::make_unique<Impl>();
-    impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls);
+    impl->ps = std::make_unique<ParameterService>(options.token);
+    impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls, impl->ps.get());
     impl->rendezvous = makeRendezvousService(options.token);
     grpc::ServerBuilder builder;
     builder.AddListeningPort(options.listen, creds, &impl->port);
     builder.RegisterService(impl->worker.get());
     builder.RegisterService(impl->rendezvous.get());
+    builder.RegisterService(impl->ps->service());
     builder.SetMaxReceiveMessageSize(options.maxMessageBytes);
     builder.SetMaxSendMessageSize(options.maxMessageBytes);
     impl->server = builder.BuildAndStart();

@@ -1,7 +1,10 @@
 #pragma once
 // WorkerDaemon: what trainstudio-worker serves on one port: the Worker control service
-// (worker.proto: identify, start a task, stream its events, cancel, heartbeat) and, for the
-// task that coordinates a run, the Rendezvous service its peers join through.
+// (worker.proto: identify, start a task, stream its events, cancel, heartbeat), for the task
+// that coordinates a multi-worker-mirrored run the Rendezvous service its peers join through,
+// and, while it runs a parameter-server run's `ps` task, the ParameterServer service
+// (parameter_server.proto) with that task's shard of the variables. A ps task ends when the
+// coordinator cancels it; a parameter-server `worker` task trains against the ps tasks.
 // Contract:
 //  - Threading: start() returns once the server listens; gRPC's threads serve calls; one task
 //    runs at a time on its own thread. shutdown() (or the destructor) cancels a running task,
@@ -25,7 +28,8 @@ struct WorkerOptions {
     bool allowRemote = false;             // required to bind a non-loopback address
     std::string token;
     std::string name;                     // how the worker calls itself (default: host:port)
-    int maxMessageBytes = 4 << 20;        // bounds every request (run configs inline the model)
+    int maxMessageBytes = 4 << 20;        // bounds every request and reply (run configs inline the
+                                          // model; a ps task's pulls carry its whole shard)
     TlsFiles tls;                         // certificate + key: serve TLS; rootCa: verify the
                                           // coordinating daemon's rendezvous when this one is a peer
 };

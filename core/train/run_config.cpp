@@ -14,7 +14,8 @@ nlohmann::json RunConfig::toJson() const
     nlohmann::json j = {
         {"data", {{"source", "idx"}, {"dir", dataDir.empty() ? defaultFashionMnistDir() : dataDir}, {"limit", limit},
                   {"validation_limit", validationLimit}, {"shuffle", shuffle}, {"validate", validate}}},
-        {"strategy", {{"type", strategy.kind}, {"devices", devices}, {"threads", strategy.threads}, {"backend", strategy.backend}}},
+        {"strategy", {{"type", strategy.kind}, {"devices", devices}, {"threads", strategy.threads}, {"backend", strategy.backend},
+                      {"partition", strategy.partition.toJson()}}},
         {"epochs", epochs}, {"max_steps", maxSteps}, {"batch_size", batchSize}, {"seed", seed},
         {"optimizer", optimizer}, {"schedule", schedule}, {"loss", loss},
         {"load_weights", loadWeights}, {"save_weights", saveWeights}};
@@ -63,6 +64,9 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
             for (const auto& d : s.value("devices", nlohmann::json::array())) {
                 TS_ASSIGN(Device dev, Device::parse(d.get<std::string>()));
                 c.strategy.devices.push_back(dev);
+            }
+            if (s.contains("partition")) {
+                TS_ASSIGN(c.strategy.partition, PartitionOptions::fromJson(s["partition"], source + ": strategy.partition"));
             }
         }
         c.epochs = j.value("epochs", int64_t{-1});

@@ -6,7 +6,8 @@
 // {"model_file": "resources/models/seed_mlp.json",        // or "model": {...spec...}
 //  "data": {"source": "idx", "dir": "/usr/share/datasets/fashion-mnist", "limit": 0,
 //           "validation_limit": 0, "shuffle": true, "validate": true},
-//  "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:1"], "threads": 0, "backend": ""},
+//  "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:1"], "threads": 0, "backend": "",
+//               "partition": {"policy": "round-robin", "min_shard_bytes": 262144}},  // parameter-server
 //  "epochs": 10, "max_steps": 0, "batch_size": 256, "seed": 0,
 //  "optimizer": {"type": "adam", "learning_rate": 0.001},   // null: the model's compile settings
 //  "schedule": null, "loss": "", "load_weights": "", "save_weights": "",

@@ -333,6 +333,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 se.stepSeconds = secondsSince(t0);
                 se.inputWaitSeconds = wait;
                 se.batchSize = batch.size();
+                se.staleness = st->staleness;
                 if (bus) {
                     Stamp st{m_config.runId, m_step, wallMicros(stepEndNs), trainerLane()};
                     StepBreakdownEvent b = makeBreakdown(stepEndNs - stepStartNs, PhaseAccount::current());
@@ -343,6 +344,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                     m.epoch = epoch;
                     m.loss = se.loss;
                     m.metrics.emplace("accuracy", se.accuracy);
+                    if (se.staleness >= 0) m.metrics.emplace("staleness", static_cast<double>(se.staleness));
                     m.samplesPerSec = se.samplesPerSec;
                     m.learningRate = lr;
                     bus->publish(Event(std::move(m)));

@@ -67,6 +67,8 @@ struct StepEvent {
     double stepSeconds = 0;      // wall time of this step
     double inputWaitSeconds = 0; // time waiting for the batch
     int64_t batchSize = 0;
+    int64_t staleness = -1;      // parameter-server: updates the ps applied between this
+                                 // worker's pull and its latest acknowledged push; -1 otherwise
 };
 
 struct EpochEvent {

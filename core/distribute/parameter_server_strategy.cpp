@@ -1,0 +1,158 @@
+#include "distribute/parameter_server_strategy.h"
+
+#include <atomic>
+#include <thread>
+
+#include "backend/registry.h"
+#include "distribute/parameter_store.h"
+#include "telemetry/breakdown.h"
+
+namespace ts {
+namespace {
+
+class ParameterServerStrategy final : public Strategy {
+public:
+    Device m_device;
+    std::unique_ptr<Backend> m_backend;
+    std::unique_ptr<Program> m_program;
+    std::shared_ptr<ParameterStore> m_store;
+    int m_rank = 0, m_workers = 1, m_threads = 1;
+    std::vector<StoreVariable> m_variables;
+    std::atomic<bool> m_cancelled{false};
+
+    std::string name() const override { return "parameter-server"; }
+    int numReplicas() const override { return 1; }
+    int globalReplicas() const override { return m_workers; }
+    int threadsPerReplica() const override { return m_threads; }
+    std::vector<DeviceInfo> devices() const override { return {m_backend->info()}; }
+    Program& primary() override { return *m_program; }
+    void cancel() override
+    {
+        m_cancelled = true;
+        m_store->cancel();
+    }
+
+    Status initialise(uint64_t seed) override
+    {
+        TS_TRY(m_program->initialiseParameters(seed));
+        m_variables.clear();
+        for (const ParamSlot& slot : m_program->params()) {
+            if (!slot.grad.defined()) continue;  // non-trainable: refused in create()
+            StoreVariable v;
+            v.info.name = slot.name;
+            for (int d = 0; d < slot.value.shape().rank(); ++d) v.info.shape.push_back(slot.value.shape()[d]);
+            v.values = slot.value.data<float>();
+            v.grads = slot.grad.data<float>();
+            m_variables.push_back(std::move(v));
+        }
+        // Worker 0's initial values (from the run's seed) become the ps tasks' values, like TF's
+        // chief creating the variables; the other workers wait for them.
+        return m_store->begin(m_variables, m_rank == 0);
+    }
+
+    std::pair<int64_t, int64_t> sliceOf(int64_t rows) const
+    {
+        return {rows * m_rank / m_workers, rows * (m_rank + 1) / m_workers};
+    }
+
+    Result<StepStats> trainStep(const Batch& batch, float lr, int64_t, uint64_t seed) override
+    {
+        using telemetry::PhaseScope;
+        using telemetry::StepPart;
+        if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+        auto [b, e] = sliceOf(batch.size());
+        StepStats stats;
+        if (e > b) {
+            {
+                PhaseScope phase(StepPart::Communication, "pull variables");
+                TS_TRY(m_store->pull());
+            }
+            float loss = 0;
+            int64_t correct = 0;
+            {
+                PhaseScope phase(StepPart::Forward, "forward");
+                TS_TRY(m_program->forward(batch.x.rows(b, e), true, seed + static_cast<uint64_t>(m_rank) * 0x9E3779B97F4A7C15ull));
+            }
+            {
+                PhaseScope phase(StepPart::Backward, "backward");
+                // The mean over this worker's rows: each push is one full update, as in TF.
+                TS_TRY(m_program->lossAndBackward(batch.y.rows(b, e), true, e - b, &loss, &correct));
+            }
+            {
+                PhaseScope phase(StepPart::Communication, "push gradients");
+                TS_TRY(m_store->push(lr));
+            }
+            stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
+        }
+        stats.staleness = m_store->staleness().last;
+        return stats;
+    }
+
+    Result<StepStats> evalStep(const Batch& batch) override
+    {
+        if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+        TS_TRY(m_store->pull());
+        float loss = 0;
+        int64_t correct = 0;
+        TS_TRY(m_program->forward(batch.x, false, 0));
+        TS_TRY(m_program->lossAndBackward(batch.y, false, batch.size(), &loss, &correct));
+        return StepStats{static_cast<double>(loss) * static_cast<double>(batch.size()), correct, batch.size()};
+    }
+
+    Result<std::vector<std::pair<std::string, Tensor>>> exportParameters() override
+    {
+        TS_TRY(m_store->flush());
+        TS_TRY(m_store->pull());
+        return m_program->exportParameters();
+    }
+
+    Status importParameters(const std::vector<std::pair<std::string, Tensor>>&, const std::string& source) override
+    {
+        return makeError(ErrorCode::Unsupported, "parameter-server workers cannot load weights (" + source + "): the ps tasks hold them",
+                         "start the run without load_weights");
+    }
+};
+
+} // namespace
+
+Result<std::unique_ptr<Strategy>> makeParameterServerStrategy(const StrategyConfig& config, std::shared_ptr<const GraphAnalysis> graph,
+                                                              const LossSpec& loss)
+{
+    if (!config.parameterStore)
+        return makeError(ErrorCode::InvalidArgument, "parameter-server needs the cluster's ps tasks, and none were connected",
+                         "run parameter-server through trainstudio-worker daemons (trainstudio-cli train --cluster FILE --strategy parameter-server)");
+    if (config.numWorkers < 1 || config.processRank < 0 || config.processRank >= config.numWorkers)
+        return makeError(ErrorCode::InvalidArgument, "worker " + std::to_string(config.processRank) + " is not in the cluster's 0.." +
+                                                         std::to_string(config.numWorkers - 1));
+    if (config.devices.size() > 1)
+        return makeError(ErrorCode::InvalidArgument, "a parameter-server worker trains on one device, got " + std::to_string(config.devices.size()),
+                         "give each worker one device (more workers for more devices)");
+    auto s = std::make_unique<ParameterServerStrategy>();
+    s->m_store = config.parameterStore;
+    s->m_rank = config.processRank;
+    s->m_workers = config.numWorkers;
+    s->m_device = config.devices.empty() ? Device{DeviceKind::Cpu, 0} : config.devices[0];
+    const unsigned hw = std::thread::hardware_concurrency();
+    s->m_threads = config.threads > 0 ? config.threads : static_cast<int>(hw == 0 ? 1 : hw);
+    BackendOptions opts;
+    opts.threads = s->m_threads;
+    auto& registry = BackendRegistry::instance();
+    auto be = config.backend.empty() ? registry.create(s->m_device, opts) : registry.create(config.backend, s->m_device.index, opts);
+    if (!be.ok()) {
+        Error e = be.takeError();
+        e.message = s->m_device.toString() + ": " + e.message;
+        return e;
+    }
+    s->m_backend = std::move(be).value();
+    if (!s->m_backend->allocator().hostAccessible())
+        return makeError(ErrorCode::Unsupported, s->m_device.toString() + ": parameter-server workers exchange variables from host memory",
+                         "use a CPU device for parameter-server workers");
+    s->m_backend->bindThread();
+    TS_ASSIGN(s->m_program, Program::create(graph, *s->m_backend, loss));
+    if (s->m_program->nonTrainableArena().defined())
+        return makeError(ErrorCode::Unsupported, "parameter-server does not hold non-trainable variables (BatchNormalization's moving statistics) yet",
+                         "remove BatchNormalization from the model, or use multi-worker-mirrored");
+    return std::unique_ptr<Strategy>(std::move(s));
+}
+
+} // namespace ts

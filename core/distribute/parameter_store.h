@@ -1,0 +1,56 @@
+#pragma once
+// ParameterStore: where a ParameterServer worker's variables live — the ps tasks of the cluster.
+// The worker strategy pulls current values before each step and pushes its gradients after it;
+// the ps tasks apply them with the run's optimizer as they arrive (asynchronous training).
+// The gRPC implementation is remote/ps_client.h; core only sees this interface.
+// Contract:
+//  - Threading: begin/pull/push/flush/staleness are called from one thread (the worker's
+//    trainer thread); cancel() may be called from any thread and makes pending and later calls
+//    return Cancelled promptly.
+//  - Ownership: the variables' buffers belong to the caller and must outlive the store's use of
+//    them; push() copies the gradients before it returns, so the caller may overwrite them.
+//  - Errors: a failed pull or push names the ps task and its address ("ps:1 at 10.0.0.4:7070");
+//    an asynchronous push that failed is reported by the next call.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/result.h"
+#include "distribute/partitioner.h"
+
+namespace ts {
+
+struct StoreVariable {
+    VariableInfo info;
+    float* values = nullptr;       // host memory, info.numel() floats: pull() writes here
+    const float* grads = nullptr;  // host memory: push() reads here
+};
+
+struct StalenessStats {
+    int64_t pushes = 0;            // pushes acknowledged so far
+    int64_t last = -1;             // staleness of the latest acknowledged push (-1: none yet)
+    int64_t max = 0;
+    double sum = 0;                // over acknowledged pushes (mean = sum / pushes)
+};
+
+class ParameterStore {
+public:
+    virtual ~ParameterStore() = default;
+    // Plans the partition of `variables` over the ps tasks. With `initialise` (exactly one worker
+    // of a run: worker 0), their current values become the ps tasks' initial values; the others
+    // wait until every ps is initialised and check that it holds the same plan.
+    virtual Status begin(const std::vector<StoreVariable>& variables, bool initialise) = 0;
+    // Current values of every variable from every ps (in parallel) into the variables' buffers.
+    virtual Status pull() = 0;
+    // Sends the gradients to the ps tasks without waiting for them to be applied (at most one
+    // push per ps in flight: a second waits for the first). lr is this step's learning rate.
+    virtual Status push(float learningRate) = 0;
+    // Waits until every push so far has been applied (or failed).
+    virtual Status flush() = 0;
+    // Updates a ps applied between this worker's pull and its push, over the pushes so far.
+    virtual StalenessStats staleness() const = 0;
+    virtual void cancel() = 0;
+};
+
+} // namespace ts

@@ -1,0 +1,50 @@
+#pragma once
+// ParameterService: the ParameterServer gRPC service (parameter_server.proto) of one
+// trainstudio-worker daemon. While the daemon runs a `ps` task it hosts that task's shard: worker 0
+// initialises the values, every worker pulls them and pushes gradients, and each push is applied
+// at once with the run's optimizer (asynchronous updates, serialised by one lock per shard).
+// Contract:
+//  - Threading: gRPC's threads serve calls concurrently; host/unhost/stats from any thread.
+//  - Security: every call needs the shared token; calls for another run, before initialisation,
+//    or with slices that do not match the shard are refused (and logged); message sizes are
+//    bounded by the daemon's server.
+//  - Errors: host() fails on a bad optimizer configuration, naming it.
+
+#include <memory>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+#include <nlohmann/json.hpp>
+
+#include "common/result.h"
+
+namespace ts::remote {
+
+struct ShardStats {
+    bool initialised = false;
+    int64_t version = 0;           // updates applied
+    int64_t pulls = 0;
+    int64_t elements = 0;
+    int64_t maxStaleness = 0;
+    double sumStaleness = 0;
+};
+
+class ParameterService {
+public:
+    explicit ParameterService(std::string token);
+    ~ParameterService();
+    grpc::Service* service();
+
+    // Starts hosting run `runId`'s shard as task `label` ("ps:0"), uninitialised, with the run's
+    // optimizer and backend (empty: the best for cpu:0). Replaces any previous shard.
+    Status host(const std::string& runId, const std::string& label, const nlohmann::json& optimizer, const std::string& backend);
+    // Stops hosting: later calls for the run are refused.
+    void unhost();
+    ShardStats stats() const;
+
+    class Impl;
+private:
+    std::unique_ptr<Impl> m_impl;
+};
+
+} // namespace ts::remote

@@ -1,0 +1,359 @@
+#include "remote/ps_client.h"
+
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <functional>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "parameter_server.grpc.pb.h"
+
+namespace ts::remote {
+namespace {
+
+struct Lane {
+    std::string label, address;
+    std::unique_ptr<ParameterServer::Stub> stub;
+    std::vector<ShardSlice> slices;
+    int64_t pulledVersion = 0;     // trainer thread only
+    std::thread thread;            // sends this ps's pushes
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::optional<PushRequest> pending;
+    int64_t pendingSeq = 0;
+    bool busy = false, quit = false;
+    std::optional<Error> error;
+    int64_t ackSeq = 0, ackStaleness = 0;
+};
+
+} // namespace
+
+class RemoteParameterStore::Impl {
+public:
+    PsClientOptions options;
+    PartitionPlan plan;
+    std::vector<StoreVariable> variables;
+    std::vector<std::unique_ptr<Lane>> lanes;
+    std::atomic<bool> cancelled{false};
+    std::mutex callsMutex;
+    std::set<grpc::ClientContext*> calls;  // in flight, for cancel()
+    int64_t pushSeq = 0;
+    mutable std::mutex statsMutex;
+    mutable StalenessStats stats;
+    mutable int64_t aggregatedSeq = 0;
+
+    // A call's context: token, deadline, and registered so cancel() can end it.
+    class Call {
+    public:
+        Call(Impl& impl, std::chrono::milliseconds timeout) : m_impl(impl)
+        {
+            attachToken(ctx, impl.options.token);
+            ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+            std::lock_guard lock(impl.callsMutex);
+            impl.calls.insert(&ctx);
+            if (impl.cancelled) ctx.TryCancel();
+        }
+        ~Call()
+        {
+            std::lock_guard lock(m_impl.callsMutex);
+            m_impl.calls.erase(&ctx);
+        }
+        grpc::ClientContext ctx;
+
+    private:
+        Impl& m_impl;
+    };
+
+    Error fail(const Lane& lane, const grpc::Status& st, const std::string& what) const
+    {
+        if (cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+        std::string hint;
+        switch (st.error_code()) {
+        case grpc::StatusCode::UNAVAILABLE:
+        case grpc::StatusCode::DEADLINE_EXCEEDED:
+            hint = "is the ps task's trainstudio-worker running at " + lane.address + ", and reachable from here?";
+            break;
+        case grpc::StatusCode::UNAUTHENTICATED:
+            hint = "every task and the coordinator must use the same shared token";
+            break;
+        case grpc::StatusCode::RESOURCE_EXHAUSTED:
+            hint = "this ps's shard is larger than the daemons' --max-message-bytes: add ps tasks, use the by-size partitioner, or raise the bound";
+            break;
+        default:
+            break;
+        }
+        return makeError(ErrorCode::IoError, lane.label + ": " + what + ": " + st.error_message(), hint);
+    }
+
+    Status pullLane(Lane& lane, bool describe)
+    {
+        Call call(*this, options.callTimeout);
+        PullRequest req;
+        req.set_run_id(options.runId);
+        req.set_describe(describe);
+        PullReply reply;
+        const grpc::Status st = lane.stub->Pull(&call.ctx, req, &reply);
+        if (!st.ok()) return fail(lane, st, "pull failed");
+        return store(lane, reply, describe);
+    }
+
+    Status store(Lane& lane, const PullReply& reply, bool describe)
+    {
+        if (reply.values_size() != static_cast<int>(lane.slices.size()))
+            return makeError(ErrorCode::Internal, lane.label + " holds " + std::to_string(reply.values_size()) + " slice(s), this plan gives it " +
+                                                      std::to_string(lane.slices.size()),
+                             "every task of the run must use the same model and partitioner");
+        for (std::size_t i = 0; i < lane.slices.size(); ++i) {
+            const ShardSlice& s = lane.slices[i];
+            const std::string& v = reply.values(static_cast<int>(i));
+            if (describe && reply.slices(static_cast<int>(i)) != s.toString())
+                return makeError(ErrorCode::Internal, lane.label + " holds " + reply.slices(static_cast<int>(i)) + " where this plan has " + s.toString(),
+                                 "every task of the run must use the same model and partitioner");
+            if (static_cast<int64_t>(v.size()) != s.count * 4)
+                return makeError(ErrorCode::Internal, lane.label + ": slice " + s.toString() + " came back with the wrong size");
+            std::memcpy(variables[static_cast<std::size_t>(s.variable)].values + s.offset, v.data(), v.size());
+        }
+        lane.pulledVersion = reply.version();
+        return okStatus();
+    }
+
+    void pushLoop(Lane& lane)
+    {
+        std::unique_lock lock(lane.mutex);
+        for (;;) {
+            lane.cv.wait(lock, [&] { return lane.quit || lane.pending.has_value(); });
+            if (lane.quit) return;
+            PushRequest req = std::move(*lane.pending);
+            const int64_t seq = lane.pendingSeq;
+            lane.pending.reset();
+            lane.busy = true;
+            lock.unlock();
+            PushReply reply;
+            grpc::Status st;
+            {
+                Call call(*this, options.callTimeout);
+                st = lane.stub->Push(&call.ctx, req, &reply);
+            }
+            lock.lock();
+            lane.busy = false;
+            if (!st.ok()) {
+                if (!lane.error) lane.error = fail(lane, st, "push failed");
+            } else {
+                lane.ackSeq = seq;
+                lane.ackStaleness = reply.staleness();
+            }
+            lane.cv.notify_all();
+        }
+    }
+
+    // Folds pushes every ps has acknowledged into the statistics (a push's staleness is the
+    // largest over the ps tasks). Callers hold statsMutex.
+    void aggregate() const
+    {
+        if (pushSeq <= aggregatedSeq) return;
+        int64_t worst = 0;
+        for (const auto& lane : lanes) {
+            std::lock_guard lock(lane->mutex);
+            if (lane->ackSeq < pushSeq) return;
+            worst = std::max(worst, lane->ackStaleness);
+        }
+        aggregatedSeq = pushSeq;
+        ++stats.pushes;
+        stats.last = worst;
+        stats.max = std::max(stats.max, worst);
+        stats.sum += static_cast<double>(worst);
+    }
+
+    Status waitIdle(Lane& lane)
+    {
+        std::unique_lock lock(lane.mutex);
+        lane.cv.wait(lock, [&] { return (!lane.busy && !lane.pending) || cancelled; });
+        if (cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+        if (lane.error) return *lane.error;
+        return okStatus();
+    }
+};
+
+RemoteParameterStore::RemoteParameterStore(std::unique_ptr<Impl> impl) : m_impl(std::move(impl)) {}
+
+RemoteParameterStore::~RemoteParameterStore()
+{
+    for (auto& lane : m_impl->lanes) {
+        {
+            std::lock_guard lock(lane->mutex);
+            lane->quit = true;
+        }
+        lane->cv.notify_all();
+    }
+    cancel();
+    for (auto& lane : m_impl->lanes)
+        if (lane->thread.joinable()) lane->thread.join();
+}
+
+Result<std::shared_ptr<RemoteParameterStore>> RemoteParameterStore::connect(const PsClientOptions& options)
+{
+    if (options.spec.count("ps") == 0)
+        return makeError(ErrorCode::InvalidArgument, options.spec.source() + ": the cluster has no ps task", "add \"ps\": [\"host:port\"]");
+    TS_ASSIGN(auto creds, channelCredentials(options.tls));
+    auto impl = std::make_unique<Impl>();
+    impl->options = options;
+    for (int i = 0; i < options.spec.count("ps"); ++i) {
+        auto lane = std::make_unique<Lane>();
+        lane->address = options.spec.addresses("ps")[static_cast<std::size_t>(i)];
+        lane->label = "ps:" + std::to_string(i) + " at " + lane->address;
+        grpc::ChannelArguments args;
+        args.SetMaxReceiveMessageSize(options.maxMessageBytes);
+        // A channel per ps and per store: the pushes of one worker never queue behind another's.
+        args.SetInt("grpc.use_local_subchannel_pool", 1);
+        lane->stub = ParameterServer::NewStub(grpc::CreateCustomChannel(lane->address, creds, args));
+        impl->lanes.push_back(std::move(lane));
+    }
+    std::shared_ptr<RemoteParameterStore> store(new RemoteParameterStore(std::move(impl)));
+    for (auto& lane : store->m_impl->lanes) {
+        Lane* l = lane.get();
+        Impl* i = store->m_impl.get();
+        l->thread = std::thread([i, l] { i->pushLoop(*l); });
+    }
+    return store;
+}
+
+const PartitionPlan& RemoteParameterStore::plan() const { return m_impl->plan; }
+
+Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, bool initialise)
+{
+    Impl& d = *m_impl;
+    std::vector<VariableInfo> infos;
+    for (const auto& v : variables) {
+        if (!v.values) return makeError(ErrorCode::InvalidArgument, "variable " + v.info.name + " has no buffer");
+        infos.push_back(v.info);
+    }
+    TS_ASSIGN(d.plan, partitionVariables(infos, static_cast<int>(d.lanes.size()), d.options.partition));
+    d.variables = variables;
+    for (std::size_t p = 0; p < d.lanes.size(); ++p) d.lanes[p]->slices = d.plan.perPs[p];
+    const auto deadline = std::chrono::steady_clock::now() + d.options.startTimeout;
+    // Until the deadline, "not hosting this run yet" and "not initialised yet" mean "starting".
+    auto retry = [&](Lane& lane, const std::function<grpc::Status()>& call, const std::string& what) -> Status {
+        for (;;) {
+            const grpc::Status st = call();
+            if (st.ok()) return okStatus();
+            const bool starting = st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+            if (!starting || d.cancelled || std::chrono::steady_clock::now() > deadline) {
+                Error e = d.fail(lane, st, what);
+                if (starting && !d.cancelled)
+                    e.message += " (waited " + std::to_string(d.options.startTimeout.count() / 1000) + " s for it to start)";
+                return e;
+            }
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    };
+    if (initialise) {
+        for (auto& lane : d.lanes) {
+            InitializeRequest req;
+            req.set_run_id(d.options.runId);
+            for (const auto& s : lane->slices) {
+                req.add_slices(s.toString());
+                req.add_values(reinterpret_cast<const char*>(variables[static_cast<std::size_t>(s.variable)].values + s.offset),
+                               static_cast<std::size_t>(s.count) * 4);
+            }
+            TS_TRY(retry(*lane, [&] {
+                Impl::Call call(d, d.options.callTimeout);
+                InitializeReply reply;
+                return lane->stub->Initialize(&call.ctx, req, &reply);
+            }, "initialisation failed"));
+        }
+    }
+    // Everyone (the initialiser too) starts from what the ps tasks hold, checking the plan once.
+    for (auto& lane : d.lanes) {
+        PullReply reply;
+        TS_TRY(retry(*lane, [&] {
+            Impl::Call call(d, d.options.callTimeout);
+            PullRequest req;
+            req.set_run_id(d.options.runId);
+            req.set_describe(true);
+            reply.Clear();
+            return lane->stub->Pull(&call.ctx, req, &reply);
+        }, "pull failed"));
+        TS_TRY(d.store(*lane, reply, true));
+    }
+    return okStatus();
+}
+
+Status RemoteParameterStore::pull()
+{
+    Impl& d = *m_impl;
+    if (d.cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+    const std::size_t n = d.lanes.size();
+    std::vector<Status> results(n);
+    std::vector<std::thread> threads;
+    for (std::size_t p = 1; p < n; ++p) threads.emplace_back([&, p] { results[p] = d.pullLane(*d.lanes[p], false); });
+    results[0] = d.pullLane(*d.lanes[0], false);
+    for (auto& t : threads) t.join();
+    for (auto& r : results)
+        if (!r.ok()) return r;
+    return okStatus();
+}
+
+Status RemoteParameterStore::push(float learningRate)
+{
+    Impl& d = *m_impl;
+    if (d.cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+    // At most one push per ps in flight: wait for the previous one, and report it if it failed.
+    for (auto& lane : d.lanes) TS_TRY(d.waitIdle(*lane));
+    {
+        std::lock_guard lock(d.statsMutex);
+        d.aggregate();
+        ++d.pushSeq;
+    }
+    for (auto& lane : d.lanes) {
+        PushRequest req;
+        req.set_run_id(d.options.runId);
+        req.set_worker(d.options.worker);
+        req.set_pulled_version(lane->pulledVersion);
+        req.set_learning_rate(learningRate);
+        for (const auto& s : lane->slices)
+            req.add_grads(reinterpret_cast<const char*>(d.variables[static_cast<std::size_t>(s.variable)].grads + s.offset),
+                          static_cast<std::size_t>(s.count) * 4);
+        {
+            std::lock_guard lock(lane->mutex);
+            lane->pending = std::move(req);
+            lane->pendingSeq = d.pushSeq;
+        }
+        lane->cv.notify_all();
+    }
+    return okStatus();
+}
+
+Status RemoteParameterStore::flush()
+{
+    Impl& d = *m_impl;
+    for (auto& lane : d.lanes) TS_TRY(d.waitIdle(*lane));
+    std::lock_guard lock(d.statsMutex);
+    d.aggregate();
+    return okStatus();
+}
+
+StalenessStats RemoteParameterStore::staleness() const
+{
+    std::lock_guard lock(m_impl->statsMutex);
+    m_impl->aggregate();
+    return m_impl->stats;
+}
+
+void RemoteParameterStore::cancel()
+{
+    Impl& d = *m_impl;
+    d.cancelled = true;
+    {
+        std::lock_guard lock(d.callsMutex);
+        for (auto* c : d.calls) c->TryCancel();
+    }
+    for (auto& lane : d.lanes) {
+        std::lock_guard lock(lane->mutex);
+        lane->cv.notify_all();
+    }
+}
+
+} // namespace ts::remote

@@ -1,0 +1,54 @@
+#pragma once
+// RemoteParameterStore: ParameterStore (distribute/parameter_store.h) over the ParameterServer
+// gRPC service of the cluster's ps tasks. Workers train through it; the coordinator pulls the
+// final weights through it.
+// Contract (in addition to ParameterStore's):
+//  - One channel and one push thread per ps task; pulls from several ps run in parallel.
+//  - Every call carries the shared token and a deadline (options.callTimeout); begin() waits up
+//    to options.startTimeout for ps tasks that are still starting or not initialised yet.
+//  - Errors name the ps task and its address ("ps:0 at 127.0.0.1:7071: push failed: ...").
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "distribute/cluster_spec.h"
+#include "distribute/parameter_store.h"
+#include "remote/auth.h"
+
+namespace ts::remote {
+
+struct PsClientOptions {
+    ClusterSpec spec;                 // its "ps" addresses, in index order
+    std::string runId;
+    std::string token;
+    std::string worker = "coordinator";  // who pushes (for the ps's log)
+    TlsFiles tls;
+    PartitionOptions partition;
+    std::chrono::milliseconds callTimeout{30000};
+    std::chrono::milliseconds startTimeout{60000};
+    int maxMessageBytes = 64 << 20;   // largest pull reply accepted
+};
+
+class RemoteParameterStore final : public ParameterStore {
+public:
+    static Result<std::shared_ptr<RemoteParameterStore>> connect(const PsClientOptions& options);
+    ~RemoteParameterStore() override;
+
+    Status begin(const std::vector<StoreVariable>& variables, bool initialise) override;
+    Status pull() override;
+    Status push(float learningRate) override;
+    Status flush() override;
+    StalenessStats staleness() const override;
+    void cancel() override;
+
+    const PartitionPlan& plan() const;
+
+    class Impl;
+private:
+    explicit RemoteParameterStore(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> m_impl;
+};
+
+} // namespace ts::remote
