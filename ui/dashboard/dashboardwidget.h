@@ -158,6 +158,7 @@ private:
     bool m_dirty = false;
     QTimer* m_replotTimer = nullptr;
     QElapsedTimer m_sinceReplot;
+    QElapsedTimer m_sinceVerdict;  // the verdict's percentage is re-set at most twice a second
     // What each plot's last full replot drew around the graphs (axes, size, graphs, the data
     // generation): while it is unchanged a live frame draws only the points appended since.
     struct Frame {
