@@ -10,29 +10,17 @@
 #include <map>
 #include <thread>
 
-#include <pthread.h>
-#include <sched.h>
-
+#include "common/background_thread.h"
 #include "data/stages.h"
 
 namespace ts::pipeline_detail {
 
 namespace {
 
-// Pipeline threads make elements ahead of need, so they must not preempt the trainer when they
-// wake: with CFS's wake-up preemption, the prefetch thread woken by the trainer's pop ran its
-// whole next batch before the trainer got its core back, and that batch's production showed up
-// as input wait although the queue was full (seed MLP: median wait 331 us per step, the cost of
-// one batch). SCHED_BATCH keeps their fair share of the CPU without preempting on wake-up; it
-// needs no privileges.
-void becomeBackgroundThread()
-{
-#ifdef __linux__
-    sched_param param{};
-    param.sched_priority = 0;
-    pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
-#endif
-}
+// Pipeline threads make elements ahead of need (becomeBackgroundThread): with the default policy
+// the prefetch thread woken by the trainer's pop preempted it and produced a whole batch inside
+// the trainer's input wait although the queue was full (seed MLP: median wait 331 us per step,
+// the cost of one batch; 3-7 us under SCHED_BATCH).
 
 class PrefetchIterator final : public Iterator, public Waker {
 public:
@@ -93,7 +81,7 @@ private:
 
     void produce()
     {
-        becomeBackgroundThread();
+        becomeBackgroundThread("ts-prefetch");
         for (;;) {
             {
                 std::unique_lock<std::mutex> lock(m_mutex);
@@ -253,7 +241,7 @@ private:
 
     void work(int id)
     {
-        becomeBackgroundThread();
+        becomeBackgroundThread("ts-map");
         std::unique_lock<std::mutex> lock(m_mutex);
         std::vector<Next> inputs;
         inputs.reserve(kMaxChunk);

@@ -1,4 +1,5 @@
 #include "store/bus_sink.h"
+#include "common/background_thread.h"
 
 namespace ts::store {
 
@@ -11,7 +12,10 @@ StoreSink::StoreSink(telemetry::EventBus& bus, RunStore& store, const StoreSinkO
     so.kinds = options.kinds;
     so.wakeThreshold = options.capacity / 8;  // drained every drainMs; woken early only in a burst
     m_sub = bus.subscribe(so);
-    m_thread = std::thread([this] { loop(); });
+    m_thread = std::thread([this] {
+        becomeBackgroundThread("ts-store-sink");
+        loop();
+    });
 }
 
 StoreSink::~StoreSink() { (void)stop(); }

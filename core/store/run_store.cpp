@@ -1,4 +1,5 @@
 #include "store/run_store.h"
+#include "common/background_thread.h"
 
 #include <zlib.h>
 
@@ -380,7 +381,10 @@ struct RunStore::Impl {
     void start()
     {
         running = true;
-        thread = std::thread([this] { loop(); });
+        thread = std::thread([this] {
+            becomeBackgroundThread("ts-store-writer");  // the run store's writer: batches, never urgent
+            loop();
+        });
     }
 
     void stop()

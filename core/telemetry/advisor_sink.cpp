@@ -1,4 +1,5 @@
 #include "telemetry/advisor_sink.h"
+#include "common/background_thread.h"
 
 #include <chrono>
 
@@ -16,7 +17,10 @@ AdvisorSink::AdvisorSink(EventBus& bus, std::string runId, int replicas, std::si
     so.kinds = kindMask<StepBreakdownEvent, PipelineSampleEvent, DeviceSampleEvent, EpochMetricsEvent>();
     so.wakeThreshold = so.capacity / 8;  // drained every 50 ms; findings are per epoch anyway
     m_sub = bus.subscribe(so);
-    m_thread = std::thread([this] { loop(); });
+    m_thread = std::thread([this] {
+        becomeBackgroundThread("ts-advisor");
+        loop();
+    });
 }
 
 AdvisorSink::~AdvisorSink() { stop(); }

@@ -1,4 +1,5 @@
 #include "telemetry/sampler.h"
+#include "common/background_thread.h"
 
 #include <unistd.h>
 
@@ -171,6 +172,7 @@ Status DeviceSampler::start(EventBus& bus)
     m_stop = false;
     const auto period = std::chrono::nanoseconds(static_cast<int64_t>(1e9 / m_options.hz));
     m_thread = std::thread([this, &bus, period] {
+        becomeBackgroundThread("ts-sampler");
         Tracer::setThreadLane(m_options.hostLane);
         auto next = std::chrono::steady_clock::now() + period;
         std::unique_lock lock(m_mutex);

@@ -1,4 +1,5 @@
 #include "telemetry/trace_sink.h"
+#include "common/background_thread.h"
 
 namespace ts::telemetry {
 
@@ -13,7 +14,10 @@ Result<std::unique_ptr<TraceFileSink>> TraceFileSink::create(EventBus& bus, cons
     o.kinds = kindMask<SpanEvent, DeviceSampleEvent, StepMetricsEvent, RunStateEvent, ErrorEvent>();
     o.wakeThreshold = capacity / 8;  // drained every 50 ms, not woken per span
     s->m_sub = bus.subscribe(o);
-    s->m_thread = std::thread([p = s.get()] { p->loop(); });
+    s->m_thread = std::thread([p = s.get()] {
+        becomeBackgroundThread("ts-trace-file");
+        p->loop();
+    });
     return s;
 }
 

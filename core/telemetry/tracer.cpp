@@ -1,4 +1,5 @@
 #include "telemetry/tracer.h"
+#include "common/background_thread.h"
 
 #include <charconv>
 #include <unordered_set>
@@ -190,6 +191,7 @@ TraceCollector::TraceCollector(EventBus& bus, std::string runId, std::chrono::mi
     : m_bus(bus), m_runId(std::move(runId)), m_interval(interval)
 {
     m_thread = std::thread([this] {
+        becomeBackgroundThread("ts-trace-coll");
         std::unique_lock lock(m_mutex);
         while (!m_stop) {
             m_cv.wait_for(lock, m_interval, [this] { return m_stop; });
