@@ -14,6 +14,8 @@
 #include <QListWidget>
 #include <QPlainTextEdit>
 #include <QProcess>
+
+#include <algorithm>
 #include <QPushButton>
 #include <QSignalSpy>
 #include <QSpinBox>
@@ -106,6 +108,7 @@ private slots:
     void checkWorkersNamesTheUnreachableOne();
     void trainsOnRemoteWorkersFromTheGui();
     void stopEndsTheRemoteRun();
+    void trainsWithParameterServerFromTheGui();
 
 private:
     std::unique_ptr<MainWindow> window(int epochs, int limit);
@@ -199,6 +202,11 @@ void TestRemoteUi::clusterEditorEnablesStrategies()
     setup.setRemoteSettings(r);
     QVERIFY(!itemEnabled(strategy, 2));
     QVERIFY2(setup.problems().join('\n').contains("ps"), qPrintable(setup.problems().join('\n')));
+    // ... and ParameterServer is what such a cluster is for.
+    QVERIFY(itemEnabled(strategy, 3));
+    setup.setStrategy("parameter-server");
+    QVERIFY2(setup.problems().isEmpty(), qPrintable(setup.problems().join('\n')));
+    QCOMPARE(setup.config().strategy.kind, std::string("parameter-server"));
 
     // The session refuses a remote strategy without a usable cluster, with the same words.
     TrainingSession session;
@@ -323,6 +331,52 @@ void TestRemoteUi::stopEndsTheRemoteRun()
         ready = setup->workerTable()->item(0, 2)->text().startsWith("ready") && setup->workerTable()->item(1, 2)->text().startsWith("ready");
     }
     QVERIFY2(ready, qPrintable(setup->workerTable()->item(0, 2)->text() + " / " + setup->workerTable()->item(1, 2)->text()));
+}
+
+void TestRemoteUi::trainsWithParameterServerFromTheGui()
+{
+    if (!QFileInfo(QString::fromStdString(defaultFashionMnistDir())).isDir())
+        QSKIP("Fashion-MNIST is not installed (dataset-fashion-mnist)");
+    // One ps task and two workers, each its own trainstudio-worker process.
+    auto ps = spawnWorker(m_dir.path(), "ps0");
+    auto w0 = spawnWorker(m_dir.path(), "w0");
+    auto w1 = spawnWorker(m_dir.path(), "w1");
+    QVERIFY(ps->port > 0 && w0->port > 0 && w1->port > 0);
+    auto w = window(1, 4096);
+    TrainPage* page = w->trainPage();
+    RunSetupPanel* setup = page->setup();
+    setup->setPersistent(false);
+    RemoteSettings r;
+    r.tfConfig = QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
+                     .arg(w0->port)
+                     .arg(w1->port)
+                     .arg(ps->port);
+    r.tokenFile = tokenFile();
+    setup->setRemoteSettings(r);
+    setup->setStrategy("parameter-server");
+    QVERIFY2(setup->problems().isEmpty(), qPrintable(setup->problems().join('\n')));
+    QVERIFY(page->trainButton()->isEnabled());
+    QSignalSpy finished(w->session(), &TrainingSession::finished);
+    QTest::mouseClick(page->trainButton(), Qt::LeftButton);
+    QVERIFY(w->session()->isRemote());
+    QTRY_VERIFY_WITH_TIMEOUT(page->dashboard()->lossPointCount() > 0, 60000);
+    QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 1, 120000);
+    QVERIFY2(finished.at(0).at(0).value<State>() == State::Completed, qPrintable(finished.at(0).at(1).toString()));
+    const RunData& live = w->session()->data();
+    QVERIFY(!live.steps().step.empty());
+    QVERIFY(live.steps().loss.back() < live.steps().loss.front());
+
+    auto store = store::RunStore::open(db().toStdString(), {.readOnly = true});
+    QVERIFY(store.ok());
+    const std::string id = w->session()->runId().toStdString();
+    auto info = store->run(id);
+    QVERIFY(info.ok());
+    QCOMPARE(int(info->status), int(telemetry::RunState::Completed));
+    QCOMPARE(info->strategy, std::string("parameter-server"));
+    // The workers' staleness is recorded with the run.
+    auto metrics = store->metricNames(id);
+    QVERIFY(metrics.ok());
+    QVERIFY2(std::find(metrics->begin(), metrics->end(), "staleness") != metrics->end(), "no staleness metric");
 }
 
 QTEST_MAIN(TestRemoteUi)
