@@ -406,8 +406,15 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
                 if (t.state == "cancelled") anyCancelled = true;
             } else if (e.kind == "error") {
                 Error err = makeError(ErrorCode::Internal, t.label + ": " + f.value("message", ""), f.value("hint", ""));
-                bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
-                if (!failure) failure = err;
+                if (m_cancel) {
+                    // After Stop: a task whose peer stopped first sees its collective break off.
+                    // That is the cancellation seen from there, not the run's failure.
+                    bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info,
+                                                       err.message + " (after the run was cancelled)"}));
+                } else {
+                    bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
+                    if (!failure) failure = err;
+                }
             } else if (e.kind == "step" && chief) {
                 tm::StepMetricsEvent m;
                 m.stamp = stamp(e.worker, e.device, e.step);
@@ -479,7 +486,18 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             }
             lock.lock();
         }
-        if (!inbox.failures.empty() && !failure) failure = inbox.failures.front().second;
+        if (!inbox.failures.empty() && !failure) {
+            // After Stop, a stream that broke off is part of stopping (see above); a task that
+            // stopped answering while its stream is still open is not, or Stop would wait forever.
+            for (const auto& [i, e] : inbox.failures) {
+                if (m_cancel && inbox.ended[i])
+                    bus.publish(tm::Event(tm::LogEvent{stamp(m_tasks[i]->id.toString(), "", 0), tm::LogLevel::Info,
+                                                       e.message + " (after the run was cancelled)"}));
+                else if (!failure)
+                    failure = e;
+            }
+            inbox.failures.clear();
+        }
         if (failure || inbox.allEnded() || (psRun && trainingEnded() && inbox.events.empty())) break;
     }
     lock.unlock();
@@ -530,7 +548,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
         if (failure) t->client->cancelStream();
         t->stream.join();
     }
-    if (!failure)
+    if (!failure && !m_cancel)
         for (auto& t : m_tasks)
             if (t->state != "completed" && t->state != "cancelled") {
                 failure = makeError(ErrorCode::Internal, t->label + ": the task ended in state '" + t->state + "'",
