@@ -9,6 +9,7 @@
 #include <thread>
 
 #include <gloo/allreduce_ring_chunked.h>
+#include <cstdlib>
 #include <gloo/barrier_all_to_all.h>
 #include <gloo/broadcast_one_to_all.h>
 #include <gloo/common/error.h>
@@ -122,6 +123,16 @@ public:
             GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout);
             const auto before = socketInodes();
             m_context->connectFullMesh(store, m_device);
+            // Synchronous pairs (blocking socket reads and writes on the calling thread, no busy
+            // polling): in Gloo's default asynchronous mode every message goes through its event
+            // loop thread and a condition variable, which on 2 cores took a third of each
+            // process's CPU and left the seed MLP at 42k samples/s over 2 processes (137k
+            // synchronous). Abort and a silent peer still end a blocked read: abort shuts the
+            // mesh's sockets down, and the heartbeat aborts. TS_GLOO_ASYNC=1 keeps Gloo's default
+            // (for measuring the difference).
+            if (!std::getenv("TS_GLOO_ASYNC"))
+                for (int r = 0; r < m_opt.size; ++r)
+                    if (r != m_opt.rank) m_context->getPair(r)->setSync(true, false);
             // The mesh's sockets: new since connecting, minus gRPC's (to or from a service port:
             // the rendezvous, a worker daemon), which may have connected meanwhile.
             std::set<int> services(m_opt.servicePorts.begin(), m_opt.servicePorts.end());
