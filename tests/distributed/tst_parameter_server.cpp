@@ -13,6 +13,7 @@
 
 #include "data/dataset.h"
 #include "distribute/partitioner.h"
+#include "distributed/worker_process.h"
 #include "io/safetensors.h"
 #include "parameter_server.grpc.pb.h"
 #include "train/run_config.h"
@@ -53,42 +54,9 @@ void checkCovers(const PartitionPlan& plan, const std::vector<VariableInfo>& var
         for (int c : seen[v]) QCOMPARE(c, 1);
 }
 
-struct WorkerProcess {
-    std::unique_ptr<QProcess> process;
-    int port = 0;
-    ~WorkerProcess()
-    {
-        if (process && process->state() != QProcess::NotRunning) {
-            process->terminate();
-            if (!process->waitForFinished(10000)) process->kill();
-            process->waitForFinished();
-        }
-    }
-};
+using tstest::WorkerProcess;
 
-std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name)
-{
-    auto w = std::make_unique<WorkerProcess>();
-    w->process = std::make_unique<QProcess>();
-    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
-    env.insert("TRAINSTUDIO_TOKEN", QString::fromStdString(kToken));
-    env.insert("OMP_NUM_THREADS", "1");
-    w->process->setProcessEnvironment(env);
-    w->process->setProcessChannelMode(QProcess::ForwardedErrorChannel);
-    const QString portFile = dir + "/" + name + ".port";
-    w->process->start(QStringLiteral(TS_WORKER_PATH), {"--listen", "127.0.0.1:0", "--name", name, "--port-file", portFile});
-    QElapsedTimer t;
-    t.start();
-    while (t.elapsed() < 20000) {
-        QFile f(portFile);
-        if (f.open(QIODevice::ReadOnly)) {
-            w->port = f.readAll().trimmed().toInt();
-            if (w->port > 0) break;
-        }
-        QTest::qWait(50);
-    }
-    return w;
-}
+std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name) { return tstest::spawnWorker(dir, name, kToken); }
 
 struct Cluster {
     std::vector<std::unique_ptr<WorkerProcess>> workers, ps;

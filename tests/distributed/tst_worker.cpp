@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "distributed/worker_process.h"
 #include "remote/worker_client.h"
 #include "store/run_store.h"
 #include "remote/worker_service.h"
@@ -45,43 +46,9 @@ std::unique_ptr<WorkerDaemon> startDaemon()
     return std::move(d).value();
 }
 
-// A trainstudio-worker process on an ephemeral loopback port (read back from --port-file).
-struct WorkerProcess {
-    std::unique_ptr<QProcess> process;
-    int port = 0;
-    ~WorkerProcess()
-    {
-        if (process && process->state() != QProcess::NotRunning) {
-            process->terminate();
-            if (!process->waitForFinished(10000)) process->kill();
-            process->waitForFinished();
-        }
-    }
-};
+using tstest::WorkerProcess;
 
-std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name)
-{
-    auto w = std::make_unique<WorkerProcess>();
-    w->process = std::make_unique<QProcess>();
-    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
-    env.insert("TRAINSTUDIO_TOKEN", QString::fromStdString(kToken));
-    env.insert("OMP_NUM_THREADS", "1");
-    w->process->setProcessEnvironment(env);
-    w->process->setProcessChannelMode(QProcess::ForwardedErrorChannel);
-    const QString portFile = dir + "/" + name + ".port";
-    w->process->start(QStringLiteral(TS_WORKER_PATH), {"--listen", "127.0.0.1:0", "--name", name, "--port-file", portFile});
-    QElapsedTimer t;
-    t.start();
-    while (t.elapsed() < 20000) {
-        QFile f(portFile);
-        if (f.open(QIODevice::ReadOnly)) {
-            w->port = f.readAll().trimmed().toInt();
-            if (w->port > 0) break;
-        }
-        QTest::qWait(50);
-    }
-    return w;
-}
+std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name) { return tstest::spawnWorker(dir, name, kToken); }
 
 QString writeCluster(const QString& dir, const std::vector<int>& ports)
 {

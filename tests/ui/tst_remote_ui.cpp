@@ -24,6 +24,7 @@
 #include <QTemporaryDir>
 #include <QtTest>
 
+#include "distributed/worker_process.h"
 #include "dashboard/dashboardwidget.h"
 #include "data/dataset.h"
 #include "mainwindow.h"
@@ -40,39 +41,9 @@ namespace {
 
 const char* kToken = "studio-remote-test-token";
 
-// A trainstudio-worker process on an ephemeral loopback port (read back from --port-file).
-struct WorkerProcess {
-    QProcess process;
-    int port = 0;
-    ~WorkerProcess()
-    {
-        if (process.state() != QProcess::NotRunning) {
-            process.terminate();
-            if (!process.waitForFinished(10000)) process.kill();
-            process.waitForFinished();
-        }
-    }
-};
+using tstest::WorkerProcess;
 
-std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name)
-{
-    auto w = std::make_unique<WorkerProcess>();
-    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
-    env.insert("TRAINSTUDIO_TOKEN", kToken);
-    env.insert("OMP_NUM_THREADS", "1");
-    w->process.setProcessEnvironment(env);
-    w->process.setProcessChannelMode(QProcess::ForwardedErrorChannel);
-    const QString portFile = dir + "/" + name + ".port";
-    w->process.start(QStringLiteral(TS_WORKER_PATH), {"--listen", "127.0.0.1:0", "--name", name, "--port-file", portFile});
-    QElapsedTimer t;
-    t.start();
-    while (t.elapsed() < 20000 && w->port == 0) {
-        QFile f(portFile);
-        if (f.open(QIODevice::ReadOnly)) w->port = f.readAll().trimmed().toInt();
-        if (w->port == 0) QTest::qWait(50);
-    }
-    return w;
-}
+std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name) { return tstest::spawnWorker(dir, name, kToken); }
 
 // A loopback port nobody listens on.
 int deadPort()
@@ -112,6 +83,8 @@ private slots:
 
 private:
     std::unique_ptr<MainWindow> window(int epochs, int limit);
+    // The same, set up to train on the cluster `tfConfig` with `strategy` and this test's token.
+    std::unique_ptr<MainWindow> remoteWindow(int epochs, int limit, const QString& tfConfig, const char* strategy);
     QString db() const { return m_dir.filePath("runs.db"); }
     QString tokenFile() const { return m_dir.filePath("token"); }
     void startWorkers();
@@ -130,7 +103,7 @@ void TestRemoteUi::initTestCase()
 
 void TestRemoteUi::startWorkers()
 {
-    if (m_chief && m_chief->process.state() == QProcess::Running && m_worker->process.state() == QProcess::Running) return;
+    if (m_chief && m_chief->running() && m_worker->running()) return;
     m_chief = spawnWorker(m_dir.path(), "chief");
     m_worker = spawnWorker(m_dir.path(), "worker");
     QVERIFY(m_chief->port > 0 && m_worker->port > 0);
@@ -148,6 +121,19 @@ std::unique_ptr<MainWindow> TestRemoteUi::window(int epochs, int limit)
     RunSetupPanel* setup = w->trainPage()->setup();
     setup->findChild<QSpinBox*>("epochs")->setValue(epochs);
     setup->findChild<QSpinBox*>("limit")->setValue(limit);
+    return w;
+}
+
+std::unique_ptr<MainWindow> TestRemoteUi::remoteWindow(int epochs, int limit, const QString& tfConfig, const char* strategy)
+{
+    auto w = window(epochs, limit);
+    RunSetupPanel* setup = w->trainPage()->setup();
+    setup->setPersistent(false);
+    RemoteSettings r;
+    r.tfConfig = tfConfig;
+    r.tokenFile = tokenFile();
+    setup->setRemoteSettings(r);
+    setup->setStrategy(strategy);
     return w;
 }
 
@@ -256,15 +242,9 @@ void TestRemoteUi::trainsOnRemoteWorkersFromTheGui()
     if (!QFileInfo(QString::fromStdString(defaultFashionMnistDir())).isDir())
         QSKIP("Fashion-MNIST is not installed (dataset-fashion-mnist)");
     startWorkers();
-    auto w = window(2, 4096);
+    auto w = remoteWindow(2, 4096, cluster(m_chief->port, m_worker->port), "multi-worker-mirrored");
     TrainPage* page = w->trainPage();
     RunSetupPanel* setup = page->setup();
-    setup->setPersistent(false);
-    RemoteSettings r;
-    r.tfConfig = cluster(m_chief->port, m_worker->port);
-    r.tokenFile = tokenFile();
-    setup->setRemoteSettings(r);
-    setup->setStrategy("multi-worker-mirrored");
     QVERIFY2(setup->problems().isEmpty(), qPrintable(setup->problems().join('\n')));
     QVERIFY(page->trainButton()->isEnabled());
     QSignalSpy finished(w->session(), &TrainingSession::finished);
@@ -299,15 +279,9 @@ void TestRemoteUi::stopEndsTheRemoteRun()
     if (!QFileInfo(QString::fromStdString(defaultFashionMnistDir())).isDir())
         QSKIP("Fashion-MNIST is not installed (dataset-fashion-mnist)");
     startWorkers();
-    auto w = window(50, 0);
+    auto w = remoteWindow(50, 0, cluster(m_chief->port, m_worker->port), "multi-worker-mirrored");
     TrainPage* page = w->trainPage();
     RunSetupPanel* setup = page->setup();
-    setup->setPersistent(false);
-    RemoteSettings r;
-    r.tfConfig = cluster(m_chief->port, m_worker->port);
-    r.tokenFile = tokenFile();
-    setup->setRemoteSettings(r);
-    setup->setStrategy("multi-worker-mirrored");
     QSignalSpy finished(w->session(), &TrainingSession::finished);
     QTest::mouseClick(page->trainButton(), Qt::LeftButton);
     QTRY_VERIFY_WITH_TIMEOUT(page->dashboard()->lossPointCount() > 0, 60000);
@@ -342,18 +316,13 @@ void TestRemoteUi::trainsWithParameterServerFromTheGui()
     auto w0 = spawnWorker(m_dir.path(), "w0");
     auto w1 = spawnWorker(m_dir.path(), "w1");
     QVERIFY(ps->port > 0 && w0->port > 0 && w1->port > 0);
-    auto w = window(1, 4096);
+    const QString tfConfig = QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
+                                 .arg(w0->port)
+                                 .arg(w1->port)
+                                 .arg(ps->port);
+    auto w = remoteWindow(1, 4096, tfConfig, "parameter-server");
     TrainPage* page = w->trainPage();
     RunSetupPanel* setup = page->setup();
-    setup->setPersistent(false);
-    RemoteSettings r;
-    r.tfConfig = QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
-                     .arg(w0->port)
-                     .arg(w1->port)
-                     .arg(ps->port);
-    r.tokenFile = tokenFile();
-    setup->setRemoteSettings(r);
-    setup->setStrategy("parameter-server");
     QVERIFY2(setup->problems().isEmpty(), qPrintable(setup->problems().join('\n')));
     QVERIFY(page->trainButton()->isEnabled());
     QSignalSpy finished(w->session(), &TrainingSession::finished);

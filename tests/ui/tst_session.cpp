@@ -38,6 +38,37 @@
 using namespace ts;
 using State = TrainingSession::State;
 
+namespace {
+
+// Step i of a synthetic live run, 1 ms apart: loss (and with `full`, accuracy, throughput and a
+// step-time breakdown) that wander a little, as a real run's do.
+void addLiveStep(RunData& data, int i, bool full)
+{
+    telemetry::StepMetricsEvent e;
+    e.stamp.step = i;
+    e.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
+    e.epoch = 1;
+    e.loss = full ? 2.0 / (1 + 0.01 * i) + 0.05 * std::sin(i * 0.7) : 1.0 / i;
+    if (full) {
+        e.metrics["accuracy"] = 1.0 - 0.8 / (1 + 0.01 * i);
+        e.samplesPerSec = 40000 + 3000 * std::sin(i * 0.3);
+    }
+    data.add(telemetry::Event(std::move(e)));
+    if (!full) return;
+    telemetry::StepBreakdownEvent b;
+    b.stamp.step = i;
+    b.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
+    b.input = 0.0004 + 0.0002 * std::sin(i * 0.5);
+    b.forward = 0.0015;
+    b.backward = 0.0025 + 0.0003 * std::cos(i * 0.2);
+    b.optimizer = 0.0005;
+    b.other = 0.0001;
+    b.stepSeconds = b.input + b.forward + b.backward + b.optimizer + b.other;
+    data.add(telemetry::Event(std::move(b)));
+}
+
+} // namespace
+
 class TestSession : public QObject {
     Q_OBJECT
 private slots:
@@ -340,14 +371,7 @@ void TestSession::millionPointSeriesStaysInteractive()
 void TestSession::liveReplotsKeepToTheirBudget()
 {
     RunData data;
-    auto addStep = [&data](int i) {
-        telemetry::StepMetricsEvent e;
-        e.stamp.step = i;
-        e.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
-        e.epoch = 1;
-        e.loss = 1.0 / i;
-        data.add(telemetry::Event(std::move(e)));
-    };
+    auto addStep = [&data](int i) { addLiveStep(data, i, false); };
     DashboardWidget dash;
     dash.resize(900, 700);
     dash.setData(&data);
@@ -389,26 +413,7 @@ void TestSession::incrementalFramesMatchAFullReplot()
     // Live frames draw only the newest points onto the graph layer; the picture must be the one
     // a full replot of the same data draws.
     RunData data;
-    auto addStep = [&data](int i) {
-        telemetry::StepMetricsEvent e;
-        e.stamp.step = i;
-        e.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
-        e.epoch = 1;
-        e.loss = 2.0 / (1 + 0.01 * i) + 0.05 * std::sin(i * 0.7);
-        e.metrics["accuracy"] = 1.0 - 0.8 / (1 + 0.01 * i);
-        e.samplesPerSec = 40000 + 3000 * std::sin(i * 0.3);
-        data.add(telemetry::Event(std::move(e)));
-        telemetry::StepBreakdownEvent b;
-        b.stamp.step = i;
-        b.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
-        b.input = 0.0004 + 0.0002 * std::sin(i * 0.5);
-        b.forward = 0.0015;
-        b.backward = 0.0025 + 0.0003 * std::cos(i * 0.2);
-        b.optimizer = 0.0005;
-        b.other = 0.0001;
-        b.stepSeconds = b.input + b.forward + b.backward + b.optimizer + b.other;
-        data.add(telemetry::Event(std::move(b)));
-    };
+    auto addStep = [&data](int i) { addLiveStep(data, i, true); };
     DashboardWidget dash;
     dash.resize(900, 700);
     dash.setData(&data);

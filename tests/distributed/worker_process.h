@@ -1,0 +1,56 @@
+#pragma once
+// A trainstudio-worker daemon in its own process on an ephemeral loopback port (read back from
+// --port-file), for the tests that need real processes (kill -9, SIGSTOP, several tasks).
+// TS_WORKER_PATH is the daemon's path (tests/CMakeLists.txt defines it for distributed and ui).
+
+#include <QElapsedTimer>
+#include <QFile>
+#include <QProcess>
+#include <QtTest>
+
+#include <memory>
+#include <string>
+
+namespace tstest {
+
+struct WorkerProcess {
+    std::unique_ptr<QProcess> process;
+    int port = 0;  // 0: it did not start listening within 20 s
+    ~WorkerProcess()
+    {
+        if (process && process->state() != QProcess::NotRunning) {
+            process->terminate();
+            if (!process->waitForFinished(10000)) process->kill();
+            process->waitForFinished();
+        }
+    }
+    bool running() const { return process && process->state() == QProcess::Running; }
+};
+
+// Starts `trainstudio-worker --name name` with `token` (TRAINSTUDIO_TOKEN) and one OpenMP thread;
+// its port file goes into `dir`.
+inline std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name, const std::string& token)
+{
+    auto w = std::make_unique<WorkerProcess>();
+    w->process = std::make_unique<QProcess>();
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("TRAINSTUDIO_TOKEN", QString::fromStdString(token));
+    env.insert("OMP_NUM_THREADS", "1");
+    w->process->setProcessEnvironment(env);
+    w->process->setProcessChannelMode(QProcess::ForwardedErrorChannel);
+    const QString portFile = dir + "/" + name + ".port";
+    w->process->start(QStringLiteral(TS_WORKER_PATH), {"--listen", "127.0.0.1:0", "--name", name, "--port-file", portFile});
+    QElapsedTimer t;
+    t.start();
+    while (t.elapsed() < 20000) {
+        QFile f(portFile);
+        if (f.open(QIODevice::ReadOnly)) {
+            w->port = f.readAll().trimmed().toInt();
+            if (w->port > 0) break;
+        }
+        QTest::qWait(50);
+    }
+    return w;
+}
+
+} // namespace tstest
