@@ -1,13 +1,19 @@
 #pragma once
 // Small helpers for engine tests: build model specs in code, run training steps directly.
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <optional>
+#include <thread>
 #include <random>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "common/result.h"
+#include "data/source.h"
 #include "model/spec.h"
 #include "tensor/tensor.h"
 
@@ -80,4 +86,48 @@ inline double maxAbsDiff(const ts::Tensor& a, const ts::Tensor& b)
     return m;
 }
 
+inline std::string statusText(const ts::Status& st) { return st.ok() ? std::string() : st.error().toString(); }
+
+// A source over fixed tensors, for tests that need exact control of the batches: in order, `batch`
+// rows at a time (the last batch may be short). `slow`: 5 ms before each batch.
+class TensorSource final : public ts::BatchSource {
+public:
+    TensorSource(ts::Tensor x, ts::Tensor y, int64_t batch) : m_x(std::move(x)), m_y(std::move(y)), m_batch(batch) {}
+    ts::Status startEpoch(int64_t) override
+    {
+        m_pos = 0;
+        return ts::okStatus();
+    }
+    ts::Result<std::optional<ts::Batch>> next() override
+    {
+        if (slow) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        const int64_t n = m_x.shape()[0];
+        if (m_pos >= n) return std::optional<ts::Batch>();
+        const int64_t e = std::min(n, m_pos + m_batch);
+        ts::Batch b{m_x.rows(m_pos, e), m_y.rows(m_pos, e)};
+        m_pos = e;
+        return std::optional<ts::Batch>(b);
+    }
+    int64_t batchesPerEpoch() const override { return (m_x.shape()[0] + m_batch - 1) / m_batch; }
+    int64_t examplesPerEpoch() const override { return m_x.shape()[0]; }
+    bool slow = false;
+
+private:
+    ts::Tensor m_x, m_y;
+    int64_t m_batch, m_pos = 0;
+};
+
 } // namespace tstest
+
+// QVERIFY that a Status is ok (its error as the message) / that a difference report is empty.
+#define CHECK_OK(expr)                                            \
+    do {                                                          \
+        ts::Status st_ = (expr);                                  \
+        QVERIFY2(st_.ok(), tstest::statusText(st_).c_str());      \
+    } while (0)
+
+#define CHECK_SAME(msg)                                           \
+    do {                                                          \
+        const std::string m_ = (msg);                             \
+        QVERIFY2(m_.empty(), m_.c_str());                         \
+    } while (0)

@@ -17,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/reference/reference_backend.h"
 #include "backend/registry.h"
+#include "train_util.h"
 
 using namespace ts;
 
@@ -143,7 +144,6 @@ std::vector<std::string>& otherBackends()
     return names;
 }
 
-std::string statusText(const Status& st) { return st.ok() ? std::string() : st.error().toString(); }
 
 // Every cross-backend test: rows = (other backend) x (case of a static case list).
 template <typename Case>
@@ -180,17 +180,6 @@ void addRows(const std::vector<Case>& cases)
     auto rng = rngFor(std::string(QTest::currentDataTag()).substr(backend.size()));                  \
     (void)rng
 
-#define CHECK_OK(expr)                                            \
-    do {                                                          \
-        Status st_ = (expr);                                      \
-        QVERIFY2(st_.ok(), statusText(st_).c_str());              \
-    } while (0)
-
-#define CHECK_SAME(msg)                                           \
-    do {                                                          \
-        const std::string m_ = (msg);                             \
-        QVERIFY2(m_.empty(), m_.c_str());                         \
-    } while (0)
 
 namespace {
 

@@ -14,6 +14,7 @@
 
 using namespace ts;
 using tstest::ModelBuilder;
+using tstest::TensorSource;
 
 Q_DECLARE_METATYPE(ts::ModelSpec)
 
@@ -131,33 +132,6 @@ ModelSpec mlp(int64_t in = 20, int64_t hidden = 32, int64_t classes = 10, nlohma
         .spec();
 }
 
-// A source over fixed tensors, for tests that need exact control of the batches.
-class TensorSource final : public BatchSource {
-public:
-    TensorSource(Tensor x, Tensor y, int64_t batch) : m_x(std::move(x)), m_y(std::move(y)), m_batch(batch) {}
-    Status startEpoch(int64_t) override
-    {
-        m_pos = 0;
-        return okStatus();
-    }
-    Result<std::optional<Batch>> next() override
-    {
-        if (m_slow) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-        const int64_t n = m_x.shape()[0];
-        if (m_pos >= n) return std::optional<Batch>();
-        const int64_t e = std::min(n, m_pos + m_batch);
-        Batch b{m_x.rows(m_pos, e), m_y.rows(m_pos, e)};
-        m_pos = e;
-        return std::optional<Batch>(b);
-    }
-    int64_t batchesPerEpoch() const override { return (m_x.shape()[0] + m_batch - 1) / m_batch; }
-    int64_t examplesPerEpoch() const override { return m_x.shape()[0]; }
-    bool m_slow = false;
-
-private:
-    Tensor m_x, m_y;
-    int64_t m_batch, m_pos = 0;
-};
 
 std::vector<float> trainAndExport(const ModelSpec& spec, StrategyConfig sc, const Tensor& x, const Tensor& y, int64_t batch, int64_t steps)
 {
@@ -407,7 +381,7 @@ void TestTraining::cancelStopsPromptly()
     QVERIFY(t.ok());
     QVERIFY((*t)->initialise().ok());
     TensorSource src(x, y, 8);
-    src.m_slow = true;
+    src.slow = true;
     Trainer* trainer = t->get();
     std::thread stopper([trainer] {
         std::this_thread::sleep_for(std::chrono::milliseconds(150));

@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/train_util.h"
 #include "backend/backend.h"
 #include "backend/reference/reference_backend.h"
 #include "backend/registry.h"
@@ -28,6 +29,7 @@
 #include "train/trainer.h"
 
 using namespace ts;
+using tstest::TensorSource;
 
 namespace {
 
@@ -82,46 +84,6 @@ std::string compare(const Tensor& actual, const Tensor& expected, double rtol, d
     return what + ": " + std::to_string(bad) + " of " + std::to_string(actual.numel()) + " differ; first at " +
            std::to_string(first) + ": got " + std::to_string(firstA) + ", expected " + std::to_string(firstE);
 }
-
-std::string statusText(const Status& st) { return st.ok() ? std::string() : st.error().toString(); }
-
-#define CHECK_OK(expr)                                  \
-    do {                                                \
-        Status st_ = (expr);                            \
-        QVERIFY2(st_.ok(), statusText(st_).c_str());    \
-    } while (0)
-
-#define CHECK_SAME(msg)                                 \
-    do {                                                \
-        const std::string m_ = (msg);                   \
-        QVERIFY2(m_.empty(), m_.c_str());               \
-    } while (0)
-
-// A fixed batch source for the training comparisons.
-class TensorSource final : public BatchSource {
-public:
-    TensorSource(Tensor x, Tensor y, int64_t batch) : m_x(std::move(x)), m_y(std::move(y)), m_batch(batch) {}
-    Status startEpoch(int64_t) override
-    {
-        m_pos = 0;
-        return okStatus();
-    }
-    Result<std::optional<Batch>> next() override
-    {
-        const int64_t n = m_x.shape()[0];
-        if (m_pos >= n) return std::optional<Batch>();
-        const int64_t e = std::min(n, m_pos + m_batch);
-        Batch b{m_x.rows(m_pos, e), m_y.rows(m_pos, e)};
-        m_pos = e;
-        return std::optional<Batch>(b);
-    }
-    int64_t batchesPerEpoch() const override { return (m_x.shape()[0] + m_batch - 1) / m_batch; }
-    int64_t examplesPerEpoch() const override { return m_x.shape()[0]; }
-
-private:
-    Tensor m_x, m_y;
-    int64_t m_batch, m_pos = 0;
-};
 
 class LossRecorder final : public TrainListener {
 public:
@@ -229,7 +191,7 @@ void TstGpu::cleanupTestCase() { m_be.reset(); }
 
 void TstGpu::pluginLoadsThroughRegistry()
 {
-    QVERIFY2(m_loadStatus.ok(), statusText(m_loadStatus).c_str());
+    QVERIFY2(m_loadStatus.ok(), tstest::statusText(m_loadStatus).c_str());
     QVERIFY2(!m_pluginStatus.empty() && m_pluginStatus != "not registered yet", m_pluginStatus.c_str());
     const BackendFactory* f = BackendRegistry::instance().find("cuda");
     if (!f) {
