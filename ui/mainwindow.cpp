@@ -105,6 +105,9 @@ MainWindow::MainWindow(QWidget* parent)
         if (!m_runs->store() || !m_profiler->openRun(*m_runs->store(), runId, &error))
             statusBar()->showMessage(tr("Profiler: %1").arg(error), 8000);
     });
+    connect(m_profiler, &ProfilerPanel::loadFailed, this, [this](const QString&, const QString& error) {
+        statusBar()->showMessage(tr("Profiler: %1").arg(error), 8000);
+    });
     connect(m_session, &TrainingSession::stateChanged, this, [this](TrainingSession::State s) {
         m_profiler->setCaptureEnabled(s == TrainingSession::State::Running || s == TrainingSession::State::Paused);
     });
@@ -952,10 +955,8 @@ bool MainWindow::openRecordedRun(const QString& runId, QString* error)
     m_trainPage->showRecordedRun(std::move(data).value(), tr("Run %1 (recorded)").arg(name));
     // Its spans, if it has any, in the profiler (a run without a trace leaves it as it was).
     auto counts = store->counts(runId.toStdString());
-    if (counts.ok() && counts->spans > 0) {
-        QString e;
-        if (!m_profiler->openRun(*store, runId, &e)) statusBar()->showMessage(tr("Profiler: %1").arg(e), 8000);
-    }
+    // In the background: a long run's trace takes seconds to read and lay out.
+    if (counts.ok() && counts->spans > 0) m_profiler->openRunInBackground(QString::fromStdString(store->path()), runId);
     showTab(QStringLiteral("train"));
     return true;
 }

@@ -556,6 +556,22 @@ void TestProfiler::opensStoredRun()
     panel.selectFinding(0);
     QCOMPARE(panel.timeline()->highlightedSpans().size(), std::size_t(4));  // the four input waits
 
+    // The same run in the background, through its own read-only connection to the database (the
+    // writer above stays open), as the Runs tab's Open does.
+    ProfilerPanel background;
+    QSignalSpy loaded(&background, &ProfilerPanel::traceLoaded);
+    QSignalSpy failed(&background, &ProfilerPanel::loadFailed);
+    background.openRunInBackground(QString::fromStdString(db), QString::fromStdString(id));
+    QVERIFY(background.isLoading());
+    QVERIFY(loaded.wait(10000));
+    QCOMPARE(background.timeline()->data()->spans().size(), std::size_t(20));
+    QCOMPARE(background.steps().size(), std::size_t(4));
+    QCOMPARE(background.findings().front().kind, std::string("input-bound"));
+    background.openRunInBackground(QString::fromStdString(db), QStringLiteral("no-such-run"));
+    QVERIFY(failed.wait(10000));
+    QVERIFY2(failed.first().at(1).toString().contains("no-such-run"), qPrintable(failed.first().at(1).toString()));
+    QCOMPARE(background.timeline()->data()->spans().size(), std::size_t(20));  // the trace shown stays
+
     ProfilerPanel untracedPanel;
     QVERIFY2(untracedPanel.openRun(*store, QString::fromStdString(untraced->id), &error), qPrintable(error));
     QVERIFY(untracedPanel.timeline()->data()->empty());

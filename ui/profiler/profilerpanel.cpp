@@ -248,22 +248,26 @@ bool ProfilerPanel::openTraceFile(const QString& path, QString* error)
 
 void ProfilerPanel::openTraceFileInBackground(const QString& path)
 {
+    startBackgroundLoad(path, QDir::toNativeSeparators(path), [path] { return prepareTraceFile(path); });
+}
+
+void ProfilerPanel::startBackgroundLoad(const QString& what, const QString& shownAs, std::function<PreparedTrace()> prepare)
+{
     const int serial = ++m_loadSerial;
-    m_loadingPath = path;
-    m_info->setText(tr("Loading %1 …").arg(QDir::toNativeSeparators(path)));
+    m_loadingPath = what;
+    m_info->setText(tr("Loading %1 …").arg(shownAs));
     // The result comes back through the application object: the panel may be gone by then,
     // which the QPointer tells on the GUI thread.
     QPointer<ProfilerPanel> self(this);
-    QThreadPool::globalInstance()->start([self, serial, path] {
-        auto prepared = std::make_shared<PreparedTrace>(prepareTraceFile(path));
-        QMetaObject::invokeMethod(qApp, [self, serial, path, prepared] {
+    QThreadPool::globalInstance()->start([self, serial, what, shownAs, prepare = std::move(prepare)] {
+        auto prepared = std::make_shared<PreparedTrace>(prepare());
+        QMetaObject::invokeMethod(qApp, [self, serial, what, shownAs, prepared] {
             if (!self || serial != self->m_loadSerial)
                 return;  // closed, or superseded by a newer load
             self->m_loadingPath.clear();
             if (!prepared->error.isEmpty()) {
-                self->m_info->setText(self->m_description.isEmpty() ? tr("Could not open %1.").arg(QDir::toNativeSeparators(path))
-                                                                    : self->m_description);
-                Q_EMIT self->loadFailed(path, prepared->error);
+                self->m_info->setText(self->m_description.isEmpty() ? tr("Could not open %1.").arg(shownAs) : self->m_description);
+                Q_EMIT self->loadFailed(what, prepared->error);
                 return;
             }
             self->showPrepared(std::move(*prepared));
@@ -281,17 +285,16 @@ void ProfilerPanel::showPrepared(PreparedTrace prepared)
     showLoaded();
 }
 
-bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QString* error)
+ProfilerPanel::PreparedTrace ProfilerPanel::prepareStoredRun(store::RunStore& store, const QString& runId)
 {
+    PreparedTrace out;
     const std::string id = runId.toStdString();
     auto fail = [&](const Error& e) {
-        if (error) {
-            QString message = qs(e.toString());
-            if (!message.contains(runId))
-                message = tr("Run %1: %2").arg(runId, message);
-            *error = message;
-        }
-        return false;
+        QString message = qs(e.toString());
+        if (!message.contains(runId))
+            message = tr("Run %1: %2").arg(runId, message);
+        out.error = message;
+        return out;
     };
     auto info = store.run(id);
     if (!info.ok())
@@ -308,11 +311,10 @@ bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QStrin
     if (!findings.ok())
         return fail(findings.error());
     if (!hasSpans && breakdowns->empty() && findings->empty()) {
-        if (error)
-            *error = tr("Run %1 (%2) has no recorded trace spans, step breakdowns or findings in %3: trace it with "
+        out.error = tr("Run %1 (%2) has no recorded trace spans, step breakdowns or findings in %3: trace it with "
                         "“Capture next N steps” while it trains, or train with `trainstudio-cli train --trace FILE`.")
                          .arg(runId, qs(info->name), qs(store.path()));
-        return false;
+        return out;
     }
 
     std::vector<Step> steps;
@@ -338,8 +340,40 @@ bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QStrin
                 found = std::move(summary->findings);
         }
     }
-    load(std::move(*spans), "trainstudio", tr("run %1 (%2)").arg(qs(info->name), runId), std::move(steps), std::move(found));
+    out.description = tr("run %1 (%2)").arg(qs(info->name), runId);
+    out.steps = std::move(steps);
+    out.findings = std::move(found);
+    out.data = std::make_shared<const TimelineData>(std::move(*spans), "trainstudio");
+    return out;
+}
+
+bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QString* error)
+{
+    PreparedTrace prepared = prepareStoredRun(store, runId);
+    if (!prepared.error.isEmpty()) {
+        if (error)
+            *error = prepared.error;
+        return false;
+    }
+    ++m_loadSerial;  // a background load still running is superseded
+    m_loadingPath.clear();
+    showPrepared(std::move(prepared));
     return true;
+}
+
+void ProfilerPanel::openRunInBackground(const QString& databasePath, const QString& runId)
+{
+    // Its own read-only connection: the store's readers never block its writer (WAL).
+    const std::string path = databasePath.toStdString();
+    startBackgroundLoad(runId, tr("run %1").arg(runId.left(8)), [path, runId] {
+        auto store = store::RunStore::open(path, {.readOnly = true});
+        if (!store.ok()) {
+            PreparedTrace failed;
+            failed.error = qs(store.error().toString());
+            return failed;
+        }
+        return prepareStoredRun(*store, runId);
+    });
 }
 
 void ProfilerPanel::clear()

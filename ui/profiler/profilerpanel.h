@@ -9,6 +9,7 @@
 #include <QString>
 #include <QWidget>
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -49,6 +50,9 @@ public:
     bool isLoading() const { return !m_loadingPath.isEmpty(); }
     // Loads a stored run's spans, step breakdowns and findings.
     bool openRun(store::RunStore& store, const QString& runId, QString* error = nullptr);
+    // The same on a pool thread through its own read-only connection to `databasePath`, like
+    // openTraceFileInBackground (loadFailed names the run id).
+    void openRunInBackground(const QString& databasePath, const QString& runId);
     void clear();
 
     TimelineWidget* timeline() const { return m_timeline; }
@@ -99,6 +103,9 @@ private:
         std::vector<telemetry::FindingEvent> findings;
     };
     static PreparedTrace prepareTraceFile(const QString& path);
+    static PreparedTrace prepareStoredRun(store::RunStore& store, const QString& runId);
+    // Runs `prepare` on a pool thread, then shows its result (or emits loadFailed(what, ...)).
+    void startBackgroundLoad(const QString& what, const QString& shownAs, std::function<PreparedTrace()> prepare);
     void showPrepared(PreparedTrace prepared);
     void showLoaded();  // fills every view from m_data, m_steps, m_findings
     void load(std::vector<telemetry::SpanEvent> spans, const std::string& format, const QString& description,
@@ -125,7 +132,7 @@ private:
     QToolButton* m_captureButton;
 
     std::shared_ptr<const TimelineData> m_data;
-    QString m_loadingPath;  // the file being read in the background, if any
+    QString m_loadingPath;  // the file (or run id) being read in the background, if any
     int m_loadSerial = 0;   // which background load is current
     QString m_browsedPath;  // picked in the file dialog: its failure is shown in a message box
     QString m_description;
