@@ -414,6 +414,9 @@ void TestSession::incrementalFramesMatchAFullReplot()
     // a full replot of the same data draws.
     RunData data;
     auto addStep = [&data](int i) { addLiveStep(data, i, true); };
+    telemetry::RunStateEvent running;
+    running.state = telemetry::RunState::Running;  // live: ranges keep headroom while it trains
+    data.add(telemetry::Event(running));
     DashboardWidget dash;
     dash.resize(900, 700);
     dash.setData(&data);
@@ -453,6 +456,13 @@ void TestSession::incrementalFramesMatchAFullReplot()
                                                 .arg(differ)
                                                 .arg(live.width() * live.height())));
     }
+    // While it trains the x axis keeps headroom; once the run has ended it fits the data.
+    QVERIFY(dash.lossPlot()->xAxis->range().upper > i);
+    telemetry::RunStateEvent completed;
+    completed.state = telemetry::RunState::Completed;
+    data.add(telemetry::Event(completed));
+    dash.refresh();
+    QCOMPARE(dash.lossPlot()->xAxis->range().upper, double(i));
     // A cleared run (new data) starts the layer afresh: no old points remain.
     RunData empty;
     dash.setData(&empty);

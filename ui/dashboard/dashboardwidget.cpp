@@ -397,7 +397,10 @@ void DashboardWidget::refresh()
     appendDevices();
     updateFindings();
     updateVerdict();
-    if (m_follow) fitX(true);
+    // While the run trains, ranges keep headroom (few full replots); once it has ended, the plots
+    // fit its data exactly.
+    const auto state = m_data->state();
+    if (m_follow) fitX(state == telemetry::RunState::Running || state == telemetry::RunState::Paused);
     if (m_hasCrosshair) setCrosshair(m_crosshairX);
     scheduleLiveReplot();
 }
