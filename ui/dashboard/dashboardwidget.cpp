@@ -481,8 +481,11 @@ void DashboardWidget::drawNewPoints(QCustomPlot* p)
             markDrawn(p);
             return;
         }
-        auto delta = QSharedPointer<QCPGraphDataContainer>::create();
+        // Graphs without new points draw from one shared empty container.
+        static const auto nothing = QSharedPointer<QCPGraphDataContainer>::create();
+        QSharedPointer<QCPGraphDataContainer> delta = nothing;
         if (n > drawn) {
+            delta = QSharedPointer<QCPGraphDataContainer>::create();
             for (auto it = full->constBegin() + std::max(0, drawn - 1); it != full->constEnd(); ++it) delta->add(*it);
             const double lo = delta->constBegin()->key, hi = (delta->constEnd() - 1)->key;
             keyLo = any ? std::min(keyLo, lo) : lo;

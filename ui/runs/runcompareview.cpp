@@ -167,15 +167,18 @@ double RunCompareView::KeyMap::stepOf(double key) const
     return steps[i - 1] + t * (steps[i] - steps[i - 1]);
 }
 
-RunCompareView::KeyMap RunCompareView::keyMap(const std::string& runId) const
+RunCompareView::RunAxis RunCompareView::readRunAxis(const QString& runId) const
 {
-    KeyMap map;
+    RunAxis axis;
+    const std::string id = runId.toStdString();
+    auto info = m_store->run(id);
+    axis.name = info.ok() && !info->name.empty() ? qs(info->name) : runId;
     if (m_xAxis == XAxis::Step)
-        return map;
-    auto epochs = m_store->epochMetrics(runId);
-    auto info = m_store->run(runId);
+        return axis;
+    auto epochs = m_store->epochMetrics(id);
     if (!epochs.ok() || !info.ok())
-        return map;  // no knots: plotted by step (series() reports a damaged run itself)
+        return axis;  // no knots: plotted by step (series() reports a damaged run itself)
+    KeyMap& map = axis.map;
     // Knots strictly ascending in both step and key, from step 0 at the run's start.
     auto knot = [&map](double step, double key) {
         if (map.steps.empty() || (step > map.steps.back() && key > map.keys.back())) {
@@ -194,7 +197,7 @@ RunCompareView::KeyMap RunCompareView::keyMap(const std::string& runId) const
         map.steps.clear();  // no epoch ended yet: nothing to map through
         map.keys.clear();
     }
-    return map;
+    return axis;
 }
 
 bool RunCompareView::reload(bool rescale, QString* error)
@@ -211,14 +214,18 @@ bool RunCompareView::reload(bool rescale, QString* error)
         m_status->setText(m_runs.isEmpty() ? tr("Select runs and press Compare.") : tr("These runs have no metrics yet."));
         return done(true);
     }
+    if (rescale || m_runAxes.size() != static_cast<std::size_t>(m_runs.size())) {
+        m_runAxes.clear();
+        for (const QString& id : m_runs)
+            m_runAxes.push_back(readRunAxis(id));
+    }
     int64_t samples = 0;
     bool downsampled = false;
     QStringList unmapped;
     for (int i = 0; i < m_runs.size(); ++i) {
         const std::string id = m_runs[i].toStdString();
-        const KeyMap map = keyMap(id);
-        auto info = m_store->run(id);
-        const QString name = info.ok() && !info->name.empty() ? qs(info->name) : m_runs[i];
+        const KeyMap& map = m_runAxes[static_cast<std::size_t>(i)].map;
+        const QString& name = m_runAxes[static_cast<std::size_t>(i)].name;
         if (m_xAxis != XAxis::Step && map.steps.empty())
             unmapped << name;
         store::SeriesQuery query;

@@ -59,7 +59,14 @@ private:
         double keyOf(double step) const;
         double stepOf(double key) const;
     };
-    KeyMap keyMap(const std::string& runId) const;
+    // Each compared run's name and key map, read from the store when the runs, the metric or the
+    // axis change (rescale), and reused while zooming re-reads the series.
+    struct RunAxis {
+        QString name;
+        KeyMap map;
+    };
+    RunAxis readRunAxis(const QString& runId) const;
+    std::vector<RunAxis> m_runAxes;
 
     XAxis m_xAxis = XAxis::Step;
     QComboBox* m_xAxisBox;
