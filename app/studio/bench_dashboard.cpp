@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <ctime>
+#include <functional>
 #include <thread>
 #include <cstdio>
 #include <vector>
@@ -96,6 +97,25 @@ struct GuiCost {
 };
 GuiCost g_lastCost;
 
+// The GUI thread's cost over the same epochs as the throughput (after the first): a short bench
+// run would otherwise charge the window's first layout and paint to every frame. `atStart` runs
+// when that window opens.
+struct SteadyCost {
+    QElapsedTimer wall;
+    double cpu0 = -1;
+    SteadyCost(ts::TrainingSession& session, QObject* context, std::function<void()> atStart = {})
+    {
+        QObject::connect(&session, &ts::TrainingSession::updated, context, [this, &session, atStart] {
+            if (cpu0 >= 0 || session.data().epochs().epoch.empty()) return;
+            cpu0 = threadCpuSeconds();
+            wall.start();
+            if (atStart) atStart();
+        });
+    }
+    bool started() const { return cpu0 >= 0; }
+    GuiCost cost() const { return started() ? GuiCost{threadCpuSeconds() - cpu0, wall.nsecsElapsed() * 1e-9} : GuiCost{}; }
+};
+
 double runOnce(bool withDashboards, int epochs, const QString& db)
 {
     if (!withDashboards) {
@@ -107,15 +127,9 @@ double runOnce(bool withDashboards, int epochs, const QString& db)
             std::fprintf(stderr, "trainstudio: %s\n", qPrintable(error));
             return 0;
         }
-        QElapsedTimer wall;
-        double c1 = -1;
-        QObject::connect(&s, &ts::TrainingSession::updated, &s, [&] {
-            if (c1 >= 0 || s.data().epochs().epoch.empty()) return;
-            c1 = threadCpuSeconds();
-            wall.start();
-        });
+        SteadyCost steady(s, &s);
         s.waitForFinished(600000);
-        g_lastCost = c1 < 0 ? GuiCost{} : GuiCost{threadCpuSeconds() - c1, wall.nsecsElapsed() * 1e-9};
+        g_lastCost = steady.cost();
         return throughput(s.data());
     }
     ts::MainWindow w;
@@ -127,34 +141,22 @@ double runOnce(bool withDashboards, int epochs, const QString& db)
     ts::RunConfig cfg = w.trainPage()->setup()->config();
     cfg.epochs = epochs;
     cfg.validate = false;
-    if (withDashboards) {
-        w.resize(1440, 900);
-        w.show();
-    }
+    w.resize(1440, 900);
+    w.show();
     QString error;
-    if (!w.session()->start(cfg, withDashboards ? QStringLiteral("bench dashboards") : QStringLiteral("bench session"), &error)) {
+    if (!w.session()->start(cfg, QStringLiteral("bench dashboards"), &error)) {
         std::fprintf(stderr, "trainstudio: %s\n", qPrintable(error));
         return 0;
     }
-    // The GUI thread's cost over the same epochs as the throughput (after the first): a short
-    // bench run would otherwise charge the window's first layout and paint to every frame.
     const ts::DashboardWidget* dash = w.trainPage()->dashboard();
-    QElapsedTimer wall;
-    double c1 = -1;
     int frames1 = 0, incremental1 = 0;
-    QObject::connect(w.session(), &ts::TrainingSession::updated, &w, [&] {
-        if (c1 >= 0 || w.session()->data().epochs().epoch.empty()) return;
-        c1 = threadCpuSeconds();
-        wall.start();
+    SteadyCost steady(*w.session(), &w, [&] {
         frames1 = dash->liveReplots();
         incremental1 = dash->incrementalDraws();
     });
     w.session()->waitForFinished(600000);
-    if (c1 < 0) {  // a single epoch: measure all of it
-        g_lastCost = {};
-        return throughput(w.session()->data());
-    }
-    g_lastCost = {threadCpuSeconds() - c1, wall.nsecsElapsed() * 1e-9};
+    g_lastCost = steady.cost();
+    if (!steady.started()) return throughput(w.session()->data());  // a single epoch: nothing after it
     const int frames = dash->liveReplots() - frames1;
     std::printf("           dashboards after the first epoch: %d live frames in %.1f s (%.1f per second), %.2f ms per frame (five "
                 "plots; %d of %d plot redraws drew only the new points)\n",

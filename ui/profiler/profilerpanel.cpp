@@ -234,7 +234,11 @@ ProfilerPanel::PreparedTrace ProfilerPanel::prepareTraceFile(const QString& path
 
 bool ProfilerPanel::openTraceFile(const QString& path, QString* error)
 {
-    PreparedTrace prepared = prepareTraceFile(path);
+    return showNow(prepareTraceFile(path), error);
+}
+
+bool ProfilerPanel::showNow(PreparedTrace prepared, QString* error)
+{
     if (!prepared.error.isEmpty()) {
         if (error)
             *error = prepared.error;
@@ -349,16 +353,7 @@ ProfilerPanel::PreparedTrace ProfilerPanel::prepareStoredRun(store::RunStore& st
 
 bool ProfilerPanel::openRun(store::RunStore& store, const QString& runId, QString* error)
 {
-    PreparedTrace prepared = prepareStoredRun(store, runId);
-    if (!prepared.error.isEmpty()) {
-        if (error)
-            *error = prepared.error;
-        return false;
-    }
-    ++m_loadSerial;  // a background load still running is superseded
-    m_loadingPath.clear();
-    showPrepared(std::move(prepared));
-    return true;
+    return showNow(prepareStoredRun(store, runId), error);
 }
 
 void ProfilerPanel::openRunInBackground(const QString& databasePath, const QString& runId)

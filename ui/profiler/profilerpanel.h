@@ -106,6 +106,8 @@ private:
     static PreparedTrace prepareStoredRun(store::RunStore& store, const QString& runId);
     // Runs `prepare` on a pool thread, then shows its result (or emits loadFailed(what, ...)).
     void startBackgroundLoad(const QString& what, const QString& shownAs, std::function<PreparedTrace()> prepare);
+    // Shows `prepared` at once (superseding a background load), or puts its error in `error`.
+    bool showNow(PreparedTrace prepared, QString* error);
     void showPrepared(PreparedTrace prepared);
     void showLoaded();  // fills every view from m_data, m_steps, m_findings
     void load(std::vector<telemetry::SpanEvent> spans, const std::string& format, const QString& description,
