@@ -307,9 +307,45 @@ public:
         for (auto& rep : m_replicas) TS_TRY(rep.program->importParameters(tensors, source));
         return okStatus();
     }
+
+    // Every replica applies the same update to the same values, so replica 0's state is all of it.
+    Result<std::vector<std::pair<std::string, Tensor>>> exportOptimizerState() override
+    {
+        if (m_sharedOptimizer) return m_sharedOptimizer->exportState(*m_replicas[0].backend);
+        if (m_replicas[0].optimizer) return m_replicas[0].optimizer->exportState(*m_replicas[0].backend);
+        return std::vector<std::pair<std::string, Tensor>>{};  // a model without trainable weights
+    }
+
+    Status importOptimizerState(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source) override
+    {
+        if (m_sharedOptimizer) return m_sharedOptimizer->importState(*m_replicas[0].backend, tensors, source);
+        for (auto& rep : m_replicas)
+            if (rep.optimizer) TS_TRY(rep.optimizer->importState(*rep.backend, tensors, source));
+        return okStatus();
+    }
+
+    int processRank() const override { return m_processRank; }
+    int processCount() const override { return m_processCount; }
+    Status broadcastFromChief(Tensor& t) override
+    {
+        if (!m_cross) return okStatus();
+        return m_cross->broadcast(m_processRank, 0, t);
+    }
 };
 
 } // namespace
+
+Result<std::vector<std::pair<std::string, Tensor>>> Strategy::exportOptimizerState()
+{
+    return makeError(ErrorCode::Unsupported, "the " + name() + " strategy cannot back up its optimizer state",
+                     "backups are for the one-device, mirrored and multi-worker-mirrored strategies");
+}
+
+Status Strategy::importOptimizerState(const std::vector<std::pair<std::string, Tensor>>&, const std::string&)
+{
+    return makeError(ErrorCode::Unsupported, "the " + name() + " strategy cannot restore optimizer state",
+                     "backups are for the one-device, mirrored and multi-worker-mirrored strategies");
+}
 
 Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
                                                    std::shared_ptr<const GraphAnalysis> graph,

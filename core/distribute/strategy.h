@@ -80,6 +80,19 @@ public:
                                     const std::string& source) = 0;
     virtual Program& primary() = 0;
     virtual void cancel() = 0;
+
+    // Training-state backups (train/backup.h): host copies of the optimizer's state, and loading
+    // them into every replica. The parameter-server strategy keeps that state on the ps tasks and
+    // returns Unsupported.
+    virtual Result<std::vector<std::pair<std::string, Tensor>>> exportOptimizerState();
+    virtual Status importOptimizerState(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                        const std::string& source);
+    // Multi-worker: this process's rank (0 = the chief, which writes backups), and a collective
+    // copy of the chief's host F32 tensor into every process's `t` (same shape everywhere). In
+    // a single process: rank 0 and a no-op.
+    virtual int processRank() const { return 0; }
+    virtual int processCount() const { return 1; }
+    virtual Status broadcastFromChief(Tensor&) { return okStatus(); }
 };
 
 } // namespace ts

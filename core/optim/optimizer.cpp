@@ -1,5 +1,6 @@
 #include "optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <set>
@@ -135,6 +136,39 @@ public:
 };
 
 } // namespace
+
+Result<std::vector<std::pair<std::string, Tensor>>> Optimizer::exportState(Backend& backend) const
+{
+    std::vector<std::pair<std::string, Tensor>> out;
+    for (const auto& [name, t] : state()) {
+        if (!t.defined()) continue;  // prepare() was never called (a model without weights)
+        TS_ASSIGN(Tensor host, Tensor::create(Shape{t.numel()}, DType::F32));
+        TS_TRY(backend.copyToHost(t, host.data<float>()));
+        out.emplace_back(name, std::move(host));
+    }
+    return out;
+}
+
+Status Optimizer::importState(Backend& backend, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                              const std::string& source)
+{
+    for (auto [name, t] : state()) {
+        if (!t.defined()) continue;
+        auto it = std::find_if(tensors.begin(), tensors.end(), [&](const auto& p) { return p.first == name; });
+        if (it == tensors.end())
+            return makeError(ErrorCode::InvalidArgument,
+                             source + ": no optimizer state '" + name + "' (it was saved by another optimizer than " + this->name() + ")",
+                             "resume with the optimizer the checkpoint was trained with, or start a new run");
+        const Tensor& h = it->second;
+        if (h.dtype() != DType::F32 || h.numel() != t.numel())
+            return makeError(ErrorCode::InvalidArgument,
+                             source + ": optimizer state '" + name + "' has " + std::to_string(h.numel()) + " values, this model needs " +
+                                 std::to_string(t.numel()),
+                             "the checkpoint belongs to a different model; start a new run");
+        TS_TRY(backend.copyFromHost(h.data<float>(), t));
+    }
+    return okStatus();
+}
 
 Result<std::unique_ptr<Optimizer>> Optimizer::create(const nlohmann::json& cfgIn)
 {

@@ -34,6 +34,13 @@ public:
                          int64_t end, float lr, int64_t step) = 0;
     // Named state tensors (for checkpoints), e.g. {"adam/m", t}.
     virtual std::vector<std::pair<std::string, Tensor>> state() const = 0;
+    // Host copies of state(), for a training-state checkpoint. Adam's step count is not state:
+    // apply() takes the global step, which the checkpoint records with the position.
+    Result<std::vector<std::pair<std::string, Tensor>>> exportState(Backend& backend) const;
+    // Loads what exportState wrote (the same optimizer over an arena of the same size). Every
+    // state tensor must be present; errors name `source`, the tensor and what was expected.
+    Status importState(Backend& backend, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::string& source);
 
 protected:
     float m_lr = 1e-3f;

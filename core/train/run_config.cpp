@@ -23,6 +23,15 @@ nlohmann::json RunConfig::toJson() const
     else j["model"] = modelToJson(model);
     if (pipeline) j["pipeline"] = pipeline->toJson();
     if (validationPipeline) j["validation_pipeline"] = validationPipeline->toJson();
+    if (backup.enabled() || backup.restarts > 0)
+        j["backup"] = {{"dir", backup.dir}, {"every_steps", backup.everySteps}, {"restarts", backup.restarts}};
+    return j;
+}
+
+nlohmann::json RunConfig::backupFingerprint() const
+{
+    nlohmann::json j = toJson();
+    for (const char* key : {"epochs", "max_steps", "save_weights", "backup"}) j.erase(key);
     return j;
 }
 
@@ -32,7 +41,7 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
     RunConfig c;
     TS_TRY(checkJsonKeys(j,
                          {"model_file", "model", "data", "strategy", "epochs", "max_steps", "batch_size", "seed", "optimizer",
-                          "schedule", "loss", "load_weights", "save_weights", "pipeline", "validation_pipeline"},
+                          "schedule", "loss", "load_weights", "save_weights", "pipeline", "validation_pipeline", "backup"},
                          source));
     if (j.contains("data"))
         TS_TRY(checkJsonKeys(j["data"], {"source", "dir", "limit", "validation_limit", "shuffle", "validate"}, source + ": data"));
@@ -78,6 +87,19 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
         c.loss = j.value("loss", std::string());
         c.loadWeights = j.value("load_weights", std::string());
         c.saveWeights = j.value("save_weights", std::string());
+        if (j.contains("backup") && !j["backup"].is_null()) {
+            const auto& b = j["backup"];
+            TS_TRY(checkJsonKeys(b, {"dir", "every_steps", "restarts"}, source + ": backup"));
+            c.backup.dir = b.value("dir", std::string());
+            c.backup.everySteps = b.value("every_steps", int64_t{0});
+            c.backup.restarts = b.value("restarts", 0);
+            if (c.backup.everySteps < 0)
+                return makeError(ErrorCode::InvalidArgument, source + ": backup.every_steps is " + std::to_string(c.backup.everySteps),
+                                 "use a step count >= 1, or 0 to back up after each epoch");
+            if (c.backup.restarts < 0 || c.backup.restarts > 100)
+                return makeError(ErrorCode::InvalidArgument, source + ": backup.restarts is " + std::to_string(c.backup.restarts),
+                                 "use 0 (no automatic restart) to 100");
+        }
         if (j.contains("pipeline") && !j["pipeline"].is_null()) {
             TS_ASSIGN(PipelineSpec p, PipelineSpec::fromJson(j["pipeline"], source + ": pipeline"));
             c.pipeline = std::move(p);
@@ -220,6 +242,8 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
     tc.schedule = cfg.schedule;
     tc.loss = cfg.loss;
     tc.strategy = cfg.strategy;
+    tc.backup = cfg.backup;
+    if (cfg.backup.enabled()) tc.backupFingerprint = cfg.backupFingerprint();
     TS_ASSIGN(LossSpec loss, parseLoss(cfg.loss.empty() ? run.model.compile.loss : cfg.loss, run.model.compile.fromLogits));
     if (cfg.pipeline) {
         TS_TRY(preparePipelines(run, analysis, loss, inShape, pipelineOptions));

@@ -11,6 +11,7 @@
 //  "epochs": 10, "max_steps": 0, "batch_size": 256, "seed": 0,
 //  "optimizer": {"type": "adam", "learning_rate": 0.001},   // null: the model's compile settings
 //  "schedule": null, "loss": "", "load_weights": "", "save_weights": "",
+//  "backup": {"dir": "", "every_steps": 0, "restarts": 0},  // optional: train/backup.h
 //  "pipeline": {...},                 // optional: a tf.data-style input pipeline (data/pipeline_config.h)
 //  "validation_pipeline": {...}}      // optional: its validation counterpart
 //
@@ -48,10 +49,14 @@ struct RunConfig {
     std::string loss;
     StrategyConfig strategy;
     std::string loadWeights, saveWeights;
+    BackupConfig backup;          // "backup": resume from / write backups in backup.dir
     std::optional<PipelineSpec> pipeline;            // "pipeline": training input
     std::optional<PipelineSpec> validationPipeline;  // "validation_pipeline"
 
     nlohmann::json toJson() const;
+    // The settings a backup must have been made with to be resumed by this run: everything that
+    // shapes the training trajectory (not epochs, max_steps, save_weights or the backup itself).
+    nlohmann::json backupFingerprint() const;
     static Result<RunConfig> fromJson(const nlohmann::json& j, const std::string& source);
 };
 

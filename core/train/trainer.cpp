@@ -1,6 +1,8 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <filesystem>
+#include <utility>
 
 #include "io/safetensors.h"
 #include "telemetry/breakdown.h"
@@ -60,6 +62,13 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelSpec& model, const T
     TS_ASSIGN(auto probe, Optimizer::create(opt));  // validates the config before any allocation
     t->m_baseLr = probe->learningRate();
     TS_ASSIGN(t->m_schedule, LrSchedule::create(config.schedule, t->m_baseLr));
+    if (config.backup.enabled() && (config.strategy.kind == "parameter-server" || config.strategy.kind == "parameter_server"))
+        return makeError(ErrorCode::Unsupported,
+                         "backups are not available for parameter-server runs: their optimizer state lives on the ps tasks",
+                         "remove the backup folder (--backup-dir), or use multi-worker-mirrored");
+    if (config.backup.everySteps < 0)
+        return makeError(ErrorCode::InvalidArgument, "backup every " + std::to_string(config.backup.everySteps) + " steps",
+                         "use a step count >= 1, or 0 to back up after each epoch");
     TS_ASSIGN(t->m_strategy, Strategy::create(config.strategy, analysis, t->m_loss, opt));
     return t;
 }
@@ -213,7 +222,15 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
         train.cancel();
         if (validation) validation->cancel();
     }
-    auto result = fitLoop(train, validation, listener);
+    auto result = [&]() -> Result<FitResult> {
+        if (m_config.backup.enabled()) TS_TRY(restoreFromBackup(listener));
+        return fitLoop(train, validation, listener);
+    }();
+    if (result.ok() && !result->cancelled && m_config.backup.enabled() && m_strategy->processRank() == 0) {
+        // Keras deletes the backup when training ends: a later run with the same folder starts anew.
+        std::error_code ec;
+        std::filesystem::remove(backupPath(m_config.backup.dir), ec);
+    }
     {
         std::lock_guard lock(m_sourceMutex);
         m_activeTrain = m_activeValidation = nullptr;
@@ -249,7 +266,12 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
     const int64_t epochs = m_config.epochs > 0 ? m_config.epochs : 1;
     double trainSeconds = 0;
     int64_t trainSamples = 0;
-    for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
+    const std::optional<TrainingPosition> resume = std::exchange(m_resumeAt, std::nullopt);
+    const int64_t firstEpoch = resume ? resume->epoch : 1;
+    if (resume) result.resumedFromStep = resume->step;
+    result.epochs = firstEpoch - 1;
+    const bool backups = m_config.backup.enabled() && m_strategy->processRank() == 0;
+    for (int64_t epoch = firstEpoch; epoch <= epochs; ++epoch) {
         if (m_cancel) break;
         TS_TRY(train.startEpoch(epoch - 1));
         EpochEvent ev;
@@ -258,7 +280,21 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
         int64_t correct = 0, seen = 0;
         auto epochStart = Clock::now();
         bool stop = false, completed = false;
-        for (int64_t s = 1;; ++s) {
+        int64_t firstStep = 1;
+        if (resume && resume->epoch == epoch && resume->stepInEpoch > 0) {
+            // The batches before the backup's position are drawn and dropped: the order of an
+            // epoch is a function of (seed, epoch), so the next batch is the one the interrupted
+            // run would have trained on.
+            TS_TRY(skipBatches(train, resume->stepInEpoch, epoch));
+            lossSum = resume->lossSum;
+            correct = resume->correct;
+            seen = resume->seen;
+            ev.steps = resume->stepInEpoch;
+            ev.inputWaitSeconds = resume->inputWaitSeconds;
+            epochStart -= std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(resume->epochSeconds));
+            firstStep = resume->stepInEpoch + 1;
+        }
+        for (int64_t s = firstStep;; ++s) {
             if (m_paused.load(std::memory_order_relaxed)) epochStart += std::chrono::duration_cast<Clock::duration>(
                                                               std::chrono::duration<double>(waitWhilePaused()));
             if (m_cancel) { stop = true; break; }
@@ -351,6 +387,9 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 }
                 if (listener) listener->onStep(se);
             }
+            if (backups && m_config.backup.everySteps > 0 && m_step % m_config.backup.everySteps == 0)
+                TS_TRY(writeBackup(TrainingPosition{m_step, epoch, s, lossSum, correct, seen, ev.inputWaitSeconds,
+                                                    secondsSince(epochStart)}));
         }
         ev.seconds = secondsSince(epochStart);
         if (seen == 0) break;
@@ -383,6 +422,8 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
             bus->publish(Event(std::move(em)));
         }
         if (listener) listener->onEpoch(ev);
+        if (backups && m_config.backup.everySteps == 0 && completed && !m_cancel)
+            TS_TRY(writeBackup(TrainingPosition{m_step, epoch + 1, 0, 0, 0, 0, 0, 0}));
         if (stop) break;
     }
     result.steps = m_step;
@@ -430,6 +471,115 @@ Status Trainer::loadWeights(const std::string& path)
     std::vector<std::pair<std::string, Tensor>> tensors;
     for (const auto& name : file.order) tensors.emplace_back(name, file.tensors.at(name));
     return m_strategy->importParameters(tensors, path);
+}
+
+Result<TrainingState> Trainer::captureState(const TrainingPosition& position)
+{
+    TrainingState state;
+    state.position = position;
+    state.fingerprint = m_config.backupFingerprint;
+    state.model = m_modelName;
+    TS_ASSIGN(state.parameters, m_strategy->exportParameters());
+    TS_ASSIGN(state.optimizer, m_strategy->exportOptimizerState());
+    return state;
+}
+
+Status Trainer::restoreState(const TrainingState& state, const std::string& source)
+{
+    TS_TRY(m_strategy->importParameters(state.parameters, source));
+    TS_TRY(m_strategy->importOptimizerState(state.optimizer, source));
+    m_step = state.position.step;
+    m_resumeAt = state.position;
+    return okStatus();
+}
+
+Status Trainer::writeBackup(const TrainingPosition& position)
+{
+    TS_TRACE_SCOPE("backup", "checkpoint");
+    const std::string path = backupPath(m_config.backup.dir);
+    auto state = captureState(position);
+    Status st = state.ok() ? writeTrainingState(path, *state) : Status(state.takeError());
+    if (st.ok()) return st;
+    Error e = st.takeError();
+    e.message = "could not write the run's backup at step " + std::to_string(position.step) + ": " + e.message;
+    if (e.hint.empty()) e.hint = "free disk space or choose another backup folder, then start the run again to resume";
+    return e;
+}
+
+Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
+{
+    const std::string& dir = m_config.backup.dir;
+    const std::string path = backupPath(dir);
+    const bool chief = m_strategy->processRank() == 0;
+    // The chief decides (0: no backup, 1: resume, 2: its backup is unusable) and tells the others,
+    // so every process of a multi-worker run takes the same branch.
+    float verdict = 0;
+    std::optional<Error> failure;
+    if (chief) {
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        if (ec) {
+            failure = makeError(ErrorCode::IoError, "cannot create the backup folder " + dir + ": " + ec.message(),
+                                "choose a folder this user can write (--backup-dir)");
+        } else if (std::filesystem::exists(path, ec)) {
+            auto state = readTrainingState(path);
+            Status st = state.ok() ? checkFingerprint(path, state->fingerprint, m_config.backupFingerprint)
+                                   : Status(state.takeError());
+            if (st.ok()) st = restoreState(*state, path);
+            if (st.ok()) verdict = 1;
+            else failure = st.takeError();
+        }
+        if (failure) verdict = 2;
+    }
+    Tensor v = Tensor::fromVector({1}, {verdict});
+    TS_TRY(m_strategy->broadcastFromChief(v));
+    verdict = v.data<float>()[0];
+    if (verdict == 2) {
+        if (failure) return *failure;
+        return makeError(ErrorCode::InvalidArgument, "the chief could not restore the run's backup (its error says why)",
+                         "fix or delete the chief's backup folder, then start every task again");
+    }
+    if (verdict == 0) return false;
+    if (m_strategy->processCount() > 1) {
+        // Every process continues from the chief's state, whatever its own folder holds.
+        TS_ASSIGN(auto params, m_strategy->exportParameters());
+        TS_ASSIGN(auto optimizer, m_strategy->exportOptimizerState());
+        for (auto& [name, t] : params) TS_TRY(m_strategy->broadcastFromChief(t));
+        for (auto& [name, t] : optimizer) TS_TRY(m_strategy->broadcastFromChief(t));
+        Tensor position = encodePosition(m_resumeAt ? *m_resumeAt : TrainingPosition{});
+        TS_TRY(m_strategy->broadcastFromChief(position));
+        if (!chief) {
+            TrainingState state;
+            state.position = decodePosition(position);
+            state.parameters = std::move(params);
+            state.optimizer = std::move(optimizer);
+            TS_TRY(restoreState(state, "the chief's backup"));
+        }
+    }
+    if (listener) listener->onResume(*m_resumeAt, path);
+    if (m_config.bus) {
+        telemetry::LogEvent e;
+        e.stamp = telemetry::Stamp{m_config.runId, m_step, telemetry::wallNowMicros(), trainerLane()};
+        e.level = telemetry::LogLevel::Info;
+        e.message = "resumed from the backup " + path + " after step " + std::to_string(m_resumeAt->step) + " (epoch " +
+                    std::to_string(m_resumeAt->epoch) + ", step " + std::to_string(m_resumeAt->stepInEpoch) + " of it)";
+        m_config.bus->publish(telemetry::Event(std::move(e)));
+    }
+    return true;
+}
+
+Status Trainer::skipBatches(BatchSource& train, int64_t count, int64_t epoch)
+{
+    for (int64_t i = 0; i < count; ++i) {
+        auto next = train.next();
+        if (!next.ok()) return next.takeError();
+        if (!next->has_value())
+            return makeError(ErrorCode::InvalidArgument,
+                             "the backup continues epoch " + std::to_string(epoch) + " after step " + std::to_string(count) +
+                                 ", but the data has only " + std::to_string(i) + " batches per epoch",
+                             "the training data or batch size changed since the backup; restore them or delete the backup");
+    }
+    return okStatus();
 }
 
 } // namespace ts

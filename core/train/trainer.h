@@ -20,6 +20,7 @@
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -28,6 +29,7 @@
 #include "distribute/strategy.h"
 #include "model/spec.h"
 #include "optim/optimizer.h"
+#include "train/backup.h"
 
 namespace ts::telemetry {
 class EventBus;
@@ -53,6 +55,12 @@ struct TrainConfig {
     bool trace = false;
     bool traceLayers = false;
     double sampleHz = 10;
+    // Backup and restore (train/backup.h): fit() resumes from the backup in backup.dir if there
+    // is one, the chief writes one each epoch or every backup.everySteps steps, and a completed
+    // fit() deletes it. backupFingerprint: the run settings a backup must match (prepareRun
+    // fills it from the RunConfig).
+    BackupConfig backup;
+    nlohmann::json backupFingerprint;
 };
 
 struct StepEvent {
@@ -88,6 +96,7 @@ struct FitResult {
     double samplesPerSec = 0;    // whole run: samples / training seconds
     double seconds = 0;
     bool cancelled = false;
+    int64_t resumedFromStep = -1; // >= 0: fit() continued from a backup made after that step
 };
 
 class TrainListener {
@@ -96,6 +105,8 @@ public:
     virtual void onStart(const Strategy&) {}
     virtual void onStep(const StepEvent&) {}
     virtual void onEpoch(const EpochEvent&) {}
+    // fit() is continuing from a backup (before the first step).
+    virtual void onResume(const TrainingPosition&, const std::string& /*backupFile*/) {}
 };
 
 struct EvalResult {
@@ -138,6 +149,10 @@ public:
 
     Status saveWeights(const std::string& path);
     Status loadWeights(const std::string& path);
+    // The complete training state at `position` (weights, optimizer state), and loading one:
+    // after restoreState the next fit() continues from its position. Errors name `source`.
+    Result<TrainingState> captureState(const TrainingPosition& position);
+    Status restoreState(const TrainingState& state, const std::string& source);
 
 private:
     Trainer() = default;
@@ -167,6 +182,14 @@ private:
     // Blocks while paused; returns the seconds spent paused.
     double waitWhilePaused();
     std::string m_modelName;
+    std::optional<TrainingPosition> m_resumeAt;  // set by restoreState, consumed by the next fit()
+    // Looks for a backup (the chief reads it; multi-worker processes receive the chief's) and
+    // restores it. Returns whether the run resumes.
+    Result<bool> restoreFromBackup(TrainListener* listener);
+    // The chief writes the backup; a failed write ends the run (as in Keras) with the file named.
+    Status writeBackup(const TrainingPosition& position);
+    // Draws and drops the first `count` batches of the epoch just started (resuming mid-epoch).
+    Status skipBatches(BatchSource& train, int64_t count, int64_t epoch);
 };
 
 // Checks that a model's output fits the labels (class count, loss kind) before training.

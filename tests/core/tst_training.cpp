@@ -32,6 +32,9 @@ private slots:
     void unknownStrategyAndDuplicateDevices();
     void cancelStopsPromptly();
     void weightsRoundTrip();
+    void resumeEqualsContinuous_data();
+    void resumeEqualsContinuous();
+    void backupRefusesOtherSettingsAndDamagedFiles();
 };
 
 namespace {
@@ -421,6 +424,188 @@ void TestTraining::weightsRoundTrip()
     Status st = (*c)->loadWeights(path);
     QVERIFY(!st.ok());
     QVERIFY(QString::fromStdString(st.error().message).contains("dense/kernel"));
+}
+
+namespace {
+
+// Cancels the run right after global step `at` (a crash between backups, without killing the test).
+class CancelAt final : public TrainListener {
+public:
+    CancelAt(Trainer*& trainer, int64_t at) : m_trainer(trainer), m_at(at) {}
+    void onStep(const StepEvent& e) override
+    {
+        if (e.step == m_at) m_trainer->cancel();
+    }
+    void onEpoch(const EpochEvent& e) override { last = e; }
+    void onResume(const TrainingPosition& p, const std::string&) override { resumedAt = p; }
+    EpochEvent last;
+    std::optional<TrainingPosition> resumedAt;
+
+private:
+    Trainer*& m_trainer;
+    int64_t m_at;
+};
+
+struct BackupRun {
+    Result<FitResult> fit = makeError(ErrorCode::Internal, "not run");
+    std::vector<float> weights;
+    EpochEvent last;
+    std::optional<TrainingPosition> resumedAt;
+};
+
+// One fit() of a 3-epoch run with dropout over shuffled data (a fresh Trainer and source, as a
+// restarted process would have), cancelled after step `cancelAt` (0: never).
+BackupRun runWithBackup(const StrategyConfig& sc, const nlohmann::json& opt, const BackupConfig& backup, int64_t cancelAt)
+{
+    const ModelSpec spec = ModelBuilder("dropout-mlp")
+                               .input({20})
+                               .layer("Dense", "dense", {{"units", 32}, {"activation", "relu"}})
+                               .layer("Dropout", "dropout", {{"rate", 0.3}})
+                               .layer("Dense", "dense_1", {{"units", 10}, {"activation", "softmax"}})
+                               .compile("sparse_categorical_crossentropy", false, opt)
+                               .spec();
+    InMemoryDataset data;
+    data.x = tstest::randomTensor(Shape{300, 20}, 11);
+    data.y = tstest::randomLabels(300, 10, 12);
+    data.numClasses = 10;
+    InMemoryBatchOptions bo;
+    bo.batchSize = 32;  // 10 batches per epoch, the last one short
+    bo.seed = 5;
+    auto src = InMemoryBatchSource::create(data, bo);
+    if (!src.ok()) qFatal("%s", src.error().toString().c_str());
+    TrainConfig tc;
+    tc.epochs = 3;
+    tc.seed = 9;
+    tc.strategy = sc;
+    tc.backup = backup;
+    tc.backupFingerprint = {{"model", "dropout-mlp"}, {"optimizer", opt}};
+    BackupRun out;
+    auto t = Trainer::create(spec, tc);
+    if (!t.ok()) {
+        out.fit = t.takeError();
+        return out;
+    }
+    if (!(*t)->initialise().ok()) qFatal("init failed");
+    Trainer* trainer = t->get();
+    CancelAt listener(trainer, cancelAt);
+    out.fit = trainer->fit(**src, nullptr, &listener);
+    auto params = trainer->strategy().exportParameters();
+    for (auto& [name, tensor] : *params)
+        for (float v : tensor.toVector()) out.weights.push_back(v);
+    out.last = listener.last;
+    out.resumedAt = listener.resumedAt;
+    return out;
+}
+
+} // namespace
+
+void TestTraining::resumeEqualsContinuous_data()
+{
+    QTest::addColumn<QString>("strategy");
+    QTest::addColumn<QString>("optimizer");
+    QTest::addColumn<int>("everySteps");
+    QTest::addColumn<int>("cancelAt");
+    QTest::addColumn<int>("resumeStep");
+    // Every 7 steps, stopped after 17: resumes after step 14, mid-epoch 2 (steps 11..20).
+    QTest::newRow("one-device, adam, every 7 steps") << "one-device" << "adam" << 7 << 17 << 14;
+    QTest::newRow("mirrored x2, sgd+momentum, every 7 steps") << "mirrored" << "sgd" << 7 << 17 << 14;
+    QTest::newRow("mirrored x2, rmsprop, every epoch") << "mirrored" << "rmsprop" << 0 << 25 << 20;
+}
+
+void TestTraining::resumeEqualsContinuous()
+{
+    QFETCH(QString, strategy);
+    QFETCH(QString, optimizer);
+    QFETCH(int, everySteps);
+    QFETCH(int, cancelAt);
+    QFETCH(int, resumeStep);
+    nlohmann::json opt = {{"type", optimizer.toStdString()}, {"learning_rate", 0.01}};
+    if (optimizer == "sgd") opt = {{"type", "sgd"}, {"learning_rate", 0.05}, {"momentum", 0.9}};
+    StrategyConfig sc;
+    sc.kind = strategy.toStdString();
+    sc.threads = 2;
+    if (sc.kind == "mirrored") sc.devices = {Device{DeviceKind::Cpu, 0}, Device{DeviceKind::Cpu, 1}};
+    QTemporaryDir dir;
+    BackupConfig backup;
+    backup.dir = (dir.path() + "/backup").toStdString();
+    backup.everySteps = everySteps;
+
+    const BackupRun continuous = runWithBackup(sc, opt, BackupConfig{}, 0);
+    QVERIFY2(continuous.fit.ok(), continuous.fit.ok() ? "" : continuous.fit.error().toString().c_str());
+    QCOMPARE(continuous.fit->steps, int64_t{30});
+
+    const BackupRun interrupted = runWithBackup(sc, opt, backup, cancelAt);
+    QVERIFY2(interrupted.fit.ok(), interrupted.fit.ok() ? "" : interrupted.fit.error().toString().c_str());
+    QVERIFY(interrupted.fit->cancelled);
+    QCOMPARE(interrupted.fit->steps, int64_t{cancelAt});
+    QVERIFY(QFile::exists(QString::fromStdString(backupPath(backup.dir))));
+    QVERIFY(interrupted.weights != continuous.weights);
+
+    const BackupRun resumed = runWithBackup(sc, opt, backup, 0);
+    QVERIFY2(resumed.fit.ok(), resumed.fit.ok() ? "" : resumed.fit.error().toString().c_str());
+    QVERIFY(resumed.resumedAt.has_value());
+    QCOMPARE(resumed.fit->resumedFromStep, int64_t{resumeStep});
+    QCOMPARE(resumed.resumedAt->step, int64_t{resumeStep});
+    QCOMPARE(resumed.fit->steps, int64_t{30});
+    QCOMPARE(resumed.fit->epochs, int64_t{3});
+    // Bit-for-bit: the weights, and the last epoch's metrics (its running totals were restored).
+    QCOMPARE(resumed.weights.size(), continuous.weights.size());
+    QVERIFY2(resumed.weights == continuous.weights, "the resumed run's weights differ from the uninterrupted run's");
+    QCOMPARE(resumed.last.loss, continuous.last.loss);
+    QCOMPARE(resumed.last.accuracy, continuous.last.accuracy);
+    QCOMPARE(resumed.last.steps, int64_t{10});
+    // A completed run deletes its backup: the next run with this folder starts from the beginning.
+    QVERIFY(!QFile::exists(QString::fromStdString(backupPath(backup.dir))));
+}
+
+void TestTraining::backupRefusesOtherSettingsAndDamagedFiles()
+{
+    const nlohmann::json adam = {{"type", "adam"}, {"learning_rate", 0.01}};
+    StrategyConfig sc;
+    sc.threads = 2;
+    QTemporaryDir dir;
+    BackupConfig backup;
+    backup.dir = (dir.path() + "/backup").toStdString();
+    backup.everySteps = 5;
+    const BackupRun interrupted = runWithBackup(sc, adam, backup, 6);
+    QVERIFY(interrupted.fit.ok() && interrupted.fit->cancelled);
+    const QString file = QString::fromStdString(backupPath(backup.dir));
+    QVERIFY(QFile::exists(file));
+
+    // Another optimizer setting: refused, naming the file and the setting; the backup is kept.
+    const BackupRun other = runWithBackup(sc, {{"type", "adam"}, {"learning_rate", 0.02}}, backup, 0);
+    QVERIFY(!other.fit.ok());
+    const QString msg = QString::fromStdString(other.fit.error().toString());
+    QVERIFY2(msg.contains(file) && msg.contains("optimizer") && msg.contains("delete the backup"), qPrintable(msg));
+    QVERIFY(QFile::exists(file));
+
+    // Parameter-server runs cannot back up (their optimizer state is on the ps tasks).
+    StrategyConfig ps;
+    ps.kind = "parameter-server";
+    const BackupRun psRun = runWithBackup(ps, adam, backup, 0);
+    QVERIFY(!psRun.fit.ok());
+    QVERIFY2(psRun.fit.error().message.find("parameter-server") != std::string::npos, psRun.fit.error().toString().c_str());
+
+    // A truncated backup: a clear error naming it, not a crash.
+    {
+        QFile f(file);
+        QVERIFY(f.open(QIODevice::ReadWrite));
+        QVERIFY(f.resize(f.size() / 2));
+    }
+    const BackupRun damaged = runWithBackup(sc, adam, backup, 0);
+    QVERIFY(!damaged.fit.ok());
+    QVERIFY2(QString::fromStdString(damaged.fit.error().toString()).contains(file), damaged.fit.error().toString().c_str());
+
+    // A folder that cannot be created.
+    QFile blocker(dir.path() + "/file");
+    QVERIFY(blocker.open(QIODevice::WriteOnly));
+    blocker.close();
+    BackupConfig bad = backup;
+    bad.dir = (dir.path() + "/file/backup").toStdString();
+    const BackupRun unwritable = runWithBackup(sc, adam, bad, 0);
+    QVERIFY(!unwritable.fit.ok());
+    QVERIFY2(unwritable.fit.error().message.find("cannot create the backup folder") != std::string::npos,
+             unwritable.fit.error().toString().c_str());
 }
 
 QTEST_APPLESS_MAIN(TestTraining)

@@ -1,0 +1,181 @@
+#include "train/backup.h"
+
+#include <cstdio>
+#include <cstring>
+#include <iterator>
+#include <filesystem>
+#include <map>
+
+#include "io/safetensors.h"
+
+namespace ts {
+namespace {
+
+constexpr const char* kFormat = "trainstudio-training-state";
+constexpr const char* kVersion = "1";
+constexpr const char* kOptimizerPrefix = "optimizer/";
+
+// Fields of the position in encode order; doubles and int64s are both 8 bytes.
+constexpr int kPositionFields = 8;
+
+Result<int64_t> intField(const std::string& path, const std::map<std::string, std::string>& meta, const std::string& key,
+                         int64_t min)
+{
+    auto it = meta.find(key);
+    if (it == meta.end())
+        return makeError(ErrorCode::InvalidArgument, path + ": the backup has no '" + key + "'",
+                         "the file is damaged or not a TrainStudio backup; delete it to start the run from the beginning");
+    try {
+        std::size_t used = 0;
+        const long long v = std::stoll(it->second, &used);
+        if (used != it->second.size() || v < min) throw std::invalid_argument(key);
+        return static_cast<int64_t>(v);
+    } catch (const std::exception&) {
+        return makeError(ErrorCode::InvalidArgument, path + ": the backup's '" + key + "' is '" + it->second + "'",
+                         "the file is damaged; delete it to start the run from the beginning");
+    }
+}
+
+Result<double> realField(const std::string& path, const std::map<std::string, std::string>& meta, const std::string& key)
+{
+    auto it = meta.find(key);
+    if (it == meta.end())
+        return makeError(ErrorCode::InvalidArgument, path + ": the backup has no '" + key + "'",
+                         "the file is damaged or not a TrainStudio backup; delete it to start the run from the beginning");
+    try {
+        std::size_t used = 0;
+        const double v = std::stod(it->second, &used);
+        if (used != it->second.size()) throw std::invalid_argument(key);
+        return v;
+    } catch (const std::exception&) {
+        return makeError(ErrorCode::InvalidArgument, path + ": the backup's '" + key + "' is '" + it->second + "'",
+                         "the file is damaged; delete it to start the run from the beginning");
+    }
+}
+
+// Exact text for a double (17 significant digits round-trip).
+std::string exact(double v)
+{
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.17g", v);
+    return buf;
+}
+
+} // namespace
+
+std::string backupPath(const std::string& dir) { return (std::filesystem::path(dir) / "backup.safetensors").string(); }
+
+Status writeTrainingState(const std::string& path, const TrainingState& state)
+{
+    const TrainingPosition& p = state.position;
+    std::map<std::string, std::string> meta = {
+        {"format", kFormat},
+        {"version", kVersion},
+        {"model", state.model},
+        {"fingerprint", state.fingerprint.dump()},
+        {"step", std::to_string(p.step)},
+        {"epoch", std::to_string(p.epoch)},
+        {"step_in_epoch", std::to_string(p.stepInEpoch)},
+        {"loss_sum", exact(p.lossSum)},
+        {"correct", std::to_string(p.correct)},
+        {"seen", std::to_string(p.seen)},
+        {"input_wait_seconds", exact(p.inputWaitSeconds)},
+        {"epoch_seconds", exact(p.epochSeconds)},
+    };
+    std::vector<std::pair<std::string, Tensor>> tensors = state.parameters;
+    for (const auto& [name, t] : state.optimizer) tensors.emplace_back(kOptimizerPrefix + name, t);
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+    return writeSafetensors(path, tensors, meta);
+}
+
+Result<TrainingState> readTrainingState(const std::string& path)
+{
+    TS_ASSIGN(SafetensorsFile file, readSafetensors(path));
+    const auto& meta = file.metadata;
+    auto format = meta.find("format");
+    if (format == meta.end() || format->second != kFormat)
+        return makeError(ErrorCode::InvalidArgument, path + ": not a TrainStudio training backup (no format '" + std::string(kFormat) + "')",
+                         "point the backup folder at a folder of its own, or delete the file");
+    if (meta.count("version") == 0 || meta.at("version") != kVersion)
+        return makeError(ErrorCode::Unsupported,
+                         path + ": backup version '" + (meta.count("version") ? meta.at("version") : "?") + "' is not " + kVersion,
+                         "it was written by another TrainStudio version; delete it to start the run from the beginning");
+    TrainingState s;
+    TrainingPosition& p = s.position;
+    TS_ASSIGN(p.step, intField(path, meta, "step", 0));
+    TS_ASSIGN(p.epoch, intField(path, meta, "epoch", 1));
+    TS_ASSIGN(p.stepInEpoch, intField(path, meta, "step_in_epoch", 0));
+    TS_ASSIGN(p.lossSum, realField(path, meta, "loss_sum"));
+    TS_ASSIGN(p.correct, intField(path, meta, "correct", 0));
+    TS_ASSIGN(p.seen, intField(path, meta, "seen", 0));
+    TS_ASSIGN(p.inputWaitSeconds, realField(path, meta, "input_wait_seconds"));
+    TS_ASSIGN(p.epochSeconds, realField(path, meta, "epoch_seconds"));
+    if (p.stepInEpoch > p.step)
+        return makeError(ErrorCode::InvalidArgument, path + ": the backup is at step " + std::to_string(p.stepInEpoch) +
+                                                         " of its epoch but only " + std::to_string(p.step) + " steps in all",
+                         "the file is damaged; delete it to start the run from the beginning");
+    s.model = meta.count("model") ? meta.at("model") : "";
+    try {
+        s.fingerprint = nlohmann::json::parse(meta.count("fingerprint") ? meta.at("fingerprint") : "null");
+    } catch (const std::exception&) {
+        return makeError(ErrorCode::InvalidArgument, path + ": the backup's run fingerprint is not JSON",
+                         "the file is damaged; delete it to start the run from the beginning");
+    }
+    const std::string prefix = kOptimizerPrefix;
+    for (const auto& name : file.order) {
+        if (name.rfind(prefix, 0) == 0) s.optimizer.emplace_back(name.substr(prefix.size()), file.tensors.at(name));
+        else s.parameters.emplace_back(name, file.tensors.at(name));
+    }
+    return s;
+}
+
+Status checkFingerprint(const std::string& path, const nlohmann::json& saved, const nlohmann::json& current)
+{
+    if (saved == current) return okStatus();
+    std::string changed;
+    auto note = [&](const std::string& key) { changed += (changed.empty() ? "" : ", ") + key; };
+    if (saved.is_object() && current.is_object()) {
+        for (auto it = current.begin(); it != current.end(); ++it)
+            if (!saved.contains(it.key()) || saved.at(it.key()) != it.value()) note(it.key());
+        for (auto it = saved.begin(); it != saved.end(); ++it)
+            if (!current.contains(it.key())) note(it.key());
+    }
+    return makeError(ErrorCode::InvalidArgument,
+                     path + ": the backup was written by a run with other settings" + (changed.empty() ? "" : " (" + changed + ")"),
+                     "resume with the settings the backup was made with, or delete the backup (or choose another backup "
+                     "folder) to start this run from the beginning");
+}
+
+Tensor encodePosition(const TrainingPosition& p)
+{
+    Tensor t = Tensor::zeros(Shape{2 * kPositionFields}, DType::F32);
+    auto* out = reinterpret_cast<unsigned char*>(t.data<float>());
+    const int64_t ints[] = {p.step, p.epoch, p.stepInEpoch, p.correct, p.seen};
+    const double reals[] = {p.lossSum, p.inputWaitSeconds, p.epochSeconds};
+    static_assert(std::size(ints) + std::size(reals) == kPositionFields);
+    std::memcpy(out, ints, sizeof ints);
+    std::memcpy(out + sizeof ints, reals, sizeof reals);
+    return t;
+}
+
+TrainingPosition decodePosition(const Tensor& t)
+{
+    const auto* in = reinterpret_cast<const unsigned char*>(t.data<float>());
+    int64_t ints[5];
+    double reals[3];
+    std::memcpy(ints, in, sizeof ints);
+    std::memcpy(reals, in + sizeof ints, sizeof reals);
+    TrainingPosition p;
+    p.step = ints[0];
+    p.epoch = ints[1];
+    p.stepInEpoch = ints[2];
+    p.correct = ints[3];
+    p.seen = ints[4];
+    p.lossSum = reals[0];
+    p.inputWaitSeconds = reals[1];
+    p.epochSeconds = reals[2];
+    return p;
+}
+
+} // namespace ts
