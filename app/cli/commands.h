@@ -50,6 +50,11 @@ struct TrainOptions {
     std::string trace;
     bool traceLayers = false;
     int checkpointEvery = 0;  // epochs between checkpoints kept with the recorded run (0: final only)
+    // Backup and restore (train/backup.h): resume from / back up into this folder; every N steps
+    // (-1: the config's, 0: each epoch); restart a failed run up to N times (-1: the config's).
+    std::string backupDir;
+    long long backupEverySteps = -1;
+    int restarts = -1;
     // multi-worker-mirrored: this process is one task of the cluster in TF_CONFIG (the env var,
     // or the file --tf-config); --task overrides its "task". Token: --token-file or env.
     std::string tfConfig;

@@ -92,6 +92,20 @@ public:
     // Runs first at every epoch end, on the trainer's thread (checkpoints).
     std::function<void(const ts::EpochEvent&)> epochHook;
 
+    void onResume(const ts::TrainingPosition& p, const std::string& file) override
+    {
+        if (m_quiet) return;
+        if (m_json) {
+            std::cout << nlohmann::json{{"resumed", true}, {"step", p.step}, {"epoch", p.epoch},
+                                        {"step_in_epoch", p.stepInEpoch}, {"backup", file}}.dump()
+                      << "\n" << std::flush;
+            return;
+        }
+        std::printf("Resumed from the backup %s after step %lld (epoch %lld, step %lld of it)\n", file.c_str(),
+                    static_cast<long long>(p.step), static_cast<long long>(p.epoch), static_cast<long long>(p.stepInEpoch));
+        std::fflush(stdout);
+    }
+
     void onEpoch(const ts::EpochEvent& e) override
     {
         if (epochHook) epochHook(e);
@@ -193,6 +207,15 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--checkpoint-every", o.checkpointEvery,
                   "keep the weights every N epochs with the recorded run (safetensors in the run's folder)")
         ->check(CLI::NonNegativeNumber);
+    c->add_option("--backup-dir", o.backupDir,
+                  "back the run up into DIR (weights, optimizer state, data position) and resume from it when started again "
+                  "(Keras BackupAndRestore); a completed run deletes its backup");
+    c->add_option("--backup-every-steps", o.backupEverySteps, "with --backup-dir: back up every N steps (default: after each epoch)")
+        ->check(CLI::NonNegativeNumber);
+    c->add_option("--restarts", o.restarts,
+                  "with --backup-dir: when the run fails (e.g. a multi-worker peer died), start it again from its backup up to N "
+                  "times; multi-worker tasks re-join the cluster and wait for the restarted peer")
+        ->check(CLI::Range(0, 100));
 }
 
 namespace {
@@ -224,6 +247,22 @@ ts::Result<ts::remote::ClusterConnection> joinCluster(const TrainOptions& o)
     co.token = token;
     co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
     return ts::remote::connectCluster(cluster, co);
+}
+
+// Failures a restart from the backup can get past: a peer that died or was cut off, I/O.
+// Configuration and data errors would only fail again.
+bool restartable(const ts::Error& e)
+{
+    switch (e.code) {
+    case ts::ErrorCode::InvalidArgument:
+    case ts::ErrorCode::ParseError:
+    case ts::ErrorCode::NotFound:
+    case ts::ErrorCode::ShapeMismatch:
+    case ts::ErrorCode::Unsupported:
+        return false;
+    default:
+        return true;
+    }
 }
 
 } // namespace
@@ -338,6 +377,14 @@ int runTrain(const TrainOptions& options)
     if (o.validationLimit > 0) cfg.validationLimit = o.validationLimit;
     if (!o.loadWeights.empty()) cfg.loadWeights = o.loadWeights;
     if (!o.saveWeights.empty()) cfg.saveWeights = o.saveWeights;
+    if (!o.backupDir.empty()) cfg.backup.dir = o.backupDir;
+    if (o.backupEverySteps >= 0) cfg.backup.everySteps = o.backupEverySteps;
+    if (o.restarts >= 0) cfg.backup.restarts = o.restarts;
+    if ((cfg.backup.restarts > 0 || cfg.backup.everySteps > 0) && !cfg.backup.enabled()) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--restarts and --backup-every-steps need a backup folder",
+                                 "add --backup-dir DIR (a restarted run resumes from the backup there)"));
+        return 2;
+    }
 
     if (!o.cluster.empty()) {
         auto recordingOpened = openTrainRecording(o);
@@ -375,30 +422,81 @@ int runTrain(const TrainOptions& options)
         }
         traceSink = std::move(sink).value();
     }
-    auto prepared = ts::prepareRun(cfg);
-    if (!prepared.ok()) {
-        if (recording) recording->prepareFailed(cfg, prepared.error());
-        printError(prepared.error());
+    // One attempt, or with --restarts several: a failed fit() is started again from the backup,
+    // into the same recorded run (replayed steps overwrite their metrics).
+    std::optional<ts::PreparedRun> prepared;
+    ts::Result<ts::FitResult> result = ts::makeError(ts::ErrorCode::Internal, "the run was not started");
+    std::unique_ptr<ConsoleListener> listener;
+    std::string traceRunId;
+    for (int attempt = 0;; ++attempt) {
+        if (attempt > 0 && cluster) {
+            // Re-join: the old Gloo group is broken. The peers that failed must be started again
+            // (by their supervisor); connecting waits for them up to --collective-timeout.
+            prepared.reset();
+            cfg.strategy.crossProcess.reset();
+            cluster.reset();
+            auto joined = joinCluster(o);
+            if (!joined.ok()) {
+                result = joined.takeError();
+                break;
+            }
+            cluster = std::move(joined).value();
+            cfg.strategy.crossProcess = cluster->communicator;
+            cfg.strategy.processRank = cluster->rank;
+        }
+        auto made = ts::prepareRun(cfg);
+        if (!made.ok()) {
+            if (attempt == 0) {
+                if (recording) recording->prepareFailed(cfg, made.error());
+                printError(made.error());
+                return 1;
+            }
+            result = made.takeError();
+            break;
+        }
+        prepared.emplace(std::move(made).value());
+        ts::PreparedRun& run = *prepared;
+        listener = std::make_unique<ConsoleListener>(o.json, o.quiet, run.config.epochs);
+        if (recording && o.checkpointEvery > 0)
+            listener->epochHook = [&](const ts::EpochEvent& e) {
+                if (e.epoch % o.checkpointEvery == 0) recording->checkpoint(*prepared, e.epoch, prepared->trainer->globalStep());
+            };
+        if (recording) {
+            if (attempt == 0) recording->begin(run, bus);  // the store records what the trainer publishes
+            else recording->attach(run);
+        }
+        if (traceSink) {
+            if (traceRunId.empty())
+                traceRunId = recording ? recording->runId() : "run-" + std::to_string(::getpid()) + "-" +
+                                             std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+            traceSink->setMetadata("model", run.model.name);
+            traceSink->setMetadata("strategy", run.trainer->strategy().name());
+            traceSink->setMetadata("replicas", std::to_string(run.trainer->strategy().numReplicas()));
+            run.trainer->setTelemetry(&bus, traceRunId, true, o.traceLayers);
+        }
+        // A "pipeline" section in --config: its stall windows and verdicts join the run's telemetry.
+        if (run.pipeline && recording) run.pipeline->setTelemetry(&bus, recording->runId());
+        result = run.trainer->fit(*run.trainSource(), run.validationSource(), listener.get());
+        if (result.ok() || attempt >= cfg.backup.restarts || !restartable(result.error())) break;
+        const std::string why = result.error().message;
+        std::fprintf(stderr, "warning: the run failed at step %lld: %s\n  restarting it from its backup (restart %d of %d)\n",
+                     static_cast<long long>(run.trainer->globalStep()), why.c_str(), attempt + 1, cfg.backup.restarts);
+        ts::telemetry::LogEvent e;
+        e.stamp.runId = recording ? recording->runId() : std::string();
+        e.stamp.step = run.trainer->globalStep();
+        e.stamp.wallTimeUs = ts::telemetry::wallNowMicros();
+        e.level = ts::telemetry::LogLevel::Warning;
+        e.message = "the run failed (" + why + "); restarting it from its backup (restart " + std::to_string(attempt + 1) +
+                    " of " + std::to_string(cfg.backup.restarts) + ")";
+        bus.publish(ts::telemetry::Event(std::move(e)));
+    }
+    if (!prepared) {
+        // A restart could not even be prepared (e.g. the cluster could not be re-joined).
+        if (recording) recording->fitDone(result);
+        printError(result.error());
         return 1;
     }
-    ts::PreparedRun run = std::move(prepared).value();
-    ConsoleListener listener(o.json, o.quiet, run.config.epochs);
-    if (recording && o.checkpointEvery > 0)
-        listener.epochHook = [&](const ts::EpochEvent& e) {
-            if (e.epoch % o.checkpointEvery == 0) recording->checkpoint(run, e.epoch, run.trainer->globalStep());
-        };
-    if (recording) recording->begin(run, bus);  // the store records what the trainer publishes
-    if (traceSink) {
-        const std::string runId = recording ? recording->runId() : "run-" + std::to_string(::getpid()) + "-" +
-                                      std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-        traceSink->setMetadata("model", run.model.name);
-        traceSink->setMetadata("strategy", run.trainer->strategy().name());
-        traceSink->setMetadata("replicas", std::to_string(run.trainer->strategy().numReplicas()));
-        run.trainer->setTelemetry(&bus, runId, true, o.traceLayers);
-    }
-    // A "pipeline" section in --config: its stall windows and verdicts join the run's telemetry.
-    if (run.pipeline && recording) run.pipeline->setTelemetry(&bus, recording->runId());
-    auto result = run.trainer->fit(*run.trainSource(), run.validationSource(), &listener);
+    ts::PreparedRun& run = *prepared;
     const int64_t badRecords = run.pipeline ? run.pipeline->badRecords() : 0;
     if (badRecords > 0) {
         // skip_bad_records: say how many were dropped and the first reasons, also in the run's log.

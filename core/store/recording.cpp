@@ -48,6 +48,13 @@ void RunRecording::begin(PreparedRun& run, telemetry::EventBus& bus)
     // Advice as the run goes: findings after every epoch land in the store with the run.
     m_advisor = std::make_unique<telemetry::AdvisorSink>(bus, m_id, run.trainer->strategy().numReplicas());
     run.trainer->setTelemetry(&bus, m_id, false);
+    m_bus = &bus;
+}
+
+void RunRecording::attach(PreparedRun& run)
+{
+    if (!m_sink) return;
+    run.trainer->setTelemetry(m_bus, m_id, false);
 }
 
 void RunRecording::beginRemote(const RunConfig& config, telemetry::EventBus& bus)

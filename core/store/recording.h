@@ -53,6 +53,9 @@ public:
     // After prepareRun: creates the run, subscribes the store (and the advisor) to `bus` and
     // points the trainer's telemetry at it (a later setTelemetry for tracing must keep runId()).
     void begin(PreparedRun& run, telemetry::EventBus& bus);
+    // A restarted attempt of the same run (train --restarts): points the new trainer's telemetry
+    // at the bus and run id begin() set up.
+    void attach(PreparedRun& run);
     // A run trained by remote workers (train --cluster): creates the run from its configuration
     // and records what the coordinator publishes on `bus` (the workers' merged streams).
     void beginRemote(const RunConfig& config, telemetry::EventBus& bus);
@@ -85,6 +88,7 @@ private:
     std::unique_ptr<StoreSink> m_sink;
     std::unique_ptr<telemetry::AdvisorSink> m_advisor;
     uint64_t m_dropped = 0;
+    telemetry::EventBus* m_bus = nullptr;  // begin()'s, for attach()
 };
 
 } // namespace ts::store
