@@ -556,12 +556,13 @@ Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
             TS_TRY(restoreState(state, "the chief's backup"));
         }
     }
-    if (listener) listener->onResume(*m_resumeAt, path);
+    const std::string from = chief ? path : std::string("the chief's backup");
+    if (listener) listener->onResume(*m_resumeAt, from);
     if (m_config.bus) {
         telemetry::LogEvent e;
         e.stamp = telemetry::Stamp{m_config.runId, m_step, telemetry::wallNowMicros(), trainerLane()};
         e.level = telemetry::LogLevel::Info;
-        e.message = "resumed from the backup " + path + " after step " + std::to_string(m_resumeAt->step) + " (epoch " +
+        e.message = "resumed from " + std::string(chief ? "the backup " : "") + from + " after step " + std::to_string(m_resumeAt->step) + " (epoch " +
                     std::to_string(m_resumeAt->epoch) + ", step " + std::to_string(m_resumeAt->stepInEpoch) + " of it)";
         m_config.bus->publish(telemetry::Event(std::move(e)));
     }

@@ -106,6 +106,7 @@ private slots:
     void sameWeightsAsOneProcess_data();
     void sameWeightsAsOneProcess();
     void killedWorkerIsNamed();
+    void restartFromBackupEqualsContinuous();
     void refusedSetups();
 
 private:
@@ -206,6 +207,72 @@ void TestMultiWorker::killedWorkerIsNamed()
     QVERIFY2(f.out.contains("worker:0 at 127.0.0.1:" + QString::number(ports[1])), qPrintable(f.out));
     QVERIFY2(f.out.contains("stopped responding"), qPrintable(f.out));
     QVERIFY2(secs < 10.0, qPrintable(QString("detected after %1 s").arg(secs)));
+}
+
+// Backup and restore across processes: the chief backs up every 5 steps; a worker is killed with
+// SIGKILL mid-run; the chief (--restarts 1) re-joins the cluster, the worker is started again
+// (as its supervisor would), and both continue from the chief's backup. The worker's own backup
+// folder stays empty: it gets the chief's state over the collective. Both end with exactly the
+// weights of an uninterrupted 2-process run.
+void TestMultiWorker::restartFromBackupEqualsContinuous()
+{
+    const int steps = 300;  // 20 steps per epoch: 15 epochs
+    auto run = [&](const QString& tag, const QStringList& chiefExtra, const QStringList& workerExtra, bool killWorker) {
+        const std::vector<int> ports = {freePort(), freePort()};
+        const QString cluster = clusterJson(ports);
+        QStringList args = trainArgs(steps);
+        args.removeAll("--quiet");
+        args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--json" << "--collective-timeout" << "20";
+        const QString chiefWeights = m_dir.filePath(tag + "-chief.safetensors");
+        const QString workerWeights = m_dir.filePath(tag + "-worker.safetensors");
+        auto chief = startCli(args + chiefExtra + QStringList{"--task", "chief:0", "--save-weights", chiefWeights}, cluster);
+        const QStringList workerArgs = args + workerExtra + QStringList{"--task", "worker:0", "--save-weights", workerWeights};
+        auto worker = startCli(workerArgs, cluster);
+        QString seen;
+        if (killWorker) {
+            QElapsedTimer wait;
+            wait.start();
+            while (!seen.contains("\"epoch\":3") && wait.elapsed() < 60000 && chief->state() != QProcess::NotRunning) {
+                chief->waitForReadyRead(100);
+                seen += QString::fromUtf8(chief->readAllStandardOutput());
+            }
+            if (!seen.contains("\"epoch\":3") || chief->state() != QProcess::Running) return QString("no epoch 3 before the kill: " + seen);
+            ::kill(static_cast<pid_t>(worker->processId()), SIGKILL);
+            finish(*worker);
+            // The chief notices, says it restarts, and waits in the rendezvous for the worker.
+            QString err;
+            wait.restart();
+            while (!err.contains("restarting it from its backup") && wait.elapsed() < 30000 && chief->state() == QProcess::Running) {
+                chief->waitForReadyRead(100);
+                err += QString::fromUtf8(chief->readAllStandardError());
+                seen += QString::fromUtf8(chief->readAllStandardOutput());
+            }
+            seen += err;
+            if (!err.contains("restarting it from its backup")) return QString("the chief did not restart: " + seen);
+            worker = startCli(workerArgs, cluster);
+        }
+        const Finished c = finish(*chief);
+        const Finished w = finish(*worker);
+        seen += c.out;
+        if (c.code != 0 || w.code != 0) return QString("chief: %1 %2\nworker: %3 %4").arg(c.code).arg(seen).arg(w.code).arg(w.out);
+        if (killWorker && (!seen.contains("\"resumed\":true") || !w.out.contains("\"resumed\":true")))
+            return QString("no resume reported\nchief: " + seen + "\nworker: " + w.out);
+        for (const QString& line : (seen + w.out).split('\n'))
+            if (line.contains("\"resumed\"") || line.contains("restart")) qInfo("%s: %s", qPrintable(tag), qPrintable(line.trimmed()));
+        return QString();
+    };
+    const QString continuous = run("continuous", {}, {}, false);
+    QVERIFY2(continuous.isEmpty(), qPrintable(continuous));
+    const QString chiefBackup = m_dir.filePath("backup-chief"), workerBackup = m_dir.filePath("backup-worker");
+    const QStringList backup = {"--backup-every-steps", "5", "--restarts", "1"};
+    const QString restarted = run("restarted", backup + QStringList{"--backup-dir", chiefBackup},
+                                  backup + QStringList{"--backup-dir", workerBackup}, true);
+    QVERIFY2(restarted.isEmpty(), qPrintable(restarted));
+    QCOMPARE(maxDiff(m_dir.filePath("restarted-chief.safetensors"), m_dir.filePath("continuous-chief.safetensors")), 0.0);
+    QCOMPARE(maxDiff(m_dir.filePath("restarted-worker.safetensors"), m_dir.filePath("continuous-chief.safetensors")), 0.0);
+    // Only the chief wrote a backup; the completed run deleted it.
+    QVERIFY(!QFile::exists(chiefBackup + "/backup.safetensors"));
+    QVERIFY(QDir(workerBackup).isEmpty());
 }
 
 void TestMultiWorker::refusedSetups()
