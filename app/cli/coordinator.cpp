@@ -134,7 +134,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     if (o.json) {
         nlohmann::json j = {{"final", true}, {"epochs", fit.epochs}, {"steps", fit.steps}, {"loss", fit.last.loss},
                             {"accuracy", fit.last.accuracy}, {"samples_per_sec", fit.samplesPerSec}, {"seconds", fit.seconds},
-                            {"strategy", strategy}, {"workers", c.numTasks()}, {"run_id", runId}};
+                            {"strategy", strategy}, {"workers", c.numTasks()}, {"run_id", runId},
+                            {"restarts", c.restarts()}};
         if (std::isfinite(fit.last.valAccuracy)) j["val_accuracy"] = fit.last.valAccuracy;
         if (std::isfinite(fit.last.valLoss)) j["val_loss"] = fit.last.valLoss;
         if (ps) {
@@ -146,6 +147,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     } else if (!o.quiet) {
         std::printf("Trained %lld step(s) on %s in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), where.c_str(), fit.seconds,
                     fit.samplesPerSec);
+        if (c.restarts() > 0) std::printf("Restarted %d time(s), each time from the chief's backup\n", c.restarts());
         if (std::isfinite(fit.last.valAccuracy))
             std::printf("Test accuracy of the final weights: %.4f (loss %.4f)\n", fit.last.valAccuracy, fit.last.valLoss);
         if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());

@@ -249,22 +249,6 @@ ts::Result<ts::remote::ClusterConnection> joinCluster(const TrainOptions& o)
     return ts::remote::connectCluster(cluster, co);
 }
 
-// Failures a restart from the backup can get past: a peer that died or was cut off, I/O.
-// Configuration and data errors would only fail again.
-bool restartable(const ts::Error& e)
-{
-    switch (e.code) {
-    case ts::ErrorCode::InvalidArgument:
-    case ts::ErrorCode::ParseError:
-    case ts::ErrorCode::NotFound:
-    case ts::ErrorCode::ShapeMismatch:
-    case ts::ErrorCode::Unsupported:
-        return false;
-    default:
-        return true;
-    }
-}
-
 } // namespace
 
 int runTrain(const TrainOptions& options)
@@ -477,7 +461,7 @@ int runTrain(const TrainOptions& options)
         // A "pipeline" section in --config: its stall windows and verdicts join the run's telemetry.
         if (run.pipeline && recording) run.pipeline->setTelemetry(&bus, recording->runId());
         result = run.trainer->fit(*run.trainSource(), run.validationSource(), listener.get());
-        if (result.ok() || attempt >= cfg.backup.restarts || !restartable(result.error())) break;
+        if (result.ok() || attempt >= cfg.backup.restarts || !ts::restartableFailure(result.error())) break;
         const std::string why = result.error().message;
         std::fprintf(stderr, "warning: the run failed at step %lld: %s\n  restarting it from its backup (restart %d of %d)\n",
                      static_cast<long long>(run.trainer->globalStep()), why.c_str(), attempt + 1, cfg.backup.restarts);

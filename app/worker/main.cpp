@@ -14,6 +14,7 @@
 
 #include "remote/auth.h"
 #include "remote/worker_service.h"
+#include "train/backup.h"
 
 int main(int argc, char** argv)
 {
@@ -29,6 +30,9 @@ int main(int argc, char** argv)
     app.add_option("--tls-key", o.tls.privateKey, "PEM private key for --tls-cert");
     app.add_option("--tls-ca", o.tls.rootCa, "PEM CA that signed the other workers' certificates (tasks verify the rendezvous with it)");
     app.add_option("--max-message-bytes", o.maxMessageBytes, "largest request accepted or reply sent (a ps task's shard must fit)")->check(CLI::Range(1024, 64 << 20));
+    app.add_option("--backup-root", o.backupRoot,
+                   "folder under which runs' backups (--backup-dir NAME of the coordinator) are kept (default: " +
+                       ts::defaultBackupRoot() + ")");
     app.add_option("--port-file", portFile, "write the port served on to FILE (useful with port 0)");
     CLI11_PARSE(app, argc, argv);
 

@@ -1,5 +1,7 @@
 #include "remote/coordinator.h"
 
+#include "train/backup.h"
+
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -250,6 +252,56 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
                                    const std::function<void(const tm::EpochMetricsEvent&)>& onEpoch)
 {
     cfg.strategy.kind = m_strategy;
+    m_restarts = 0;
+    if (cfg.backup.enabled() && isParameterServer(m_strategy)) {
+        Error e = makeError(ErrorCode::Unsupported,
+                            "backups are not available for parameter-server runs: their optimizer state lives on the ps tasks",
+                            "remove the backup folder (--backup-dir), or use multi-worker-mirrored");
+        bus.publish(tm::Event(tm::ErrorEvent{makeStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
+        bus.publish(tm::Event(tm::RunStateEvent{makeStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
+        return e;
+    }
+    const int allowed = cfg.backup.enabled() ? cfg.backup.restarts : 0;
+    for (int attempt = 0;; ++attempt) {
+        const std::string taskRun = attempt == 0 ? runId : runId + "/restart-" + std::to_string(attempt);
+        auto r = runAttempt(cfg, runId, taskRun, bus, onEpoch, attempt < allowed);
+        if (!m_restartPending) return r;
+        // Wait for every task to answer and be idle again (the failed one's daemon restarted by
+        // its supervisor, the others' tasks ended by the cancel), then start the run again.
+        ++m_restarts;
+        const auto deadline = std::chrono::steady_clock::now() + m_options.restartWait;
+        Status ready = preflight(1s);
+        while (!ready.ok() && !m_cancel && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(250ms);
+            ready = preflight(1s);
+        }
+        if (m_cancel) ready = makeError(ErrorCode::Cancelled, "the run was cancelled while waiting to restart");
+        if (!ready.ok()) {
+            Error e = ready.takeError();
+            e.message = "cannot restart the run: " + e.message;
+            if (e.hint.empty()) e.hint = "start the failed trainstudio-worker again, then start the run again to resume from its backup";
+            else e.hint += "; then start the run again to resume from its backup";
+            bus.publish(tm::Event(tm::ErrorEvent{makeStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
+            bus.publish(tm::Event(tm::RunStateEvent{makeStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
+            return e;
+        }
+        bus.publish(tm::Event(tm::LogEvent{makeStamp(runId, "coordinator", "", 0), tm::LogLevel::Warning,
+                                           "restarting the run from its backup (restart " + std::to_string(attempt + 1) + " of " +
+                                               std::to_string(allowed) + ")"}));
+    }
+}
+
+Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::string& runId, const std::string& taskRun,
+                                          tm::EventBus& bus, const std::function<void(const tm::EpochMetricsEvent&)>& onEpoch,
+                                          bool mayRestart)
+{
+    m_restartPending = false;
+    bool started = false;
+    for (auto& t : m_tasks) {
+        // A restart: the last attempt's streams were cancelled and its states are stale.
+        t->client->allowStreams();
+        t->state.clear();
+    }
     auto stamp = [&](const std::string& worker, const std::string& device, int64_t step) {
         return makeStamp(runId, worker, device, step);
     };
@@ -260,7 +312,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     while (primary < m_tasks.size() && m_tasks[primary]->ps) ++primary;
     std::unique_ptr<PsEvaluator> evaluator;
     if (psRun) {
-        auto ev = PsEvaluator::create(cfg, m_options.spec, runId, m_options.token, m_options.tls);
+        auto ev = PsEvaluator::create(cfg, m_options.spec, taskRun, m_options.token, m_options.tls);
         if (!ev.ok()) {
             bus.publish(tm::Event(tm::ErrorEvent{stamp("coordinator", "", 0), ev.error().message, ev.error().hint, "coordinator"}));
             bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Failed, ev.error().message}));
@@ -298,6 +350,13 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
         inbox.cv.notify_all();
     };
     auto finish = [&](const Result<FitResult>& r, int64_t steps) -> Result<FitResult> {
+        if (mayRestart && started && !r.ok() && !m_cancel && restartableFailure(r.error())) {
+            // Not the run's end: run() starts it again from the backup.
+            m_restartPending = true;
+            bus.publish(tm::Event(tm::LogEvent{stamp("coordinator", "", steps), tm::LogLevel::Warning,
+                                               "the run failed: " + r.error().message}));
+            return r;
+        }
         if (!r.ok())
             bus.publish(tm::Event(tm::ErrorEvent{stamp("coordinator", "", steps), r.error().message, r.error().hint, "coordinator"}));
         const tm::RunState state = !r.ok() ? tm::RunState::Failed : r->cancelled ? tm::RunState::Cancelled : tm::RunState::Completed;
@@ -310,18 +369,19 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     for (std::size_t i = 0; i < m_tasks.size(); ++i) {
         Task& t = *m_tasks[i];
         auto tf = m_options.spec.tfConfigFor(t.id);
-        Status st = tf.ok() ? t.client->startTask(runId, runConfig, *tf, t.id.type, t.id.index) : Status(tf.error());
+        Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index) : Status(tf.error());
         if (!st.ok()) {
-            for (std::size_t k = 0; k < i; ++k) (void)m_tasks[k]->client->cancel(runId);
+            for (std::size_t k = 0; k < i; ++k) (void)m_tasks[k]->client->cancel(taskRun);
             bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
             return finish(Result<FitResult>(st.error()), 0);
         }
     }
+    started = true;
     bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Running, {}}));
 
     for (std::size_t i = 0; i < m_tasks.size(); ++i)
         m_tasks[i]->stream = std::thread([&, i] {
-            Status st = m_tasks[i]->client->streamEvents(runId, [&](const WorkerEvent& e) {
+            Status st = m_tasks[i]->client->streamEvents(taskRun, [&](const WorkerEvent& e) {
                 std::lock_guard lock(inbox.mutex);
                 inbox.events.emplace_back(i, e);
                 inbox.cv.notify_all();
@@ -389,7 +449,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             // Each worker stops at its next step and reports "cancelled"; their streams then end.
             cancelSent = true;
             lock.unlock();
-            for (auto& t : m_tasks) (void)t->client->cancel(runId);
+            for (auto& t : m_tasks) (void)t->client->cancel(taskRun);
             lock.lock();
         }
         while (!inbox.events.empty()) {
@@ -524,7 +584,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             }
         }
         for (auto& t : m_tasks)
-            if (t->ps) (void)t->client->cancel(runId);
+            if (t->ps) (void)t->client->cancel(taskRun);
         // Wait for the ps tasks' ends (their final statistics), still watching for failures.
         lock.lock();
         inbox.cv.wait(lock, [&] { return inbox.allEnded() || !inbox.failures.empty(); });
@@ -543,7 +603,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     beats.join();
     // Stop the others: they would wait for the failed one until their collective timeout.
     if (failure)
-        for (auto& t : m_tasks) (void)t->client->cancel(runId);
+        for (auto& t : m_tasks) (void)t->client->cancel(taskRun);
     for (auto& t : m_tasks) {
         if (failure) t->client->cancelStream();
         t->stream.join();

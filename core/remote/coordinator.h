@@ -45,6 +45,9 @@ struct CoordinatorOptions {
     std::string token;
     TlsFiles tls;
     std::chrono::milliseconds heartbeatTimeout{3000};  // silence after which a worker is gone
+    // With the run's backup.restarts: how long a restart waits for every task to answer again
+    // and be idle (a daemon that died must be started again by its supervisor meanwhile).
+    std::chrono::milliseconds restartWait{60000};
 };
 
 // One task as the pre-flight saw it.
@@ -76,6 +79,10 @@ public:
     // Trains `config` (its model inline, strategy forced to this coordinator's) as run `runId`
     // and publishes the merged stream on `bus`. onEpoch (optional) sees the chief's epochs.
     // A cancel() gives a FitResult with cancelled = true once every worker has stopped.
+    // Backups (config.backup, multi-worker-mirrored): the chief task backs up under its daemon's
+    // --backup-root; with backup.restarts a run that fails after its tasks started is started
+    // again, once every task answers and is idle, and resumes from the chief's backup into the
+    // same run on the bus.
     Result<FitResult> run(RunConfig config, const std::string& runId, telemetry::EventBus& bus,
                           const std::function<void(const telemetry::EpochMetricsEvent&)>& onEpoch = {});
     void cancel();
@@ -88,10 +95,20 @@ public:
     // and layouts, host tensors); empty after a failed or cancelled run, and for other strategies.
     const std::vector<std::pair<std::string, Tensor>>& finalWeights() const { return m_finalWeights; }
     const ClusterSpec& spec() const { return m_options.spec; }
+    // How many times the last run() was restarted from its backup.
+    int restarts() const { return m_restarts; }
 
 private:
     struct Task;
     Coordinator(CoordinatorOptions options, std::string strategy);
+    // One attempt; its tasks run as `taskRun` (a fresh rendezvous group per attempt). With
+    // mayRestart, a failure after the tasks started sets m_restartPending and is published as a
+    // warning instead of ending the run.
+    Result<FitResult> runAttempt(const RunConfig& config, const std::string& runId, const std::string& taskRun,
+                                 telemetry::EventBus& bus,
+                                 const std::function<void(const telemetry::EpochMetricsEvent&)>& onEpoch, bool mayRestart);
+    bool m_restartPending = false;
+    int m_restarts = 0;
 
     CoordinatorOptions m_options;
     std::string m_strategy;

@@ -123,6 +123,12 @@ Status WorkerClient::streamEvents(const std::string& runId, const std::function<
     return okStatus();
 }
 
+void WorkerClient::allowStreams()
+{
+    std::lock_guard lock(m_impl->streamMutex);
+    m_impl->streamCancelled = false;
+}
+
 void WorkerClient::cancelStream()
 {
     std::lock_guard lock(m_impl->streamMutex);

@@ -54,7 +54,9 @@ public:
                      const std::string& taskType, int taskIndex);
     // Calls onEvent for every event until the task ends (OK) or the stream breaks (error).
     Status streamEvents(const std::string& runId, const std::function<void(const WorkerEvent&)>& onEvent);
+    // Ends the open stream and refuses later ones (the run is over) until allowStreams().
     void cancelStream();
+    void allowStreams();
     Status cancel(const std::string& runId);
     Result<WorkerPulse> heartbeat(std::chrono::milliseconds timeout);
 

@@ -1,4 +1,7 @@
 #include "remote/worker_service.h"
+#include "train/backup.h"
+
+#include <filesystem>
 
 #include <unistd.h>
 
@@ -47,8 +50,8 @@ grpc::Status refuse(const grpc::ServerContext& ctx, grpc::StatusCode code, const
 
 class WorkerService final : public Worker::Service {
 public:
-    WorkerService(std::string token, std::string name, TlsFiles tls, ParameterService* ps)
-        : m_token(std::move(token)), m_name(std::move(name)), m_tls(std::move(tls)), m_ps(ps) {}
+    WorkerService(std::string token, std::string name, TlsFiles tls, ParameterService* ps, std::string backupRoot)
+        : m_token(std::move(token)), m_name(std::move(name)), m_tls(std::move(tls)), m_ps(ps), m_backupRoot(std::move(backupRoot)) {}
     ~WorkerService() override { shutdown(); }
 
     void setName(std::string name) { m_name = std::move(name); }
@@ -110,6 +113,20 @@ public:
         if (!cfg->modelFile.empty() || !cfg->saveWeights.empty() || !cfg->loadWeights.empty())
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": a remote task must inline its model and name no weight files (model_file, load_weights, save_weights)");
+        if (cfg->backup.enabled()) {
+            // A folder name the coordinator chose, kept under this daemon's backup root: it can
+            // neither escape it nor name another path on this machine.
+            const std::filesystem::path rel(cfg->backup.dir);
+            bool bad = rel.is_absolute() || rel.empty();
+            for (const auto& part : rel) bad |= part == "..";
+            if (bad)
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                              source + ": backup.dir '" + cfg->backup.dir +
+                                  "' must be a relative folder name without '..' (a remote task keeps its backups under its "
+                                  "worker's --backup-root)");
+            cfg->backup.dir = (std::filesystem::path(m_backupRoot) / rel).string();
+            cfg->backup.restarts = 0;  // the coordinator restarts runs
+        }
         const bool ps = isParameterServer(cfg->strategy.kind);
         if (auto v = withTask->validateFor(ps ? "parameter-server" : "multi-worker-mirrored"); !v.ok())
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, v.error().toString());
@@ -400,6 +417,7 @@ private:
 
     std::string m_token;
     std::string m_name;
+    std::string m_backupRoot;  // remote tasks' backup folders live under it
     TlsFiles m_tls;
     ParameterService* m_ps;                          // the daemon's; hosts this daemon's ps task
     std::shared_ptr<RemoteParameterStore> m_store;   // a parameter-server worker's link to the ps tasks
@@ -462,7 +480,8 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
     TS_ASSIGN(auto creds, serverCredentials(options.tls));
     auto impl = std::make_unique<Impl>();
     impl->ps = std::make_unique<ParameterService>(options.token);
-    impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls, impl->ps.get());
+    impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls, impl->ps.get(),
+                                                   options.backupRoot.empty() ? defaultBackupRoot() : options.backupRoot);
     impl->rendezvous = makeRendezvousService(options.token);
     grpc::ServerBuilder builder;
     builder.AddListeningPort(options.listen, creds, &impl->port);

@@ -12,7 +12,8 @@
 //  - Security: every call must carry the shared token (refused and logged otherwise); messages
 //    over maxMessageBytes are refused by gRPC; a task names no files for the worker to write or
 //    load (model inline; no save_weights, load_weights or model_file), so a coordinator cannot
-//    make a worker touch paths it chose. Binding anything but loopback needs allowRemote.
+//    make a worker touch paths it chose; a run's backup folder is a relative name kept under
+//    the daemon's backupRoot. Binding anything but loopback needs allowRemote.
 //  - Errors: start() says which address could not be bound and what to do.
 
 #include <memory>
@@ -32,6 +33,8 @@ struct WorkerOptions {
                                           // model; a ps task's pulls carry its whole shard)
     TlsFiles tls;                         // certificate + key: serve TLS; rootCa: verify the
                                           // coordinating daemon's rendezvous when this one is a peer
+    std::string backupRoot;               // tasks' backup folders (relative names) live under it;
+                                          // empty: defaultBackupRoot() (train/backup.h)
 };
 
 class WorkerDaemon {

@@ -1,6 +1,7 @@
 #include "train/backup.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iterator>
 #include <filesystem>
@@ -62,6 +63,32 @@ std::string exact(double v)
 }
 
 } // namespace
+
+bool restartableFailure(const Error& e)
+{
+    switch (e.code) {
+    case ErrorCode::InvalidArgument:
+    case ErrorCode::ParseError:
+    case ErrorCode::NotFound:
+    case ErrorCode::ShapeMismatch:
+    case ErrorCode::Unsupported:
+    case ErrorCode::OutOfMemory:
+        return false;
+    default:
+        return true;
+    }
+}
+
+std::string defaultBackupRoot()
+{
+    const char* xdg = std::getenv("XDG_DATA_HOME");
+    std::filesystem::path base = xdg && *xdg ? std::filesystem::path(xdg) : std::filesystem::path();
+    if (base.empty()) {
+        const char* home = std::getenv("HOME");
+        base = std::filesystem::path(home && *home ? home : "/tmp") / ".local" / "share";
+    }
+    return (base / "trainstudio" / "backups").string();
+}
 
 std::string backupPath(const std::string& dir) { return (std::filesystem::path(dir) / "backup.safetensors").string(); }
 

@@ -50,6 +50,14 @@ struct TrainingState {
     std::vector<std::pair<std::string, Tensor>> optimizer;   // host tensors, e.g. "adam/m"
 };
 
+// Failures a restart from the backup can get past (a peer that died or was cut off, I/O);
+// configuration and data errors would only fail again.
+bool restartableFailure(const Error& error);
+
+// Where trainstudio-worker keeps remote tasks' backups by default:
+// $XDG_DATA_HOME/trainstudio/backups, or ~/.local/share/trainstudio/backups.
+std::string defaultBackupRoot();
+
 // The backup file inside a backup folder.
 std::string backupPath(const std::string& dir);
 

@@ -90,6 +90,7 @@ private slots:
     void coordinatedRunIsRecorded();
     void preflightNamesUnreachableWorker();
     void killedWorkerIsNamed();
+    void restartedRunResumesFromBackup();
     void killedCoordinatorCancelsTasks();
 };
 
@@ -255,6 +256,76 @@ void TestWorker::coordinatedRunIsRecorded()
     QVERIFY(!breakdowns->empty());
     QCOMPARE(breakdowns->front().stamp.lane.worker, std::string("chief:0"));
     QVERIFY(breakdowns->front().communication > 0);
+}
+
+// --restarts with daemons: the worker daemon is killed with SIGKILL mid-run and started again on
+// its port (as systemd would); the coordinator waits for it, starts the run again, the tasks
+// resume from the chief daemon's backup (under its --backup-root), and the run ends exactly as
+// an uninterrupted one: same steps, same last-epoch loss and accuracy (bit-equal sums).
+void TestWorker::restartedRunResumesFromBackup()
+{
+    QTemporaryDir dir;
+    const QString root = dir.filePath("chief-backups");
+    auto run = [&](const QString& tag, const QStringList& extra, bool kill, nlohmann::json& final, QString& out) {
+        auto chief = tstest::spawnWorker(dir.path(), tag + "-chief", kToken, {"--backup-root", root});
+        auto worker = spawnWorker(dir.path(), tag + "-worker");
+        QVERIFY(chief->port > 0 && worker->port > 0);
+        const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
+        auto coord = startCoordinator(coordinatorArgs(cluster, 400) + extra + QStringList{"--db", dir.filePath("runs.db"), "--json"});
+        if (kill) {
+            QElapsedTimer wait;
+            wait.start();
+            while (!out.contains("\"epoch\":3") && wait.elapsed() < 60000 && coord->state() != QProcess::NotRunning) {
+                coord->waitForReadyRead(100);
+                out += QString::fromUtf8(coord->readAllStandardOutput());
+            }
+            QVERIFY2(out.contains("\"epoch\":3") && coord->state() == QProcess::Running, qPrintable(out));
+            const int port = worker->port;
+            ::kill(static_cast<pid_t>(worker->process->processId()), SIGKILL);
+            worker->process->waitForFinished();
+            worker = tstest::spawnWorker(dir.path(), tag + "-worker", kToken, {}, port);
+            QCOMPARE(worker->port, port);
+        }
+        QVERIFY(coord->waitForFinished(120000));
+        out += QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
+        QVERIFY2(coord->exitCode() == 0, qPrintable(out));
+        final = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+        QVERIFY2(!final.is_discarded() && final.value("final", false), qPrintable(out));
+    };
+    nlohmann::json continuous, restarted;
+    QString outA, outB;
+    run("a", {}, false, continuous, outA);
+    if (QTest::currentTestFailed()) return;
+    run("b", {"--backup-dir", "run-b", "--backup-every-steps", "5", "--restarts", "1"}, true, restarted, outB);
+    if (QTest::currentTestFailed()) return;
+    qInfo("restarted run: %s", restarted.dump().c_str());
+    QCOMPARE(restarted["restarts"].get<int>(), 1);
+    QCOMPARE(restarted["steps"].get<int>(), 400);
+    QCOMPARE(restarted["epochs"].get<int>(), continuous["epochs"].get<int>());
+    QCOMPARE(restarted["loss"].get<double>(), continuous["loss"].get<double>());
+    QCOMPARE(restarted["accuracy"].get<double>(), continuous["accuracy"].get<double>());
+    // The backup was under the chief daemon's root, and the completed run deleted it.
+    QVERIFY(QDir(root + "/run-b").exists());
+    QVERIFY(!QFile::exists(root + "/run-b/backup.safetensors"));
+    // One recorded run, completed, whose log says it restarted.
+    auto store = ts::store::RunStore::open(dir.filePath("runs.db").toStdString());
+    QVERIFY(store.ok());
+    const std::string runId = restarted["run_id"].get<std::string>();
+    auto logs = store->logs(runId);
+    QVERIFY(logs.ok());
+    bool said = false;
+    for (const auto& l : *logs) said |= l.message.find("restarting the run from its backup") != std::string::npos;
+    QVERIFY(said);
+
+    // A backup folder that tries to leave the worker's root is refused, naming the setting.
+    auto chief = tstest::spawnWorker(dir.path(), "c-chief", kToken, {"--backup-root", root});
+    auto worker = spawnWorker(dir.path(), "c-worker");
+    const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
+    auto coord = startCoordinator(coordinatorArgs(cluster, 20) + QStringList{"--no-record", "--backup-dir", "../elsewhere"});
+    QVERIFY(coord->waitForFinished(60000));
+    const QString refused = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
+    QCOMPARE(coord->exitCode(), 1);
+    QVERIFY2(refused.contains("backup.dir '../elsewhere' must be a relative folder name without '..'"), qPrintable(refused));
 }
 
 void TestWorker::preflightNamesUnreachableWorker()

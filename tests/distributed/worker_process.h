@@ -28,8 +28,9 @@ struct WorkerProcess {
 };
 
 // Starts `trainstudio-worker --name name` with `token` (TRAINSTUDIO_TOKEN) and one OpenMP thread;
-// its port file goes into `dir`.
-inline std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name, const std::string& token)
+// its port file goes into `dir`. `port`: listen there (a restarted daemon) instead of any free port.
+inline std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name, const std::string& token,
+                                                  const QStringList& extra = {}, int port = 0)
 {
     auto w = std::make_unique<WorkerProcess>();
     w->process = std::make_unique<QProcess>();
@@ -39,7 +40,9 @@ inline std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QStr
     w->process->setProcessEnvironment(env);
     w->process->setProcessChannelMode(QProcess::ForwardedErrorChannel);
     const QString portFile = dir + "/" + name + ".port";
-    w->process->start(QStringLiteral(TS_WORKER_PATH), {"--listen", "127.0.0.1:0", "--name", name, "--port-file", portFile});
+    QFile::remove(portFile);
+    w->process->start(QStringLiteral(TS_WORKER_PATH), QStringList{"--listen", QString("127.0.0.1:%1").arg(port), "--name", name,
+                                                                  "--port-file", portFile} + extra);
     QElapsedTimer t;
     t.start();
     while (t.elapsed() < 20000) {
