@@ -75,6 +75,7 @@ private slots:
     void initTestCase();
     void trainFromTheGuiRecordsTheRun();
     void pauseResumeStop();
+    void stoppedRunResumesFromItsBackup();
     void closingDuringARunMarksItInterrupted();
     void invalidSetupsAreExplained();
     void captureOnDemandRecordsSpans();
@@ -206,6 +207,66 @@ void TestSession::pauseResumeStop()
     QCOMPARE(int(info->status), int(telemetry::RunState::Cancelled));
     QVERIFY(info->lastStep > at);
     QVERIFY(page->trainButton()->isEnabled());
+}
+
+// Backup and restore from the run setup: a run backed up every 10 steps is stopped, started
+// again with the same setup, resumes after its last backup (its log says so) and completes all
+// its steps; the completed run deletes the backup. Bad backup settings are explained.
+void TestSession::stoppedRunResumesFromItsBackup()
+{
+    auto w = window(40, 2048);  // 8 steps per epoch at the seed model's batch of 256
+    TrainPage* page = w->trainPage();
+    TrainingSession* s = w->session();
+    RunSetupPanel* setup = page->setup();
+    auto* backup = setup->findChild<QCheckBox*>("backup");
+    QVERIFY(backup);
+    QVERIFY(!setup->findChild<QSpinBox*>("restarts")->isEnabled());  // restarts are for remote workers
+    backup->setChecked(true);
+    QVERIFY(!setup->findChild<QLineEdit*>("backupDir")->text().isEmpty());  // a default place
+    const QString dir = m_dir.filePath("gui-backup");
+    setup->findChild<QLineEdit*>("backupDir")->setText("");
+    QVERIFY(setup->problems().join('\n').contains("Backup: choose the folder"));
+    setup->findChild<QLineEdit*>("backupDir")->setText(dir);
+    setup->findChild<QSpinBox*>("backupEvery")->setValue(10);
+    QVERIFY2(setup->problems().isEmpty(), qPrintable(setup->problems().join('\n')));
+    const RunConfig cfg = setup->config();
+    QCOMPARE(cfg.backup.dir, dir.toStdString());
+    QCOMPARE(cfg.backup.everySteps, int64_t{10});
+
+    QSignalSpy finished(s, &TrainingSession::finished);
+    QVERIFY(page->startTraining());
+    QTRY_VERIFY_WITH_TIMEOUT(s->data().lastStep() > 25, 30000);
+    QTest::mouseClick(page->stopButton(), Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 1, 20000);
+    QCOMPARE(s->state(), State::Cancelled);
+    const int64_t stoppedAt = s->data().lastStep();
+    QVERIFY(QFile::exists(dir + "/backup.safetensors"));
+
+    QVERIFY(page->startTraining());
+    QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 2, 120000);
+    QCOMPARE(s->state(), State::Completed);
+    auto store = store::RunStore::open(db().toStdString(), {.readOnly = true});
+    QVERIFY(store.ok());
+    const std::string id = s->runId().toStdString();
+    auto info = store->run(id);
+    QVERIFY(info.ok());
+    auto logs = store->logs(id);
+    QVERIFY(logs.ok());
+    QString resumed;
+    for (const auto& l : *logs)
+        if (l.message.find("resumed from the backup") != std::string::npos) resumed = QString::fromStdString(l.message);
+    QVERIFY2(!resumed.isEmpty(), "the second run's log does not say it resumed");
+    qInfo("stopped at step %lld; %s", static_cast<long long>(stoppedAt), qPrintable(resumed));
+    // It resumed after the last backup before the stop (a multiple of 10), not from the start.
+    QVERIFY2(resumed.contains(QString("after step %1 ").arg(stoppedAt / 10 * 10)), qPrintable(resumed));
+    QVERIFY(s->data().steps().step.front() > 1);
+    QCOMPARE(info->lastStep, int64_t{40} * ((2048 + cfg.batchSize - 1) / cfg.batchSize));
+    QVERIFY(!QFile::exists(dir + "/backup.safetensors"));
+
+    // Parameter-server runs cannot be backed up; the setup says so before Train.
+    setup->setStrategy("parameter-server");
+    if (setup->strategy() == "parameter-server")
+        QVERIFY(setup->problems().join('\n').contains("cannot be backed up"));
 }
 
 void TestSession::closingDuringARunMarksItInterrupted()

@@ -27,6 +27,7 @@
 
 #include "backend/registry.h"
 #include "data/dataset.h"
+#include "train/backup.h"
 
 namespace ts {
 namespace {
@@ -280,6 +281,47 @@ void RunSetupPanel::buildUi()
     hf->addRow(tr("Seed"), m_seed);
     layout->addWidget(hyper);
 
+    // --- backup and restore (Keras BackupAndRestore)
+    auto* backup = new QGroupBox(tr("Backup and restore"));
+    auto* bf = new QFormLayout(backup);
+    m_backup = new QCheckBox(tr("Back the run up, and resume from the backup when it is started again"));
+    m_backup->setObjectName("backup");
+    m_backup->setToolTip(tr("Weights, optimizer state and the data position: a resumed run continues exactly as if it had "
+                            "not stopped. A run that completes deletes its backup."));
+    bf->addRow(QString(), m_backup);
+    m_backupDir = new QLineEdit;
+    m_backupDir->setObjectName("backupDir");
+    auto* backupBrowse = new QPushButton(tr("Browse…"));
+    auto* bdRow = new QHBoxLayout;
+    bdRow->addWidget(m_backupDir, 1);
+    bdRow->addWidget(backupBrowse);
+    bf->addRow(tr("Folder"), bdRow);
+    m_backupEvery = new QSpinBox;
+    m_backupEvery->setRange(0, 1 << 30);
+    m_backupEvery->setSpecialValueText(tr("after each epoch"));
+    m_backupEvery->setSuffix(tr(" steps"));
+    m_backupEvery->setObjectName("backupEvery");
+    bf->addRow(tr("Back up every"), m_backupEvery);
+    m_restarts = new QSpinBox;
+    m_restarts->setRange(0, 100);
+    m_restarts->setSpecialValueText(tr("never"));
+    m_restarts->setSuffix(tr(" time(s)"));
+    m_restarts->setObjectName("restarts");
+    bf->addRow(tr("Restart a failed run"), m_restarts);
+    layout->addWidget(backup);
+    connect(backupBrowse, &QPushButton::clicked, this, [this] {
+        const QString dir = QFileDialog::getExistingDirectory(this, tr("Backup folder"), m_backupDir->text());
+        if (!dir.isEmpty()) m_backupDir->setText(dir);
+    });
+    connect(m_backup, &QCheckBox::toggled, this, [this](bool on) {
+        // A sensible place to start from: the model's name, under the worker's backup root for
+        // remote runs, under this user's data folder here.
+        if (on && m_backupDir->text().trimmed().isEmpty()) {
+            const QString name = QString::fromStdString(m_model.name.empty() ? std::string("model") : m_model.name);
+            m_backupDir->setText(isRemoteStrategy() ? name : QDir(QString::fromStdString(defaultBackupRoot())).filePath(name));
+        }
+    });
+
     m_problems = new QLabel;
     m_problems->setObjectName("problems");
     m_problems->setWordWrap(true);
@@ -301,11 +343,13 @@ void RunSetupPanel::buildUi()
     m_dataDir->setText(QString::fromStdString(defaultFashionMnistDir()));
     m_dataDir->setReadOnly(true);
     auto changedSignal = [this] { updateDerived(); };
-    for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed})
+    for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed, m_backupEvery, m_restarts})
         connect(s, &QSpinBox::valueChanged, this, changedSignal);
+    connect(m_backupDir, &QLineEdit::textChanged, this, changedSignal);
     for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_strategy, m_optimizer, m_schedule, m_precision})
         connect(c, &QComboBox::currentIndexChanged, this, changedSignal);
-    for (QCheckBox* c : {m_validate, m_usePipeline, m_shuffle, m_flip, m_crop}) connect(c, &QCheckBox::toggled, this, changedSignal);
+    for (QCheckBox* c : {m_validate, m_usePipeline, m_shuffle, m_flip, m_crop, m_backup})
+        connect(c, &QCheckBox::toggled, this, changedSignal);
     connect(m_lr, &QDoubleSpinBox::valueChanged, this, changedSignal);
     connect(m_dataDir, &QLineEdit::textChanged, this, changedSignal);
     connect(m_devices, &QListWidget::itemChanged, this, changedSignal);
@@ -396,6 +440,15 @@ void RunSetupPanel::updateDerived()
         c->setEnabled(pipe && m_imageInput);
         c->setToolTip(m_imageInput ? QString() : noImage);
     }
+    const bool backup = m_backup->isChecked();
+    for (QWidget* w : std::initializer_list<QWidget*>{m_backupDir, m_backupEvery}) w->setEnabled(backup);
+    // Local runs resume when started again; restarting on failure is the coordinator's job.
+    m_restarts->setEnabled(backup && remote);
+    m_restarts->setToolTip(remote ? tr("when a worker dies or is cut off, wait for every worker to answer again and restart the run "
+                                       "from its backup")
+                                  : tr("automatic restarts are for remote workers; start a local run again to resume it"));
+    m_backupDir->setToolTip(remote ? tr("a folder name, kept under each worker's --backup-root (only the chief writes it)")
+                                   : tr("a folder on this machine"));
     const QStringList p = problems();
     m_problems->setText(p.isEmpty() ? QString() : QStringLiteral("• ") + p.join(QStringLiteral("\n• ")));
     Q_EMIT changed();
@@ -418,6 +471,18 @@ QStringList RunSetupPanel::problems() const
                  .arg(m_batch->value() / replicas * replicas == 0 ? replicas : m_batch->value() / replicas * replicas)
                  .arg((m_batch->value() / replicas + 1) * replicas);
     if (m_lr->value() <= 0) p << tr("Learning rate: must be greater than 0 (try 0.001 for adam).");
+    if (m_backup->isChecked()) {
+        const QString dir = m_backupDir->text().trimmed();
+        if (strategy() == "parameter-server")
+            p << tr("Backup: parameter-server runs keep their optimizer state on the ps tasks and cannot be backed up; uncheck "
+                    "Backup or use MultiWorkerMirrored.");
+        else if (dir.isEmpty())
+            p << tr("Backup: choose the folder to back the run up into.");
+        else if (isRemoteStrategy() && (QDir::isAbsolutePath(dir) || dir.split('/').contains("..")))
+            p << tr("Backup: for remote workers give a folder name without '..' (each worker keeps it under its --backup-root), "
+                    "not %1.")
+                     .arg(dir);
+    }
     const QString dir = dataDir();
     if (dir.isEmpty()) p << tr("Dataset: choose the folder with the IDX files.");
     else if (!QFileInfo(dir).isDir())
@@ -488,6 +553,11 @@ RunConfig RunSetupPanel::config() const
         auto spec = PipelineSpec::fromJson(pipelineJson(c), "the run setup's pipeline");
         if (spec.ok()) c.pipeline = std::move(spec).value();  // problems() reports the error
     }
+    if (m_backup->isChecked()) {
+        c.backup.dir = m_backupDir->text().trimmed().toStdString();
+        c.backup.everySteps = m_backupEvery->value();
+        c.backup.restarts = isRemoteStrategy() ? m_restarts->value() : 0;
+    }
     return c;
 }
 
@@ -517,6 +587,10 @@ void RunSetupPanel::setConfig(const RunConfig& c)
     for (const auto& d : c.strategy.devices) devices << QString::fromStdString(d.toString());
     if (!devices.isEmpty()) setCheckedDevices(devices);
     m_threads->setValue(c.strategy.threads);
+    m_backup->setChecked(c.backup.enabled());
+    m_backupDir->setText(QString::fromStdString(c.backup.dir));
+    m_backupEvery->setValue(static_cast<int>(std::min<int64_t>(c.backup.everySteps, m_backupEvery->maximum())));
+    m_restarts->setValue(c.backup.restarts);
     m_usePipeline->setChecked(c.pipeline.has_value());
     if (c.pipeline) {
         // Back from the pipeline's JSON to the form's few knobs.

@@ -1,6 +1,6 @@
 #pragma once
 // RunSetupPanel: the run configuration form — dataset and input pipeline, strategy and devices
-// (with live state), hyper-parameters, precision policy and seed. It edits a RunConfig and
+// (with live state), hyper-parameters, precision policy and seed, and backup and restore. It edits a RunConfig and
 // explains what is wrong with it before Train is pressed (problems()).
 // Contract: GUI thread only. config() is always a complete RunConfig (the model comes from
 // setModel); problems() lists what would make the run fail at once, in words that name the
@@ -108,6 +108,10 @@ private:
     QComboBox* m_schedule = nullptr;
     QComboBox* m_precision = nullptr;
     QSpinBox* m_seed = nullptr;
+    QCheckBox* m_backup = nullptr;
+    QLineEdit* m_backupDir = nullptr;
+    QSpinBox* m_backupEvery = nullptr;
+    QSpinBox* m_restarts = nullptr;
     QLabel* m_problems = nullptr;
     QPlainTextEdit* m_tfConfig = nullptr;
     QLineEdit* m_tokenFile = nullptr;
