@@ -93,6 +93,7 @@ struct Replica {
     std::unique_ptr<Optimizer> optimizer;  // own copy when parameters are not shared
     std::unique_ptr<ReplicaThread> thread; // null for replica 0
     StepStats stats;
+    bool statsGlobal = false;              // stats already summed over every process
 };
 
 class ReplicatedStrategy final : public Strategy {
@@ -214,6 +215,7 @@ public:
             Backend& be = *rep.backend;
             auto [b, e] = sliceOf(r, rows);
             rep.stats = {};
+            rep.statsGlobal = false;
             Tensor grads = prog.gradientArena();
             // Phases: replica 0's (the trainer's thread) make the step-time breakdown; every
             // replica's become spans on its lane when tracing.
@@ -239,7 +241,25 @@ public:
             }
             if (global > 1 && grads.defined()) {
                 PhaseScope phase(StepPart::Communication, "all-reduce");
-                TS_TRY(m_comm->allReduceSum(r, grads));
+                if (m_cross) {
+                    // Multi-worker: the step's statistics ride in the gradients' tail, so every
+                    // process learns the global loss without a second collective (each one is a
+                    // point where the faster process waits for the slower).
+                    Tensor withTail = prog.gradientArenaWithTail();
+                    const int64_t total = grads.numel();
+                    Tensor tail = withTail.rows(total, total + Program::kGradientTail);
+                    const float sums[Program::kGradientTail] = {static_cast<float>(rep.stats.lossSum),
+                                                               static_cast<float>(rep.stats.correct),
+                                                               static_cast<float>(rep.stats.count), 0.f};
+                    TS_TRY(be.copyFromHost(sums, tail));
+                    TS_TRY(m_comm->allReduceSum(r, withTail));
+                    float summed[Program::kGradientTail];
+                    TS_TRY(be.copyToHost(tail, summed));
+                    rep.stats = {summed[0], static_cast<int64_t>(summed[1]), static_cast<int64_t>(summed[2])};
+                    rep.statsGlobal = true;
+                } else {
+                    TS_TRY(m_comm->allReduceSum(r, grads));
+                }
             }
             if (grads.defined()) {
                 PhaseScope phase(StepPart::Optimizer, "optimizer update");
@@ -263,6 +283,8 @@ public:
             if (r > 0 && telemetry::Tracer::enabled()) telemetry::Tracer::flushThread();
             return okStatus();
         }));
+        // Multi-worker with gradients: every local replica holds the sums over all processes.
+        if (m_replicas[0].statsGlobal) return m_replicas[0].stats;
         StepStats total;
         for (const auto& rep : m_replicas) {
             total.lossSum += rep.stats.lossSum;

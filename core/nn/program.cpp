@@ -227,9 +227,10 @@ Status Program::build(const LossSpec& lossSpec, Program* shared)
         TS_ASSIGN(m_nonTrainable, Tensor::create(Shape{frozenElems}, DType::F32, alloc));
     }
     if (trainableElems > 0) {
-        TS_ASSIGN(m_gradients, Tensor::create(Shape{trainableElems}, DType::F32, alloc));
-        std::vector<float> zeros(static_cast<std::size_t>(trainableElems), 0.f);
-        TS_TRY(m_backend.copyFromHost(zeros.data(), m_gradients));
+        TS_ASSIGN(m_gradientsWithTail, Tensor::create(Shape{trainableElems + kGradientTail}, DType::F32, alloc));
+        m_gradients = m_gradientsWithTail.rows(0, trainableElems);
+        std::vector<float> zeros(static_cast<std::size_t>(trainableElems + kGradientTail), 0.f);
+        TS_TRY(m_backend.copyFromHost(zeros.data(), m_gradientsWithTail));
         if (!shared) TS_TRY(m_backend.copyFromHost(zeros.data(), m_trainable));
     }
     if (frozenElems > 0 && shared && shared->m_nonTrainable.defined()) {

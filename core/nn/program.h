@@ -63,6 +63,11 @@ public:
     Tensor trainableArena() const { return m_trainable; }
     Tensor nonTrainableArena() const { return m_nonTrainable; }
     Tensor gradientArena() const { return m_gradients; }
+    // The gradients followed by kGradientTail spare floats, so that one all-reduce over it can
+    // also carry a few per-step sums (multi-worker: the step's loss and accuracy counts) instead
+    // of a second round trip.
+    static constexpr int64_t kGradientTail = 4;
+    Tensor gradientArenaWithTail() const { return m_gradientsWithTail; }
     int64_t trainableCount() const { return m_trainable.defined() ? m_trainable.numel() : 0; }
     bool foldedOutputActivation() const { return m_fold; }
 
@@ -87,6 +92,7 @@ private:
     std::unique_ptr<Impl> m_d;
     std::vector<ParamSlot> m_slots;
     Tensor m_trainable, m_nonTrainable, m_gradients;
+    Tensor m_gradientsWithTail;  // m_gradients is its first trainableCount() elements
     bool m_fold = false;
 };
 
