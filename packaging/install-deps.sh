@@ -11,7 +11,8 @@ core_pkgs=(cmake ninja-build g++ pkg-config ccache
   libpng-dev libjpeg-dev libzip-dev)  # core/data: PNG/JPEG decoding, .npz (zip) archives
 full_pkgs=(qt6-base-dev libqt6sql6-sqlite libqcustomplot-dev xvfb xauth fonts-dejavu-core
   libxkbcommon-dev libgloo-dev libgrpc++-dev libprotobuf-dev protobuf-compiler
-  protobuf-compiler-grpc libssl-dev libpng-dev libjpeg-dev)
+  protobuf-compiler-grpc libssl-dev libpng-dev libjpeg-dev
+  iproute2 util-linux)  # tests: tasks in separate network namespaces (ip, unshare, nsenter)
 
 pkgs=("${core_pkgs[@]}")
 [[ "${1:-}" == "--minimal" ]] || pkgs+=("${full_pkgs[@]}")

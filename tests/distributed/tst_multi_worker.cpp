@@ -107,6 +107,8 @@ private slots:
     void sameWeightsAsOneProcess();
     void killedWorkerIsNamed();
     void restartFromBackupEqualsContinuous();
+    void separateNetworkNamespaces_data();
+    void separateNetworkNamespaces();
     void refusedSetups();
 
 private:
@@ -273,6 +275,64 @@ void TestMultiWorker::restartFromBackupEqualsContinuous()
     // Only the chief wrote a backup; the completed run deleted it.
     QVERIFY(!QFile::exists(chiefBackup + "/backup.safetensors"));
     QVERIFY(QDir(workerBackup).isEmpty());
+}
+
+void TestMultiWorker::separateNetworkNamespaces_data()
+{
+    QTest::addColumn<QString>("mode");
+    QTest::newRow("train over a veth link") << "train";
+    QTest::newRow("link cut mid-run") << "cut";
+}
+
+// The two tasks in their own network namespaces, joined by a veth pair (netns_pair.sh), so the
+// traffic crosses a link with its own addresses. "train": the same weights as one process.
+// "cut": the link goes down mid-run (packets vanish, nobody sends a reset); the chief must name
+// the worker within 10 s. Skipped where unprivileged user namespaces are not allowed.
+void TestMultiWorker::separateNetworkNamespaces()
+{
+    QFETCH(QString, mode);
+    QProcess probe;
+    probe.start("unshare", {"-rn", "sh", "-c", "ip link add ts-probe type veth peer name ts-probe-peer && nsenter --help >/dev/null"});
+    if (!probe.waitForFinished(10000) || probe.exitStatus() != QProcess::NormalExit || probe.exitCode() != 0)
+        QSKIP("no unprivileged user and network namespaces with veth links here (unshare -rn, iproute2)");
+    QTemporaryDir out;
+    QStringList args = {"-rn", "bash", QStringLiteral(TS_FIXTURES_DIR "/../distributed/netns_pair.sh"), mode,
+                        QStringLiteral(TS_CLI_PATH), out.path()};
+    args << trainArgs(mode == "cut" ? 100000 : 20);
+    args.removeAll("--quiet");
+    args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--json";
+    if (mode == "cut") args << "--epochs" << "1000";
+    QProcess p;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("TRAINSTUDIO_TOKEN", kToken);
+    env.insert("OMP_NUM_THREADS", "1");
+    p.setProcessEnvironment(env);
+    p.setProcessChannelMode(QProcess::MergedChannels);
+    p.start("unshare", args);
+    QVERIFY(p.waitForFinished(180000));
+    auto read = [&](const QString& name) {
+        QFile f(out.filePath(name));
+        return f.open(QIODevice::ReadOnly) ? QString::fromUtf8(f.readAll()).trimmed() : QString();
+    };
+    const QString logs = "script: " + QString::fromUtf8(p.readAll()) + "\nchief: " + read("chief.log") + "\nworker: " + read("worker.log");
+    QVERIFY2(p.exitCode() == 0, qPrintable(logs));
+    if (mode == "train") {
+        QVERIFY2(read("chief.rc") == "0" && read("worker.rc") == "0", qPrintable(logs));
+        for (const char* task : {"chief", "worker"}) {
+            const double d = maxDiff(out.filePath(QString(task) + ".safetensors"), m_reference);
+            qInfo("%s over the veth link: max |w - w(one process)| = %g", task, d);
+            QVERIFY2(d <= 1e-5, qPrintable(logs));
+        }
+    } else {
+        QVERIFY2(read("chief.rc") == "1", qPrintable(logs));
+        const double secs = read("chief_end").toDouble() - read("cut_at").toDouble();
+        QString error;
+        for (const QString& line : read("chief.log").split('\n'))
+            if (line.startsWith("error:")) error = line;
+        qInfo("%s (%.1f s after the cut)", qPrintable(error), secs);
+        QVERIFY2(error.contains("worker:0 at 10.77.0.2:23457"), qPrintable(logs));
+        QVERIFY2(secs < 10.0, qPrintable(QString("detected %1 s after the cut").arg(secs)));
+    }
 }
 
 void TestMultiWorker::refusedSetups()
