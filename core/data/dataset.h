@@ -50,6 +50,11 @@ struct InMemoryBatchOptions {
     bool dropRemainder = false;  // drop the last partial batch instead of serving it
     int64_t limit = 0;           // use only examples [0, limit); 0 = all; larger than N = all
     Shape featureShape;          // per-example shape of x in batches, e.g. (28, 28, 1); empty = keep
+    // Serve only shard shardIndex of shardCount of every batch: rows [B * i / n, B * (i + 1) / n)
+    // of the global batch of B (Batch::globalRows, Batch::offset say which). Multi-worker
+    // processes gather just the rows they train on; the order is the same in every shard.
+    int64_t shardIndex = 0;
+    int64_t shardCount = 1;
 };
 
 // Serves an InMemoryDataset. The epoch order is a pure function of (seed, epoch): an

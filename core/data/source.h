@@ -18,7 +18,12 @@ namespace ts {
 struct Batch {
     Tensor x;
     Tensor y;
+    // A sharded source (multi-worker: each process materialises only its share) serves rows
+    // [offset, offset + size()) of a global batch of globalRows; -1: the batch is the whole one.
+    int64_t globalRows = -1;
+    int64_t offset = 0;
     int64_t size() const { return x.defined() ? x.shape()[0] : 0; }
+    int64_t globalSize() const { return globalRows >= 0 ? globalRows : size(); }
 };
 
 class BatchSource {

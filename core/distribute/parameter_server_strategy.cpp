@@ -60,7 +60,12 @@ public:
         using telemetry::PhaseScope;
         using telemetry::StepPart;
         if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
-        auto [b, e] = sliceOf(batch.size());
+        auto [b, e] = sliceOf(batch.globalSize());
+        b -= batch.offset;  // a sharded source served only this worker's rows
+        e -= batch.offset;
+        if (b < 0 || e > batch.size())
+            return makeError(ErrorCode::Internal, "worker " + std::to_string(m_rank) + " got rows [" + std::to_string(batch.offset) +
+                                                      ", " + std::to_string(batch.offset + batch.size()) + ") without its share");
         StepStats stats;
         if (e > b) {
             {

@@ -157,6 +157,21 @@ public:
         return {rows * g / n, rows * (g + 1) / n};
     }
 
+    // A sharded batch must hold exactly this process's rows of the global batch.
+    Status checkShard(const Batch& batch) const
+    {
+        if (batch.globalRows < 0) return okStatus();
+        const int64_t g = batch.globalRows;
+        const int64_t lo = g * m_processRank / m_processCount, hi = g * (m_processRank + 1) / m_processCount;
+        if (batch.offset != lo || batch.size() != hi - lo)
+            return makeError(ErrorCode::Internal, "process " + std::to_string(m_processRank) + " of " + std::to_string(m_processCount) +
+                                                      " got rows [" + std::to_string(batch.offset) + ", " +
+                                                      std::to_string(batch.offset + batch.size()) + ") of a batch of " +
+                                                      std::to_string(g) + "; its share is [" + std::to_string(lo) + ", " +
+                                                      std::to_string(hi) + ")");
+        return okStatus();
+    }
+
     // Multi-worker: the step's statistics summed over the processes, so every process reports
     // the global loss and accuracy (exact for counts below 2^24 per step).
     Status sumAcrossProcesses(StepStats& total)
@@ -206,9 +221,10 @@ public:
     Result<StepStats> trainStep(const Batch& batch, float lr, int64_t step, uint64_t seed) override
     {
         if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
-        const int64_t rows = batch.size();
+        const int64_t rows = batch.globalSize();
         const int n = numReplicas();
         const int global = globalReplicas();
+        TS_TRY(checkShard(batch));
         TS_TRY(runAll([&](int r) -> Status {
             Replica& rep = m_replicas[static_cast<std::size_t>(r)];
             Program& prog = *rep.program;
@@ -228,11 +244,11 @@ public:
                     PhaseScope phase(StepPart::Forward, "forward");
                     // Dropout streams follow the global replica, as in one process with all the replicas.
                     const uint64_t g = static_cast<uint64_t>(m_processRank) * static_cast<uint64_t>(n) + static_cast<uint64_t>(r);
-                    TS_TRY(prog.forward(batch.x.rows(b, e), true, seed + g * 0x9E3779B97F4A7C15ull));
+                    TS_TRY(prog.forward(batch.x.rows(b - batch.offset, e - batch.offset), true, seed + g * 0x9E3779B97F4A7C15ull));
                 }
                 {
                     PhaseScope phase(StepPart::Backward, "backward");
-                    TS_TRY(prog.lossAndBackward(batch.y.rows(b, e), true, rows, &loss, &correct));
+                    TS_TRY(prog.lossAndBackward(batch.y.rows(b - batch.offset, e - batch.offset), true, rows, &loss, &correct));
                 }
                 rep.stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
             } else if (grads.defined()) {
@@ -298,10 +314,13 @@ public:
     Result<StepStats> evalStep(const Batch& batch) override
     {
         if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
-        const int64_t rows = batch.size();
+        const int64_t rows = batch.globalSize();
+        TS_TRY(checkShard(batch));
         TS_TRY(runAll([&](int r) -> Status {
             Replica& rep = m_replicas[static_cast<std::size_t>(r)];
             auto [b, e] = sliceOf(r, rows);
+            b -= batch.offset;
+            e -= batch.offset;
             rep.stats = {};
             if (e == b) return okStatus();
             float loss = 0;

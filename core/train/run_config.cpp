@@ -4,6 +4,7 @@
 #include <filesystem>
 
 #include "common/json_keys.h"
+#include "distribute/communicator.h"
 
 namespace ts {
 
@@ -266,6 +267,14 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
         to.seed = cfg.seed;
         to.limit = cfg.limit;
         to.featureShape = inShape;
+        // Multi-worker and parameter-server processes gather only the rows they train on.
+        const int64_t processes = cfg.strategy.crossProcess ? cfg.strategy.crossProcess->size()
+                                  : cfg.strategy.parameterStore ? cfg.strategy.numWorkers
+                                                                : 1;
+        if (processes > 1 && processes <= cfg.batchSize) {
+            to.shardIndex = cfg.strategy.processRank;
+            to.shardCount = processes;
+        }
         auto trainSrc = InMemoryBatchSource::create(run.data->train, to);
         if (!trainSrc.ok()) {
             Error e = trainSrc.takeError();
@@ -275,6 +284,15 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
         run.train = std::move(trainSrc).value();
         if (cfg.validate) {
             TS_ASSIGN(run.validation, validationSource(run.data->test, cfg, inShape));
+            if (cfg.strategy.crossProcess && processes > 1) {
+                // Validation is summed across the processes too: each evaluates its rows.
+                InMemoryBatchOptions vo = run.validation->options();
+                if (processes <= vo.batchSize) {
+                    vo.shardIndex = cfg.strategy.processRank;
+                    vo.shardCount = processes;
+                    TS_ASSIGN(run.validation, InMemoryBatchSource::create(run.data->test, vo));
+                }
+            }
         }
     }
     if (cfg.strategy.kind == "mirrored" && !cfg.strategy.devices.empty() &&

@@ -368,7 +368,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 se.learningRate = lr;
                 se.stepSeconds = secondsSince(t0);
                 se.inputWaitSeconds = wait;
-                se.batchSize = batch.size();
+                se.batchSize = batch.globalSize();
                 se.staleness = st->staleness;
                 if (bus) {
                     Stamp st{m_config.runId, m_step, wallMicros(stepEndNs), trainerLane()};

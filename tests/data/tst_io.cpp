@@ -203,6 +203,7 @@ private slots:
     void everyExampleOncePerEpoch();
     void noShuffleOrder();
     void rowsStayWithLabels();
+    void shardsTileEveryBatch();
     void heldBatchesNotOverwritten();
     void limitSubset();
     void featureShape();
@@ -660,6 +661,55 @@ void TestIo::everyExampleOncePerEpoch()
     auto labels = labelsOf(epochBatches(*drop, 0));
     QCOMPARE(int(labels.size()), 32);
     QCOMPARE(int(std::set<int32_t>(labels.begin(), labels.end()).size()), 32);
+}
+
+// Multi-worker sharding: shard i of n serves rows [B*i/n, B*(i+1)/n) of every global batch, in
+// the same shuffled order as the unsharded source, so the shards side by side are the batch.
+void TestIo::shardsTileEveryBatch()
+{
+    InMemoryBatchOptions o;
+    o.batchSize = 10;
+    o.seed = 4;
+    const InMemoryDataset ds = rowDataset(37);  // 3 batches of 10 and a last one of 7
+    auto whole = makeSource(ds, o);
+    QVERIFY(whole);
+    const auto full = epochBatches(*whole, 2);
+    QCOMPARE(full.size(), std::size_t(4));
+    for (int n : {2, 3, 4}) {
+        std::vector<std::vector<Batch>> shards;
+        for (int i = 0; i < n; ++i) {
+            InMemoryBatchOptions so = o;
+            so.shardIndex = i;
+            so.shardCount = n;
+            auto src = makeSource(ds, so);
+            QVERIFY(src);
+            QCOMPARE(src->batchesPerEpoch(), whole->batchesPerEpoch());
+            shards.push_back(epochBatches(*src, 2));
+            QCOMPARE(shards.back().size(), full.size());
+        }
+        for (std::size_t b = 0; b < full.size(); ++b) {
+            std::vector<int32_t> joined;
+            for (int i = 0; i < n; ++i) {
+                const Batch& part = shards[static_cast<std::size_t>(i)][b];
+                const int64_t g = full[b].size();
+                QCOMPARE(part.globalRows, g);
+                QCOMPARE(part.offset, g * i / n);
+                QCOMPARE(part.size(), g * (i + 1) / n - g * i / n);
+                for (int64_t r = 0; r < part.size(); ++r) {
+                    joined.push_back(part.y.data<int32_t>()[r]);
+                    QCOMPARE(part.x.data<float>()[r * 3], float(part.y.data<int32_t>()[r]));  // rows stay with labels
+                }
+            }
+            const auto expected = labelsOf({full[b]});
+            QVERIFY2(joined == expected, qPrintable(QString("batch %1 of %2 shards").arg(b).arg(n)));
+        }
+    }
+    InMemoryBatchOptions bad = o;
+    bad.shardIndex = 2;
+    bad.shardCount = 2;
+    auto refused = InMemoryBatchSource::create(ds, bad);
+    QVERIFY(!refused.ok());
+    QVERIFY(refused.error().message.find("shard 2 of 2") != std::string::npos);
 }
 
 void TestIo::noShuffleOrder()
