@@ -530,10 +530,10 @@ struct RunStore::Impl {
         if (wake) queueCv.notify_one();
     }
 
-    // Writer thread: appends what the sources have ready to `out`; returns how many.
+    // Writer thread, sourceMutex held: appends what the sources have ready to `out`; returns
+    // how many.
     std::size_t pullSources(std::vector<Item>& out)
     {
-        std::lock_guard lk(sourceMutex);
         std::size_t n = 0;
         for (auto& [id, drain] : sources) {
             pulled.clear();
@@ -566,7 +566,7 @@ struct RunStore::Impl {
     // change, follows the events published before it).
     void loop()
     {
-        std::vector<Item> batch, queued;
+        std::vector<Item> batch, queued, pulledItems;
         const auto period = std::chrono::milliseconds(options.batchMs);
         auto urgent = [&] { return stopping || queuedTask || queuedEvents >= options.batchEvents; };
         std::unique_lock lk(queueMutex);
@@ -583,13 +583,34 @@ struct RunStore::Impl {
                     queueCv.wait_until(lk, firstQueued + period, urgent);
                 }
             }
-            queued.swap(queue);
-            queuedEvents = 0;
-            queuedTask = false;
-            const bool last = stopping;
             lk.unlock();
-            pullSources(batch);
-            for (Item& it : queued) batch.push_back(std::move(it));
+            bool last = false;
+            {
+                // Under sourceMutex, so that what pullSource() moved to the queue (older than
+                // what the sources hold now) is taken in this batch or entirely in the next.
+                std::lock_guard sl(sourceMutex);
+                {
+                    std::lock_guard ql(queueMutex);
+                    queued.swap(queue);
+                    queuedEvents = 0;
+                    queuedTask = false;
+                    last = stopping;
+                }
+                pullSources(pulledItems);
+            }
+            // The pulled events go before the first queued task (a status change or flush the
+            // owner asked for after publishing them), after the events queued before it.
+            bool placed = false;
+            for (Item& it : queued) {
+                if (!placed && std::holds_alternative<TaskItem>(it)) {
+                    for (Item& p : pulledItems) batch.push_back(std::move(p));
+                    placed = true;
+                }
+                batch.push_back(std::move(it));
+            }
+            if (!placed)
+                for (Item& p : pulledItems) batch.push_back(std::move(p));
+            pulledItems.clear();
             queued.clear();
             if (!batch.empty()) writeBatch(batch);
             batch.clear();
@@ -612,6 +633,17 @@ struct RunStore::Impl {
         }
         queueCv.notify_one();  // out of an idle sleep: there is something to poll now
         return id;
+    }
+
+    // Moves what the source holds to the queue now (any thread): its buffer is nearly full
+    // because the writer is held up (a slow disk, another process's write lock).
+    void pullSource(int id)
+    {
+        std::vector<Event> events;
+        std::lock_guard sl(sourceMutex);
+        for (auto& [sid, drain] : sources)
+            if (sid == id) drain(events);
+        enqueue(std::move(events));
     }
 
     Status removeSource(int id)
@@ -1119,6 +1151,11 @@ int RunStore::addSource(EventSource drain)
 {
     if (!m || m->options.readOnly) return 0;
     return m->addSource(std::move(drain));
+}
+
+void RunStore::pullSource(int id)
+{
+    if (m && id != 0) m->pullSource(id);
 }
 
 Status RunStore::removeSource(int id)

@@ -176,6 +176,10 @@ public:
     // call that adds it has not returned. Returns an id for removeSource().
     using EventSource = std::function<std::size_t(std::vector<telemetry::Event>&)>;
     int addSource(EventSource drain);
+    // Drains the source into the write queue now, from the calling thread: for its owner when
+    // the source's buffer fills because the writer is held up (slow disk, a lock held by
+    // another process), which the queue absorbs (up to maxQueuedEvents).
+    void pullSource(int id);
     // Stops pulling from the source after one last drain, and waits until everything it gave
     // is committed (like flush(), whose status it returns).
     Status removeSource(int id);

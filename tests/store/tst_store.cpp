@@ -161,6 +161,7 @@ private slots:
     void missingCheckpointKeepsHistory();
     void exports();
     void busSink();
+    void busSinkAbsorbsHeldUpWriter();
     void configHashIsCanonical();
     void benchmark();
 
@@ -1187,6 +1188,32 @@ void TestStore::busSink()
     auto stub = store->run("remote-run-1");
     QVERIFY(stub.ok());
     QCOMPARE(stub->name, std::string("remote-run-1"));
+}
+
+void TestStore::busSinkAbsorbsHeldUpWriter()
+{
+    // Another process holds the database's write lock for a while: the writer cannot commit,
+    // so it stops draining the bus; the sink's standby thread moves the backlog into the
+    // store's write queue before the small bus queue overflows.
+    auto store = st::RunStore::open(dbPath());
+    QVERIFY(store.ok());
+    const std::string id = store->createRun({})->id;
+    tl::EventBus bus;
+    st::StoreSinkOptions so;
+    so.capacity = 1024;
+    st::StoreSink sink(bus, *store, so);
+    Raw other(dbPath());
+    QVERIFY(other.exec("BEGIN IMMEDIATE"));
+    int64_t step = 0;
+    for (int chunk = 0; chunk < 25; ++chunk) {
+        for (int i = 0; i < 200; ++i) bus.publish(tl::Event(stepEvent(id, ++step, 1.0)));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    QVERIFY(other.exec("COMMIT"));
+    QVERIFY(sink.stop().ok());
+    QCOMPARE(sink.busDropped(), uint64_t(0));
+    QCOMPARE(sink.forwarded(), uint64_t(5000));
+    QCOMPARE(store->series(id, "loss")->samples, int64_t(5000));
 }
 
 void TestStore::configHashIsCanonical()
