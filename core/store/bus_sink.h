@@ -1,7 +1,11 @@
 #pragma once
-// StoreSink: drains a telemetry bus subscription into a RunStore on its own thread, so the
-// training threads only ever pay for the bus's copy into a queue. The bus drops events for this
-// subscriber if it falls behind (counted); the store batches what arrives into transactions.
+// StoreSink: feeds a telemetry bus subscription into a RunStore. The store's writer thread
+// drains the subscription itself once per batch (RunStore::addSource), so the training threads
+// only ever pay for the bus's copy into a queue and no thread wakes up just to hand events
+// from the bus to the writer. A standby thread moves the subscription's events into the
+// store's (much larger) write queue only when the subscription fills up because the writer is
+// held up (a slow disk, another process's write lock); the bus drops events for this
+// subscriber only if even that falls behind (counted).
 
 #include <atomic>
 #include <memory>
@@ -13,33 +17,33 @@
 namespace ts::store {
 
 struct StoreSinkOptions {
-    std::size_t capacity = 1 << 16;   // bus queue for this subscriber (events)
+    // Bus queue for this subscriber (events): many seconds of the busiest run's telemetry.
+    std::size_t capacity = 1 << 16;
     telemetry::KindMask kinds = telemetry::kAllKinds;
-    int drainMs = 25;                 // how long the sink thread waits for events at most
 };
 
 class StoreSink {
 public:
-    // Subscribes to `bus` as "store" and starts the sink thread. The bus and the store must
-    // outlive the sink.
+    // Subscribes to `bus` as "store" and attaches the subscription to the store's writer. The
+    // bus and the store must outlive the sink.
     StoreSink(telemetry::EventBus& bus, RunStore& store, const StoreSinkOptions& options = {});
     ~StoreSink();  // stop()
     StoreSink(const StoreSink&) = delete;
     StoreSink& operator=(const StoreSink&) = delete;
 
-    // Drains what the bus still holds for us into the store, unsubscribes, stops the thread and
-    // flushes the store. Idempotent; returns the store's write status.
+    // Unsubscribes, hands what the bus still holds for us to the store and flushes it.
+    // Idempotent; returns the store's write status.
     Status stop();
 
     uint64_t busDropped() const { return m_sub ? m_sub->dropped() : 0; }
     uint64_t forwarded() const { return m_forwarded.load(std::memory_order_relaxed); }
 
 private:
-    void loop();
+    void standby();
     telemetry::EventBus* m_bus;
     RunStore* m_store;
-    StoreSinkOptions m_options;
     std::shared_ptr<telemetry::Subscription> m_sub;
+    int m_source = 0;
     std::thread m_thread;
     std::atomic<bool> m_stop{false};
     std::atomic<uint64_t> m_forwarded{0};

@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -20,6 +21,7 @@
 #include "store/process_identity.h"
 #include "store/schema.h"
 #include "store/sqlite_db.h"
+#include "store/step_series.h"
 
 namespace ts::store {
 
@@ -152,41 +154,127 @@ Error readOnlyError(const std::string& path)
                      "open it without the read-only option to change it");
 }
 
+void appendJsonString(std::string& out, std::string_view v)
+{
+    out += '"';
+    for (unsigned char c : v) {
+        switch (c) {
+        case '"': out += "\\\""; break;
+        case '\\': out += "\\\\"; break;
+        case '\n': out += "\\n"; break;
+        case '\r': out += "\\r"; break;
+        case '\t': out += "\\t"; break;
+        default:
+            if (c < 0x20) {
+                char buf[8];
+                std::snprintf(buf, sizeof buf, "\\u%04x", c);
+                out += buf;
+            } else {
+                out += static_cast<char>(c);
+            }
+        }
+    }
+    out += '"';
+}
+
+void appendInt(std::string& out, int64_t v)
+{
+    char buf[24];
+    auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out.append(buf, r.ptr);
+}
+
 // Spans are stored per batch and run as one zlib-compressed JSON document:
 //   {"lanes": [[worker, device, thread], ...],
 //    "spans": [[name, category, lane, startUs, durationUs, step, args|null], ...]}
-std::string encodeSpans(const std::vector<const telemetry::SpanEvent*>& spans, int64_t& t0, int64_t& t1, std::size_t& rawBytes)
-{
-    nlohmann::json lanes = nlohmann::json::array();
-    nlohmann::json rows = nlohmann::json::array();
-    std::vector<telemetry::Lane> seen;
-    t0 = std::numeric_limits<int64_t>::max();
-    t1 = std::numeric_limits<int64_t>::min();
-    for (const telemetry::SpanEvent* s : spans) {
-        std::size_t lane = 0;
-        for (; lane < seen.size(); ++lane)
-            if (seen[lane] == s->stamp.lane) break;
-        if (lane == seen.size()) {
-            seen.push_back(s->stamp.lane);
-            lanes.push_back({s->stamp.lane.worker, s->stamp.lane.device, s->stamp.lane.thread});
-        }
-        nlohmann::json args = nullptr;
-        if (!s->args.empty()) args = s->args;
-        rows.push_back({s->name, s->category, lane, s->startUs, s->durationUs, s->stamp.step, std::move(args)});
-        t0 = std::min(t0, s->startUs);
-        t1 = std::max(t1, s->startUs + s->durationUs);
+// The writer thread encodes every span the run records, so the text is written straight into
+// one reused buffer (no JSON tree) and one deflate stream is reset per chunk rather than set up
+// (a quarter megabyte of tables) each time.
+class SpanEncoder {
+public:
+    ~SpanEncoder()
+    {
+        if (m_ready) deflateEnd(&m_zs);
     }
-    const std::string raw = nlohmann::json{{"lanes", std::move(lanes)}, {"spans", std::move(rows)}}.dump();
-    rawBytes = raw.size();
-    uLongf size = compressBound(static_cast<uLong>(raw.size()));
-    std::string out(size, '\0');
-    // Level 1: spans compress ~10x even so, and the writer thread stays cheap.
-    if (compress2(reinterpret_cast<Bytef*>(out.data()), &size, reinterpret_cast<const Bytef*>(raw.data()),
-                  static_cast<uLong>(raw.size()), 1) != Z_OK)
-        return {};
-    out.resize(size);
-    return out;
-}
+
+    // The compressed chunk (empty on a zlib failure); t0/t1 the time it covers.
+    std::string_view encode(const std::vector<const telemetry::SpanEvent*>& spans, int64_t& t0, int64_t& t1,
+                            std::size_t& rawBytes)
+    {
+        m_lanes.clear();
+        m_rows.clear();
+        t0 = std::numeric_limits<int64_t>::max();
+        t1 = std::numeric_limits<int64_t>::min();
+        for (const telemetry::SpanEvent* s : spans) {
+            std::size_t lane = 0;
+            for (; lane < m_lanes.size(); ++lane)
+                if (*m_lanes[lane] == s->stamp.lane) break;
+            if (lane == m_lanes.size()) m_lanes.push_back(&s->stamp.lane);
+            m_rows += m_rows.empty() ? "[" : ",[";
+            appendJsonString(m_rows, s->name);
+            m_rows += ',';
+            appendJsonString(m_rows, s->category);
+            m_rows += ',';
+            appendInt(m_rows, static_cast<int64_t>(lane));
+            m_rows += ',';
+            appendInt(m_rows, s->startUs);
+            m_rows += ',';
+            appendInt(m_rows, s->durationUs);
+            m_rows += ',';
+            appendInt(m_rows, s->stamp.step);
+            if (s->args.empty()) {
+                m_rows += ",null]";
+            } else {
+                char sep = '{';
+                m_rows += ',';
+                for (const auto& [k, v] : s->args) {
+                    m_rows += sep;
+                    sep = ',';
+                    appendJsonString(m_rows, k);
+                    m_rows += ':';
+                    appendJsonString(m_rows, v);
+                }
+                m_rows += "}]";
+            }
+            t0 = std::min(t0, s->startUs);
+            t1 = std::max(t1, s->startUs + s->durationUs);
+        }
+        m_raw = "{\"lanes\":[";
+        for (std::size_t i = 0; i < m_lanes.size(); ++i) {
+            m_raw += i ? ",[" : "[";
+            appendJsonString(m_raw, m_lanes[i]->worker);
+            m_raw += ',';
+            appendJsonString(m_raw, m_lanes[i]->device);
+            m_raw += ',';
+            appendJsonString(m_raw, m_lanes[i]->thread);
+            m_raw += ']';
+        }
+        m_raw += "],\"spans\":[";
+        m_raw += m_rows;
+        m_raw += "]}";
+        rawBytes = m_raw.size();
+        if (!m_ready) {
+            // Level 1: spans compress ~10x even so, and the writer thread stays cheap.
+            if (deflateInit(&m_zs, 1) != Z_OK) return {};
+            m_ready = true;
+        } else if (deflateReset(&m_zs) != Z_OK) {
+            return {};
+        }
+        m_out.resize(deflateBound(&m_zs, static_cast<uLong>(m_raw.size())));
+        m_zs.next_in = reinterpret_cast<Bytef*>(m_raw.data());
+        m_zs.avail_in = static_cast<uInt>(m_raw.size());
+        m_zs.next_out = reinterpret_cast<Bytef*>(m_out.data());
+        m_zs.avail_out = static_cast<uInt>(m_out.size());
+        if (deflate(&m_zs, Z_FINISH) != Z_STREAM_END) return {};
+        return std::string_view(m_out.data(), m_out.size() - m_zs.avail_out);
+    }
+
+private:
+    z_stream m_zs{};
+    bool m_ready = false;
+    std::vector<const telemetry::Lane*> m_lanes;
+    std::string m_rows, m_raw, m_out;
+};
 
 Status decodeSpans(std::string_view blob, std::size_t rawBytes, const std::string& runId, const std::string& where,
                    std::vector<telemetry::SpanEvent>& out, int64_t t0, int64_t t1)
@@ -268,7 +356,7 @@ RunInfo readRun(const sql::Stmt& s)
 // one number (-1), not the whole run list.
 void readLastStep(const sql::Db& db, int64_t rid, RunInfo& r)
 {
-    auto s = db.prepare("SELECT max(step) FROM step_metrics WHERE run = ? AND name = 'loss'");
+    auto s = db.prepare("SELECT max(step1) FROM step_series WHERE run = ? AND name = 'loss'");
     if (!s.ok()) {
         r.lastStep = -1;
         return;
@@ -304,7 +392,7 @@ Result<int> markInterruptedOn(sql::Db& db, bool ownTransaction)
     }
     TS_ASSIGN(sql::Stmt upd,
               db.prepare("UPDATE runs SET status = 'interrupted', error = ?2, ended_us = coalesce("
-                         "(SELECT wall_us FROM step_metrics WHERE run = ?1 AND name = 'loss' ORDER BY step DESC LIMIT 1), "
+                         "(SELECT last_wall_us FROM step_series WHERE run = ?1 AND name = 'loss' ORDER BY step1 DESC, id DESC LIMIT 1), "
                          "started_us, created_us) WHERE rid = ?1 AND status IN ('created', 'running', 'paused')"));
     for (const Candidate& c : gone) {
         upd.bind(1, c.rid).bind(2, "the process writing it (pid " + std::to_string(c.writer.pid) + " on " + c.writer.host +
@@ -325,6 +413,7 @@ Status migrate(sql::Db& db)
         const int next = static_cast<int>(version) + 1;
         if (next == 1) TS_TRY(db.exec("PRAGMA application_id = " + std::to_string(kApplicationId)));
         Status s = db.exec(migrationSql(next));
+        if (s.ok()) s = migrateData(db, next);
         if (!s.ok()) {
             Error e = s.takeError();
             e.message += " (while upgrading the schema to version " + std::to_string(next) + "; the database was left unchanged)";
@@ -366,6 +455,14 @@ struct RunStore::Impl {
     bool queuedTask = false;
     bool stopping = false;
     bool running = false;
+    bool idle = false;  // the writer sleeps until something is queued (no sources to poll)
+    // Sources the writer pulls from itself (bus subscriptions). sourceMutex is held while one
+    // is drained, so removeSource() never races a pull; sourceCount is read under queueMutex.
+    std::mutex sourceMutex;
+    std::vector<std::pair<int, EventSource>> sources;
+    std::size_t sourceCount = 0;
+    int nextSourceId = 1;
+    std::vector<Event> pulled;
     std::chrono::steady_clock::time_point firstQueued;
     std::atomic<uint64_t> dropped{0};
     std::mutex errorMutex;
@@ -373,7 +470,11 @@ struct RunStore::Impl {
 
     std::unordered_map<std::string, int64_t> ridCache;
     std::map<int64_t, std::vector<const telemetry::SpanEvent*>> pendingSpans;
-    sql::Stmt insStep, insEpoch, insBreakdown, insDevice, insPipeline, insChunk, insFinding, insLog, selRid, insAutoRun;
+    SpanEncoder spanEncoder;
+    // Step metrics of the batch per (run, metric), packed into step_series rows at its end.
+    std::map<std::pair<int64_t, std::string>, std::vector<StepSample>> pendingSteps;
+    std::string stepBlob;
+    sql::Stmt insSeries, insEpoch, insBreakdown, insDevice, insPipeline, insChunk, insFinding, insLog, selRid, insAutoRun;
 
     ~Impl() { stop(); }
 
@@ -422,9 +523,25 @@ struct RunStore::Impl {
             if (queue.empty()) firstQueued = std::chrono::steady_clock::now();
             for (auto& e : events) queue.emplace_back(std::move(e));
             queuedEvents += events.size();
-            wake = queuedEvents >= options.batchEvents || queue.size() == events.size();
+            // A writer that polls sources comes round within batchMs anyway: wake it only early
+            // for a full batch, and from its idle sleep.
+            wake = queuedEvents >= options.batchEvents || (idle && queue.size() == events.size());
         }
         if (wake) queueCv.notify_one();
+    }
+
+    // Writer thread, sourceMutex held: appends what the sources have ready to `out`; returns
+    // how many.
+    std::size_t pullSources(std::vector<Item>& out)
+    {
+        std::size_t n = 0;
+        for (auto& [id, drain] : sources) {
+            pulled.clear();
+            n += drain(pulled);
+            for (Event& e : pulled) out.emplace_back(std::move(e));
+        }
+        pulled.clear();
+        return n;
     }
 
     Status submit(Task fn)
@@ -444,24 +561,112 @@ struct RunStore::Impl {
         return fut.get();
     }
 
+    // One wake-up per batch while events flow: the writer sleeps batchMs, then takes what the
+    // sources and the queue hold (sources first: a task queued meanwhile, such as a status
+    // change, follows the events published before it).
     void loop()
     {
-        std::vector<Item> batch;
+        std::vector<Item> batch, queued, pulledItems;
+        const auto period = std::chrono::milliseconds(options.batchMs);
+        auto urgent = [&] { return stopping || queuedTask || queuedEvents >= options.batchEvents; };
         std::unique_lock lk(queueMutex);
         while (true) {
-            queueCv.wait(lk, [&] { return stopping || !queue.empty(); });
-            if (queue.empty()) break;  // stopping with nothing left
-            const auto deadline = firstQueued + std::chrono::milliseconds(options.batchMs);
-            queueCv.wait_until(lk, deadline,
-                               [&] { return stopping || queuedTask || queuedEvents >= options.batchEvents; });
-            batch.swap(queue);
-            queuedEvents = 0;
-            queuedTask = false;
+            if (!urgent()) {
+                if (sourceCount > 0) {
+                    queueCv.wait_for(lk, period, urgent);
+                } else if (queue.empty()) {
+                    idle = true;
+                    queueCv.wait(lk, [&] { return stopping || !queue.empty() || sourceCount > 0; });
+                    idle = false;
+                    continue;  // decide again: a source to poll, or a batch to let fill
+                } else {
+                    queueCv.wait_until(lk, firstQueued + period, urgent);
+                }
+            }
             lk.unlock();
-            writeBatch(batch);
+            bool last = false;
+            {
+                // Under sourceMutex, so that what pullSource() moved to the queue (older than
+                // what the sources hold now) is taken in this batch or entirely in the next.
+                std::lock_guard sl(sourceMutex);
+                {
+                    std::lock_guard ql(queueMutex);
+                    queued.swap(queue);
+                    queuedEvents = 0;
+                    queuedTask = false;
+                    last = stopping;
+                }
+                pullSources(pulledItems);
+            }
+            // The pulled events go before the first queued task (a status change or flush the
+            // owner asked for after publishing them), after the events queued before it.
+            bool placed = false;
+            for (Item& it : queued) {
+                if (!placed && std::holds_alternative<TaskItem>(it)) {
+                    for (Item& p : pulledItems) batch.push_back(std::move(p));
+                    placed = true;
+                }
+                batch.push_back(std::move(it));
+            }
+            if (!placed)
+                for (Item& p : pulledItems) batch.push_back(std::move(p));
+            pulledItems.clear();
+            queued.clear();
+            if (!batch.empty()) writeBatch(batch);
             batch.clear();
             lk.lock();
+            if (last && queue.empty()) break;  // stopping: the sources were drained once more above
         }
+    }
+
+    int addSource(EventSource drain)
+    {
+        int id = 0;
+        {
+            std::lock_guard sl(sourceMutex);
+            id = nextSourceId++;
+            sources.emplace_back(id, std::move(drain));
+        }
+        {
+            std::lock_guard lk(queueMutex);
+            ++sourceCount;
+        }
+        queueCv.notify_one();  // out of an idle sleep: there is something to poll now
+        return id;
+    }
+
+    // Moves what the source holds to the queue now (any thread): its buffer is nearly full
+    // because the writer is held up (a slow disk, another process's write lock).
+    void pullSource(int id)
+    {
+        std::vector<Event> events;
+        std::lock_guard sl(sourceMutex);
+        for (auto& [sid, drain] : sources)
+            if (sid == id) drain(events);
+        enqueue(std::move(events));
+    }
+
+    Status removeSource(int id)
+    {
+        std::vector<Event> rest;
+        bool found = false;
+        {
+            std::lock_guard sl(sourceMutex);
+            for (auto it = sources.begin(); it != sources.end(); ++it) {
+                if (it->first != id) continue;
+                it->second(rest);  // what arrived since the writer's last pull
+                sources.erase(it);
+                found = true;
+                break;
+            }
+        }
+        if (!found) return okStatus();
+        {
+            std::lock_guard lk(queueMutex);
+            --sourceCount;
+        }
+        enqueue(std::move(rest));
+        return okStatus();
     }
 
     void writeBatch(std::vector<Item>& batch)
@@ -502,6 +707,8 @@ struct RunStore::Impl {
                 results.emplace_back(t.done, std::move(s));
             }
         }
+        Status steps = writeStepSeries();
+        if (!steps.ok()) noteError(steps.takeError());
         Status spans = writeSpanChunks();
         if (!spans.ok()) noteError(spans.takeError());
         Status c = tx->commit();
@@ -518,8 +725,8 @@ struct RunStore::Impl {
 
     Status prepareWriterStatements()
     {
-        TS_ASSIGN(insStep, writer.prepare("INSERT OR REPLACE INTO step_metrics (run, name, step, epoch, value, wall_us) "
-                                          "VALUES (?, ?, ?, ?, ?, ?)"));
+        TS_ASSIGN(insSeries, writer.prepare("INSERT INTO step_series (run, name, step0, step1, samples, last_wall_us, data) "
+                                            "VALUES (?, ?, ?, ?, ?, ?, ?)"));
         TS_ASSIGN(insEpoch, writer.prepare("INSERT OR REPLACE INTO epoch_metrics (run, epoch, name, value, step, wall_us) "
                                            "VALUES (?, ?, ?, ?, ?, ?)"));
         TS_ASSIGN(insBreakdown,
@@ -594,13 +801,16 @@ struct RunStore::Impl {
         TS_ASSIGN(int64_t r, rid(e.stamp.runId, true));
         const int64_t t = stampTime(e.stamp);
         auto one = [&](const std::string& name, double v) {
-            insStep.bind(1, r).bind(2, name).bind(3, e.stamp.step).bind(4, e.epoch).bind(5, v).bind(6, t);
-            return insStep.run();
+            auto key = std::make_pair(r, name);
+            auto it = pendingSteps.find(key);
+            if (it == pendingSteps.end()) it = pendingSteps.emplace(std::move(key), std::vector<StepSample>()).first;
+            it->second.push_back({e.stamp.step, e.epoch, t, v});
         };
-        TS_TRY(one("loss", e.loss));
-        for (const auto& [name, v] : e.metrics) TS_TRY(one(name, v));
-        TS_TRY(one("samples_per_sec", e.samplesPerSec));
-        return one("learning_rate", e.learningRate);
+        one("loss", e.loss);
+        for (const auto& [name, v] : e.metrics) one(name, v);
+        one("samples_per_sec", e.samplesPerSec);
+        one("learning_rate", e.learningRate);
+        return okStatus();
     }
 
     Status write(const telemetry::EpochMetricsEvent& e)
@@ -676,6 +886,26 @@ struct RunStore::Impl {
         return insFinding.run();
     }
 
+    Status writeStepSeries()
+    {
+        Status result;
+        for (auto& [key, samples] : pendingSteps) {
+            sortKeepLast(samples);
+            for (std::size_t i = 0; i < samples.size(); i += kStepBlockSamples) {
+                const std::size_t n = std::min(kStepBlockSamples, samples.size() - i);
+                const StepSample* b = samples.data() + i;
+                stepBlob.clear();
+                encodeStepSamples(b, n, stepBlob);
+                insSeries.bind(1, key.first).bind(2, key.second).bind(3, b[0].step).bind(4, b[n - 1].step)
+                    .bind(5, static_cast<int64_t>(n)).bind(6, b[n - 1].wallUs).bindBlob(7, stepBlob.data(), stepBlob.size());
+                Status st = insSeries.run();
+                if (!st.ok() && result.ok()) result = std::move(st);
+            }
+        }
+        pendingSteps.clear();
+        return result;
+    }
+
     Status writeSpanChunks()
     {
         Status result;
@@ -686,7 +916,7 @@ struct RunStore::Impl {
                                                               spans.begin() + static_cast<std::ptrdiff_t>(std::min(spans.size(), i + 20000)));
                 int64_t t0 = 0, t1 = 0;
                 std::size_t raw = 0;
-                const std::string blob = encodeSpans(part, t0, t1, raw);
+                const std::string_view blob = spanEncoder.encode(part, t0, t1, raw);
                 if (blob.empty()) {
                     dropped += part.size();
                     if (result.ok()) result = makeError(ErrorCode::Internal, "run database '" + path + "': cannot compress spans");
@@ -715,23 +945,32 @@ struct RunStore::Impl {
         return s.int64(0);
     }
 
-    Result<std::pair<int64_t, int64_t>> stepRange(int64_t r, const std::string& metric, int64_t lo, int64_t hi)
+    // One run's samples of `metric` with lo <= step <= hi, in step order (a step recorded twice:
+    // the later value).
+    Result<std::vector<StepSample>> loadSamples(int64_t r, const std::string& runId, const std::string& metric, int64_t lo,
+                                                int64_t hi)
     {
-        TS_ASSIGN(sql::Stmt first, reader.prepare("SELECT step FROM step_metrics WHERE run = ? AND name = ? AND step BETWEEN ? AND ? "
-                                                  "ORDER BY step LIMIT 1"));
-        TS_ASSIGN(sql::Stmt last, reader.prepare("SELECT step FROM step_metrics WHERE run = ? AND name = ? AND step BETWEEN ? AND ? "
-                                                 "ORDER BY step DESC LIMIT 1"));
-        first.bind(1, r).bind(2, metric).bind(3, lo).bind(4, hi);
-        last.bind(1, r).bind(2, metric).bind(3, lo).bind(4, hi);
-        TS_ASSIGN(bool a, first.step());
-        TS_ASSIGN(bool b, last.step());
-        if (!a || !b) return std::pair<int64_t, int64_t>{1, 0};  // empty
-        return std::pair<int64_t, int64_t>{first.int64(0), last.int64(0)};
+        std::vector<StepSample> out;
+        if (hi < lo) return out;
+        // Write order, so that of a re-recorded step the later sample comes last.
+        TS_ASSIGN(sql::Stmt s, reader.prepare("SELECT data FROM step_series WHERE run = ? AND name = ? AND step0 <= ? "
+                                              "AND step1 >= ? ORDER BY id"));
+        s.bind(1, r).bind(2, metric).bind(3, hi).bind(4, lo);
+        while (true) {
+            TS_ASSIGN(bool row, s.step());
+            if (!row) break;
+            if (!decodeStepSamples(s.blob(0), lo, hi, out))
+                return makeError(ErrorCode::ParseError, "run database '" + path + "': the '" + metric + "' series of run " + runId +
+                                                            " is damaged",
+                                 "the run's other history is unaffected");
+        }
+        sortKeepLast(out);
+        return out;
     }
 
-    // One run's series over [step0, step1] (already resolved).
-    Result<Series> loadSeries(int64_t r, const std::string& runId, const std::string& metric, int64_t step0, int64_t step1,
-                              int buckets)
+    // A Series over [step0, step1] from samples in step order (those outside are left out).
+    static Series makeSeries(const std::string& runId, const std::string& metric, int64_t step0, int64_t step1, int buckets,
+                             const std::vector<StepSample>& samples)
     {
         Series out;
         out.runId = runId;
@@ -739,28 +978,20 @@ struct RunStore::Impl {
         out.step0 = step0;
         out.step1 = step1;
         if (step1 < step0) return out;
-        TS_ASSIGN(sql::Stmt s, reader.prepare("SELECT step, value FROM step_metrics WHERE run = ? AND name = ? "
-                                              "AND step BETWEEN ? AND ? ORDER BY step"));
-        s.bind(1, r).bind(2, metric).bind(3, step0).bind(4, step1);
+        auto first = std::lower_bound(samples.begin(), samples.end(), step0,
+                                      [](const StepSample& a, int64_t step) { return a.step < step; });
+        auto last = std::upper_bound(first, samples.end(), step1, [](int64_t step, const StepSample& a) { return step < a.step; });
+        const auto rows = static_cast<int64_t>(last - first);
         if (buckets > 0) {
             M4Downsampler m4(step0, step1, buckets);
-            int64_t rows = 0;
-            while (true) {
-                TS_ASSIGN(bool row, s.step());
-                if (!row) break;
-                m4.add(s.int64(0), s.real(1));
-                ++rows;
-            }
+            for (auto it = first; it != last; ++it) m4.add(it->step, it->value);
             out.points = m4.points();
             out.samples = rows;
             out.downsampled = static_cast<int64_t>(out.points.size()) < rows;
         } else {
-            while (true) {
-                TS_ASSIGN(bool row, s.step());
-                if (!row) break;
-                out.points.push_back({s.int64(0), s.real(1)});
-            }
-            out.samples = static_cast<int64_t>(out.points.size());
+            out.points.reserve(static_cast<std::size_t>(rows));
+            for (auto it = first; it != last; ++it) out.points.push_back({it->step, it->value});
+            out.samples = rows;
         }
         return out;
     }
@@ -898,7 +1129,7 @@ Status RunStore::close()
         std::lock_guard lk(m->queueMutex);
         m->running = false;
     }
-    for (sql::Stmt* st : {&m->insStep, &m->insEpoch, &m->insBreakdown, &m->insDevice, &m->insPipeline, &m->insChunk,
+    for (sql::Stmt* st : {&m->insSeries, &m->insEpoch, &m->insBreakdown, &m->insDevice, &m->insPipeline, &m->insChunk,
                           &m->insFinding, &m->insLog, &m->selRid, &m->insAutoRun})
         *st = sql::Stmt();
     m->writer.close();
@@ -915,6 +1146,24 @@ void RunStore::record(Event event)
 }
 
 void RunStore::recordEvents(std::vector<Event> events) { m->enqueue(std::move(events)); }
+
+int RunStore::addSource(EventSource drain)
+{
+    if (!m || m->options.readOnly) return 0;
+    return m->addSource(std::move(drain));
+}
+
+void RunStore::pullSource(int id)
+{
+    if (m && id != 0) m->pullSource(id);
+}
+
+Status RunStore::removeSource(int id)
+{
+    if (!m || id == 0) return okStatus();
+    TS_TRY(m->removeSource(id));
+    return flush();
+}
 
 Result<RunInfo> RunStore::createRun(const NewRun& spec)
 {
@@ -1115,7 +1364,7 @@ Result<DeleteReport> RunStore::deleteRun(const std::string& runId, bool removeFi
                 owned.push_back({s.text(0), s.text(1)});
             }
         }
-        for (const char* table : {"step_metrics", "epoch_metrics", "checkpoints", "run_tags", "step_breakdowns", "device_samples",
+        for (const char* table : {"step_metrics", "step_series", "epoch_metrics", "checkpoints", "run_tags", "step_breakdowns", "device_samples",
                                   "pipeline_samples", "trace_chunks", "findings", "run_logs", "run_files"}) {
             TS_ASSIGN(sql::Stmt s, d->writer.prepare(std::string("DELETE FROM ") + table + " WHERE run = ?"));
             s.bind(1, r);
@@ -1303,8 +1552,8 @@ Result<std::vector<std::string>> RunStore::metricNames(const std::string& runId)
     // A skip scan over the (run, name, step) key: one index seek per name, not a pass over
     // every sample.
     TS_ASSIGN(sql::Stmt s, m->reader.prepare(
-                               "WITH RECURSIVE n(name) AS (SELECT min(name) FROM step_metrics WHERE run = ?1 "
-                               "UNION ALL SELECT (SELECT min(name) FROM step_metrics WHERE run = ?1 AND name > n.name) "
+                               "WITH RECURSIVE n(name) AS (SELECT min(name) FROM step_series WHERE run = ?1 "
+                               "UNION ALL SELECT (SELECT min(name) FROM step_series WHERE run = ?1 AND name > n.name) "
                                "FROM n WHERE n.name IS NOT NULL) SELECT name FROM n WHERE name IS NOT NULL"));
     s.bind(1, r);
     std::vector<std::string> out;
@@ -1320,36 +1569,37 @@ Result<Series> RunStore::series(const std::string& runId, const std::string& met
 {
     std::lock_guard lk(m->readMutex);
     TS_ASSIGN(int64_t r, m->readRid(runId));
+    TS_ASSIGN(std::vector<StepSample> samples, m->loadSamples(r, runId, metric, q.step0, q.step1));
     int64_t step0 = q.step0, step1 = q.step1;
-    if (step0 == std::numeric_limits<int64_t>::min() || step1 == std::numeric_limits<int64_t>::max()) {
-        TS_ASSIGN(auto range, m->stepRange(r, metric, step0, step1));
-        if (range.first > range.second) {
+    const bool open0 = step0 == std::numeric_limits<int64_t>::min(), open1 = step1 == std::numeric_limits<int64_t>::max();
+    if (open0 || open1) {
+        if (samples.empty()) {
             Series empty;
             empty.runId = runId;
             empty.metric = metric;
-            empty.step0 = step0 == std::numeric_limits<int64_t>::min() ? 0 : step0;
-            empty.step1 = step1 == std::numeric_limits<int64_t>::max() ? 0 : step1;
+            empty.step0 = open0 ? 0 : step0;
+            empty.step1 = open1 ? 0 : step1;
             return empty;
         }
-        if (step0 == std::numeric_limits<int64_t>::min()) step0 = range.first;
-        if (step1 == std::numeric_limits<int64_t>::max()) step1 = range.second;
+        if (open0) step0 = samples.front().step;
+        if (open1) step1 = samples.back().step;
     }
-    return m->loadSeries(r, runId, metric, step0, step1, q.buckets);
+    return Impl::makeSeries(runId, metric, step0, step1, q.buckets, samples);
 }
 
 Result<std::vector<Series>> RunStore::compare(const std::vector<std::string>& runIds, const std::string& metric, const SeriesQuery& q)
 {
     std::lock_guard lk(m->readMutex);
-    std::vector<int64_t> rids;
+    std::vector<std::vector<StepSample>> samples;
     int64_t lo = std::numeric_limits<int64_t>::max(), hi = std::numeric_limits<int64_t>::min();
     for (const auto& id : runIds) {
         TS_ASSIGN(int64_t r, m->readRid(id));
-        rids.push_back(r);
-        TS_ASSIGN(auto range, m->stepRange(r, metric, q.step0, q.step1));
-        if (range.first <= range.second) {
-            lo = std::min(lo, range.first);
-            hi = std::max(hi, range.second);
+        TS_ASSIGN(std::vector<StepSample> s, m->loadSamples(r, id, metric, q.step0, q.step1));
+        if (!s.empty()) {
+            lo = std::min(lo, s.front().step);
+            hi = std::max(hi, s.back().step);
         }
+        samples.push_back(std::move(s));
     }
     int64_t step0 = q.step0 == std::numeric_limits<int64_t>::min() ? lo : q.step0;
     int64_t step1 = q.step1 == std::numeric_limits<int64_t>::max() ? hi : q.step1;
@@ -1358,10 +1608,7 @@ Result<std::vector<Series>> RunStore::compare(const std::vector<std::string>& ru
         if (q.step1 == std::numeric_limits<int64_t>::max()) step1 = -1;
     }
     std::vector<Series> out;
-    for (std::size_t i = 0; i < rids.size(); ++i) {
-        TS_ASSIGN(Series s, m->loadSeries(rids[i], runIds[i], metric, step0, step1, q.buckets));
-        out.push_back(std::move(s));
-    }
+    for (std::size_t i = 0; i < runIds.size(); ++i) out.push_back(Impl::makeSeries(runIds[i], metric, step0, step1, q.buckets, samples[i]));
     return out;
 }
 
@@ -1390,7 +1637,7 @@ Result<RunCounts> RunStore::counts(const std::string& runId)
     std::lock_guard lk(m->readMutex);
     TS_ASSIGN(int64_t r, m->readRid(runId));
     TS_ASSIGN(sql::Stmt s, m->reader.prepare(
-                               "SELECT (SELECT count(*) FROM step_metrics WHERE run = ?1 AND name = 'loss'), "
+                               "SELECT (SELECT coalesce(sum(samples), 0) FROM step_series WHERE run = ?1 AND name = 'loss'), "
                                "(SELECT count(DISTINCT epoch) FROM epoch_metrics WHERE run = ?1), "
                                "(SELECT count(*) FROM step_breakdowns WHERE run = ?1), "
                                "(SELECT count(*) FROM device_samples WHERE run = ?1), "
@@ -1424,34 +1671,69 @@ Status RunStore::forEachStep(const std::string& runId,
     std::lock_guard lk(m->readMutex);
     TS_ASSIGN(std::vector<std::string> names, metricNames(runId));
     TS_ASSIGN(int64_t r, m->readRid(runId));
-    // One cursor per metric, each in step order, merged: streams any number of steps.
+    // One cursor per metric, each in step order, merged: streams any number of steps, one
+    // decoded row of samples per metric at a time.
     struct Cursor {
         std::string name;
-        sql::Stmt stmt;
+        sql::Stmt stmt;  // rows in step order; none when `samples` holds the whole series
+        std::vector<StepSample> samples;
+        std::size_t pos = 0;
         bool live = false;
+        bool streaming = false;  // stmt has rows left to decode
+        const StepSample& at() const { return samples[pos]; }
+    };
+    auto refill = [&](Cursor& c) -> Status {
+        c.pos = 0;
+        c.samples.clear();
+        while (c.samples.empty()) {
+            TS_ASSIGN(bool row, c.stmt.step());
+            if (!row) break;
+            if (!decodeStepSamples(c.stmt.blob(0), std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max(),
+                                   c.samples))
+                return makeError(ErrorCode::ParseError, "run database '" + m->path + "': the '" + c.name + "' series of run " +
+                                                            runId + " is damaged");
+        }
+        c.live = !c.samples.empty();
+        return okStatus();
     };
     std::vector<Cursor> cursors;
     for (const auto& n : names) {
-        TS_ASSIGN(sql::Stmt s, m->reader.prepare("SELECT step, epoch, wall_us, value FROM step_metrics WHERE run = ? AND name = ? ORDER BY step"));
-        s.bind(1, r).bind(2, n);
-        Cursor c{n, std::move(s), false};
-        TS_ASSIGN(c.live, c.stmt.step());
+        Cursor c{n, sql::Stmt(), {}, 0, false, false};
+        // Rows whose step ranges overlap (a step recorded twice, in two batches) need the whole
+        // series merged; otherwise their rows in step order are the samples in step order.
+        TS_ASSIGN(sql::Stmt overlap, m->reader.prepare(
+                                         "SELECT count(*) FROM (SELECT step0, lag(step1) OVER (ORDER BY step0, id) AS prev "
+                                         "FROM step_series WHERE run = ?1 AND name = ?2) WHERE step0 <= prev"));
+        overlap.bind(1, r).bind(2, n);
+        TS_ASSIGN(bool any, overlap.step());
+        if (any && overlap.int64(0) > 0) {
+            TS_ASSIGN(c.samples, m->loadSamples(r, runId, n, std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
+            c.live = !c.samples.empty();
+        } else {
+            TS_ASSIGN(c.stmt, m->reader.prepare("SELECT data FROM step_series WHERE run = ? AND name = ? ORDER BY step0"));
+            c.stmt.bind(1, r).bind(2, n);
+            c.streaming = true;
+            TS_TRY(refill(c));
+        }
         cursors.push_back(std::move(c));
     }
     std::map<std::string, double> row;
     while (true) {
         int64_t step = std::numeric_limits<int64_t>::max();
         for (const Cursor& c : cursors)
-            if (c.live) step = std::min(step, c.stmt.int64(0));
+            if (c.live) step = std::min(step, c.at().step);
         if (step == std::numeric_limits<int64_t>::max()) break;
         row.clear();
         int64_t epoch = 0, wall = 0;
         for (Cursor& c : cursors) {
-            if (!c.live || c.stmt.int64(0) != step) continue;
-            epoch = std::max(epoch, c.stmt.int64(1));
-            wall = std::max(wall, c.stmt.int64(2));
-            row[c.name] = c.stmt.real(3);
-            TS_ASSIGN(c.live, c.stmt.step());
+            if (!c.live || c.at().step != step) continue;
+            epoch = std::max(epoch, c.at().epoch);
+            wall = std::max(wall, c.at().wallUs);
+            row[c.name] = c.at().value;
+            if (++c.pos == c.samples.size()) {
+                if (c.streaming) TS_TRY(refill(c));
+                else c.live = false;
+            }
         }
         fn(step, epoch, wall, row);
     }

@@ -48,7 +48,11 @@ bool isTerminal(RunState s);
 struct OpenOptions {
     bool readOnly = false;     // no writer thread, no migrations; queries only
     bool create = true;        // create the file (and its folder) when missing (read-write only)
-    int batchMs = 50;          // longest time an event waits before its batch is committed
+    // Longest time an event waits before its batch is committed. Each commit rewrites the
+    // partly filled pages it touches and wakes the writer (a context switch onto the cores
+    // training uses), so a few commits a second cost far less than twenty; nothing live reads
+    // the store (dashboards read the bus) and flush() still commits at once.
+    int batchMs = 250;
     std::size_t batchEvents = 4096;    // commit sooner when this many events are waiting
     std::size_t maxQueuedEvents = 4'000'000;  // beyond this, events are dropped (and counted)
 };
@@ -166,6 +170,19 @@ public:
     // database does not know create a minimal run entry (named after its id).
     void record(telemetry::Event event);
     void recordEvents(std::vector<telemetry::Event> events);
+    // A source the writer thread pulls from itself at every batch (a bus subscription), so no
+    // thread of the caller's has to wake up to hand events over. `drain` appends what is ready
+    // to its argument and returns how many; it runs on the writer thread, also while the
+    // call that adds it has not returned. Returns an id for removeSource().
+    using EventSource = std::function<std::size_t(std::vector<telemetry::Event>&)>;
+    int addSource(EventSource drain);
+    // Drains the source into the write queue now, from the calling thread: for its owner when
+    // the source's buffer fills because the writer is held up (slow disk, a lock held by
+    // another process), which the queue absorbs (up to maxQueuedEvents).
+    void pullSource(int id);
+    // Stops pulling from the source after one last drain, and waits until everything it gave
+    // is committed (like flush(), whose status it returns).
+    Status removeSource(int id);
     // Waits until everything queued before the call is committed. Returns the first write
     // error since the previous flush, if any.
     Status flush();

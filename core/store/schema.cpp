@@ -1,6 +1,10 @@
 #include "store/schema.h"
 
 #include <array>
+#include <vector>
+
+#include "store/sqlite_db.h"
+#include "store/step_series.h"
 
 namespace ts::store {
 
@@ -173,7 +177,59 @@ CREATE INDEX run_files_by_run ON run_files(run);
 CREATE INDEX run_files_by_path ON run_files(path);
 )SQL";
 
-const std::array<const std::string*, 2> kMigrations = {&kV1, &kV2};
+// Step metrics packed, one row per run, metric and batch of up to kStepBlockSamples steps
+// (step_series.h). step1 and last_wall_us answer "the run's last step, and when" from one index
+// entry; samples counts without decoding.
+const std::string kV3 = R"SQL(
+CREATE TABLE step_series (
+  id            INTEGER PRIMARY KEY,
+  run           INTEGER NOT NULL,
+  name          TEXT NOT NULL,
+  step0         INTEGER NOT NULL,
+  step1         INTEGER NOT NULL,
+  samples       INTEGER NOT NULL,
+  last_wall_us  INTEGER NOT NULL,
+  data          BLOB NOT NULL
+);
+CREATE INDEX step_series_by_start ON step_series(run, name, step0);
+CREATE INDEX step_series_by_end ON step_series(run, name, step1);
+)SQL";
+
+const std::array<const std::string*, 3> kMigrations = {&kV1, &kV2, &kV3};
+
+Status packStepMetrics(sql::Db& db)
+{
+    TS_ASSIGN(sql::Stmt rows, db.prepare("SELECT run, name, step, epoch, value, wall_us FROM step_metrics ORDER BY run, name, step"));
+    TS_ASSIGN(sql::Stmt ins, db.prepare("INSERT INTO step_series (run, name, step0, step1, samples, last_wall_us, data) "
+                                        "VALUES (?, ?, ?, ?, ?, ?, ?)"));
+    int64_t run = 0;
+    std::string name;
+    std::vector<StepSample> block;
+    std::string blob;
+    auto write = [&]() -> Status {
+        if (block.empty()) return okStatus();
+        blob.clear();
+        encodeStepSamples(block.data(), block.size(), blob);
+        ins.bind(1, run).bind(2, name).bind(3, block.front().step).bind(4, block.back().step)
+            .bind(5, static_cast<int64_t>(block.size())).bind(6, block.back().wallUs).bindBlob(7, blob.data(), blob.size());
+        block.clear();
+        return ins.run();
+    };
+    while (true) {
+        TS_ASSIGN(bool row, rows.step());
+        if (!row) break;
+        const int64_t r = rows.int64(0);
+        std::string n = rows.text(1);
+        if (r != run || n != name || block.size() >= kStepBlockSamples) {
+            TS_TRY(write());
+            run = r;
+            name = std::move(n);
+        }
+        block.push_back({rows.int64(2), rows.int64(3), rows.int64(5), rows.real(4)});
+    }
+    TS_TRY(write());
+    return db.exec("DELETE FROM step_metrics");
+}
 
 } // namespace
 
@@ -184,6 +240,12 @@ const std::string& migrationSql(int version)
     static const std::string empty;
     if (version < 1 || version > schemaVersion()) return empty;
     return *kMigrations[static_cast<std::size_t>(version - 1)];
+}
+
+Status migrateData(sql::Db& db, int version)
+{
+    if (version == 3) return packStepMetrics(db);
+    return okStatus();
 }
 
 } // namespace ts::store

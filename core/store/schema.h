@@ -11,11 +11,20 @@
 //   2  run tags, model name column (back-filled from the model snapshot), writer identity for
 //      crash detection, step breakdowns, device and pipeline samples, trace chunks, advisor
 //      findings, log lines, other run files
+//   3  step metrics packed: step_series holds one row per run, metric and batch of steps (see
+//      step_series.h); the step_metrics rows move there (the table stays, empty, so an older
+//      build still opens a newer database read-only; it shows its runs without step metrics)
 
 #include <cstdint>
 #include <string>
 
+#include "common/result.h"
+
 namespace ts::store {
+
+namespace sql {
+class Db;
+}
 
 // PRAGMA application_id of a TrainStudio run database ("TSRD"), so that another program's SQLite
 // file is refused instead of being migrated.
@@ -27,5 +36,9 @@ int schemaVersion();
 // The SQL of migration `version` (1..schemaVersion()), without the transaction and the
 // user_version bump. Tests use it to build a database of an older version.
 const std::string& migrationSql(int version);
+
+// What migration `version` does after its SQL, in the same transaction, where SQL alone cannot
+// (schema 3 encodes the step metrics into blobs). Nothing for the other versions.
+Status migrateData(sql::Db& db, int version);
 
 } // namespace ts::store

@@ -15,7 +15,7 @@ AdvisorSink::AdvisorSink(EventBus& bus, std::string runId, int replicas, std::si
     so.name = "advisor";
     so.capacity = 1 << 14;
     so.kinds = kindMask<StepBreakdownEvent, PipelineSampleEvent, DeviceSampleEvent, EpochMetricsEvent>();
-    so.wakeThreshold = so.capacity / 8;  // drained every 50 ms; findings are per epoch anyway
+    so.wakeThreshold = so.capacity / 8;  // drained every 250 ms; findings are per epoch anyway
     m_sub = bus.subscribe(so);
     m_thread = std::thread([this] {
         becomeBackgroundThread("ts-advisor");
@@ -29,7 +29,7 @@ void AdvisorSink::loop()
 {
     std::vector<Event> batch;
     while (!m_stop.load(std::memory_order_acquire)) {
-        if (!m_sub->wait(std::chrono::milliseconds(50))) continue;
+        if (!m_sub->wait(std::chrono::milliseconds(250))) continue;
         batch.clear();
         m_sub->drain(batch);
         take(batch);

@@ -12,7 +12,7 @@ Result<std::unique_ptr<TraceFileSink>> TraceFileSink::create(EventBus& bus, cons
     o.name = "trace file";
     o.capacity = capacity;
     o.kinds = kindMask<SpanEvent, DeviceSampleEvent, StepMetricsEvent, RunStateEvent, ErrorEvent>();
-    o.wakeThreshold = capacity / 8;  // drained every 50 ms, not woken per span
+    o.wakeThreshold = capacity / 8;  // drained every kDrainMs, not woken per span
     s->m_sub = bus.subscribe(o);
     s->m_thread = std::thread([p = s.get()] {
         becomeBackgroundThread("ts-trace-file");
@@ -34,11 +34,14 @@ void TraceFileSink::setMetadata(const std::string& key, const std::string& value
 
 void TraceFileSink::loop()
 {
+    // The file is written at finish(): draining only keeps the bus queue short, so a few
+    // wake-ups a second do (each one is a context switch onto the cores training uses).
+    constexpr auto kDrainMs = std::chrono::milliseconds(250);
     std::vector<Event> batch;
     while (!m_stop.load(std::memory_order_acquire)) {
-        if (!m_sub->wait(std::chrono::milliseconds(50))) continue;
+        if (!m_sub->wait(kDrainMs)) continue;
         batch.clear();
-        m_sub->drain(batch, 4096);
+        m_sub->drain(batch);
         std::lock_guard lock(m_writerMutex);
         for (const Event& e : batch) {
             if (std::holds_alternative<SpanEvent>(e)) m_spans.fetch_add(1, std::memory_order_relaxed);

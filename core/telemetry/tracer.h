@@ -145,7 +145,9 @@ private:
 // calling thread and publishes everything left.
 class TraceCollector {
 public:
-    TraceCollector(EventBus& bus, std::string runId, std::chrono::milliseconds interval = std::chrono::milliseconds(100));
+    // Every interval it wakes (a context switch onto the cores training uses) and publishes
+    // what the threads handed over; a quarter second keeps live timelines current enough.
+    TraceCollector(EventBus& bus, std::string runId, std::chrono::milliseconds interval = std::chrono::milliseconds(250));
     ~TraceCollector();
     TraceCollector(const TraceCollector&) = delete;
     TraceCollector& operator=(const TraceCollector&) = delete;

@@ -148,6 +148,8 @@ private slots:
     void listFilters();
     void resolveAndEdit();
     void migratesVersion1Fixture();
+    void migratesVersion2Fixture();
+    void rerecordedStepsKeepTheLastValue();
     void refusesNewerSchema();
     void damagedFiles();
     void crashLeavesConsistentDatabase();
@@ -159,6 +161,7 @@ private slots:
     void missingCheckpointKeepsHistory();
     void exports();
     void busSink();
+    void busSinkAbsorbsHeldUpWriter();
     void configHashIsCanonical();
     void benchmark();
 
@@ -508,6 +511,151 @@ void TestStore::migratesVersion1Fixture()
     ts::Status v = store->verifyCheckpoint(cps->at(0));
     QVERIFY(!v.ok());
     QVERIFY(QString::fromStdString(v.error().message).contains("/nonexistent/trainstudio-v1/final.safetensors"));
+}
+
+void TestStore::migratesVersion2Fixture()
+{
+    const std::string fixture = readAll(TS_FIXTURES_DIR "/store/v2_runs.sql");
+    QVERIFY(!fixture.empty());
+    // Every step metric row of the fixture, as SQL reads it before the upgrade.
+    QStringList rows;
+    {
+        Raw raw(dbPath());
+        QVERIFY(raw.exec(fixture));
+        QCOMPARE(raw.text("PRAGMA user_version"), QString("2"));
+        // Migrations 1 and 2 as shipped must still produce exactly the fixture's schema.
+        const std::string fresh = m_dir->filePath("fresh.db").toStdString();
+        Raw v2(fresh);
+        QVERIFY(v2.exec(st::migrationSql(1)));
+        QVERIFY(v2.exec(st::migrationSql(2)));
+        const char* q = "SELECT type, name, tbl_name, sql FROM sqlite_schema ORDER BY name";
+        QCOMPARE(v2.column(q), raw.column(q));
+        rows = raw.column("SELECT r.id, m.name, m.step, m.epoch, m.wall_us, "
+                          "CASE WHEN m.value IS NULL THEN 'nan' ELSE printf('%.17g', m.value) END "
+                          "FROM step_metrics m JOIN runs r ON r.rid = m.run ORDER BY r.id, m.name, m.step");
+    }
+    QCOMPARE(rows.size(), 24 + 5);
+    auto store = st::RunStore::open(dbPath());
+    QVERIFY2(store.ok(), store.ok() ? "" : store.error().toString().c_str());
+    QCOMPARE(store->fileSchemaVersion(), 2);
+    {
+        Raw raw(dbPath());
+        QCOMPARE(raw.text("PRAGMA user_version").toInt(), st::schemaVersion());
+        QCOMPARE(raw.text("SELECT count(*) FROM step_metrics"), QString("0"));  // moved, not copied
+        QCOMPARE(raw.text("SELECT count(*) FROM step_series"), QString("6"));  // one row per run and metric
+    }
+    // The packed series answer exactly what the rows held.
+    std::map<std::string, std::map<std::string, std::vector<QStringList>>> byRun;  // run -> metric -> rows
+    for (const QString& r : rows) {
+        const QStringList f = r.split('|');
+        byRun[f[0].toStdString()][f[1].toStdString()].push_back(f);
+    }
+    for (const auto& [id, metrics] : byRun) {
+        auto names = store->metricNames(id);
+        QVERIFY(names.ok());
+        QCOMPARE(names->size(), metrics.size());
+        for (const auto& [name, expected] : metrics) {
+            auto s = store->series(id, name);
+            QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
+            QCOMPARE(s->points.size(), expected.size());
+            QCOMPARE(s->samples, int64_t(expected.size()));
+            QCOMPARE(s->step0, expected.front()[2].toLongLong());
+            QCOMPARE(s->step1, expected.back()[2].toLongLong());
+            for (std::size_t i = 0; i < expected.size(); ++i) {
+                QCOMPARE(s->points[i].step, expected[i][2].toLongLong());
+                const double v = s->points[i].value;
+                if (expected[i][5] == "nan") QVERIFY(std::isnan(v));
+                else QCOMPARE(v, expected[i][5].toDouble());
+            }
+        }
+        // forEachStep: every step once, with every metric recorded at it, its epoch and time.
+        std::size_t seen = 0;
+        QVERIFY(store->forEachStep(id, [&](int64_t step, int64_t epoch, int64_t wall, const std::map<std::string, double>& m) {
+            for (const auto& [name, expected] : metrics)
+                for (const QStringList& e : expected)
+                    if (e[2].toLongLong() == step) {
+                        ++seen;
+                        QVERIFY(m.count(name));
+                        QCOMPARE(epoch, e[3].toLongLong());
+                        QCOMPARE(wall, e[4].toLongLong());
+                    }
+        }).ok());
+        std::size_t total = 0;
+        for (const auto& [name, expected] : metrics) total += expected.size();
+        QCOMPARE(seen, total);
+    }
+    const std::string recorded = "95473d80-6b9c-49e4-b817-241bdd830afd";
+    auto run = store->run(recorded);
+    QVERIFY(run.ok());
+    QCOMPARE(run->name, std::string("v2 baseline"));
+    QCOMPARE(run->lastStep, int64_t(6));
+    QCOMPARE(run->tags, std::vector<std::string>{"fixture"});
+    auto counts = store->counts(recorded);
+    QVERIFY(counts.ok());
+    QCOMPARE(counts->steps, int64_t(6));
+    QCOMPARE(counts->breakdowns, int64_t(6));
+    QCOMPARE(counts->spans, int64_t(34));
+    QCOMPARE(store->spans(recorded)->size(), std::size_t(34));
+    QCOMPARE(store->epochMetrics(recorded)->size(), std::size_t(2));
+    QCOMPARE(store->findings(recorded)->size(), std::size_t(2));
+    // A zoom into the middle of the packed rows.
+    st::SeriesQuery zoom;
+    zoom.step0 = 2;
+    zoom.step1 = 4;
+    auto z = store->series(recorded, "loss", zoom);
+    QVERIFY(z.ok());
+    QCOMPARE(z->points.size(), std::size_t(3));
+    QCOMPARE(z->points.front().step, int64_t(2));
+    // The hand-made run: rows inserted out of order come back in step order, NaN kept.
+    auto nan = store->run("0b5e7a3c-2f4d-4e6a-9b1c-3d5e7f9a1b2c");
+    QVERIFY(nan.ok());
+    QCOMPARE(nan->lastStep, int64_t(3));
+    auto loss = store->series(nan->id, "loss");
+    QVERIFY(loss.ok() && loss->points.size() == 3);
+    QCOMPARE(loss->points[1].value, 9.5);
+    QVERIFY(std::isnan(loss->points[2].value));
+    // The upgraded database takes new steps for the old runs.
+    store->record(stepEvent(nan->id, 4, 0.5));
+    QVERIFY(store->flush().ok());
+    QCOMPARE(store->run(nan->id)->lastStep, int64_t(4));
+    QCOMPARE(store->series(nan->id, "loss")->points.size(), std::size_t(4));
+    QCOMPARE(store->integrityCheck()->at(0), std::string("ok"));
+}
+
+void TestStore::rerecordedStepsKeepTheLastValue()
+{
+    // A step recorded again in a later batch (a resumed run re-running its last steps) replaces
+    // the earlier value in every query, as one row per step used to.
+    auto store = st::RunStore::open(dbPath());
+    QVERIFY(store.ok());
+    const std::string id = store->createRun({})->id;
+    for (int64_t s = 1; s <= 10; ++s) store->record(stepEvent(id, s, 1.0));
+    QVERIFY(store->flush().ok());
+    for (int64_t s = 8; s <= 12; ++s) store->record(stepEvent(id, s, 2.0));
+    QVERIFY(store->flush().ok());
+    store->record(stepEvent(id, 5, 3.0));
+    store->record(stepEvent(id, 5, 4.0));  // twice in one batch: the later one
+    QVERIFY(store->flush().ok());
+    auto s = store->series(id, "loss");
+    QVERIFY(s.ok());
+    QCOMPARE(s->points.size(), std::size_t(12));
+    for (const auto& p : s->points)
+        QCOMPARE(p.value, p.step == 5 ? 4.0 : p.step >= 8 ? 2.0 : 1.0);
+    QCOMPARE(store->run(id)->lastStep, int64_t(12));
+    std::vector<std::pair<int64_t, double>> steps;
+    QVERIFY(store->forEachStep(id, [&](int64_t step, int64_t, int64_t, const std::map<std::string, double>& m) {
+        steps.emplace_back(step, m.at("loss"));
+    }).ok());
+    QCOMPARE(steps.size(), std::size_t(12));
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+        QCOMPARE(steps[i].first, int64_t(i + 1));
+        QCOMPARE(steps[i].second, s->points[i].value);
+    }
+    st::SeriesQuery q;
+    q.buckets = 3;
+    auto d = store->series(id, "loss", q);
+    QVERIFY(d.ok());
+    QCOMPARE(d->samples, int64_t(12));
 }
 
 void TestStore::refusesNewerSchema()
@@ -907,6 +1055,7 @@ void TestStore::deleteRemovesFiles()
     QVERIFY(!store->series(a, "loss").ok());
     Raw raw(dbPath());
     QCOMPARE(raw.text("SELECT count(*) FROM step_metrics WHERE run NOT IN (SELECT rid FROM runs)"), QString("0"));
+    QCOMPARE(raw.text("SELECT count(*) FROM step_series WHERE run NOT IN (SELECT rid FROM runs)"), QString("0"));
     QCOMPARE(raw.text("SELECT count(*) FROM checkpoints"), QString("1"));
     // The other run is untouched and can still be deleted (its shared file goes with it now).
     QCOMPARE(store->series(b, "loss")->samples, int64_t(1));
@@ -1039,6 +1188,32 @@ void TestStore::busSink()
     auto stub = store->run("remote-run-1");
     QVERIFY(stub.ok());
     QCOMPARE(stub->name, std::string("remote-run-1"));
+}
+
+void TestStore::busSinkAbsorbsHeldUpWriter()
+{
+    // Another process holds the database's write lock for a while: the writer cannot commit,
+    // so it stops draining the bus; the sink's standby thread moves the backlog into the
+    // store's write queue before the small bus queue overflows.
+    auto store = st::RunStore::open(dbPath());
+    QVERIFY(store.ok());
+    const std::string id = store->createRun({})->id;
+    tl::EventBus bus;
+    st::StoreSinkOptions so;
+    so.capacity = 1024;
+    st::StoreSink sink(bus, *store, so);
+    Raw other(dbPath());
+    QVERIFY(other.exec("BEGIN IMMEDIATE"));
+    int64_t step = 0;
+    for (int chunk = 0; chunk < 25; ++chunk) {
+        for (int i = 0; i < 200; ++i) bus.publish(tl::Event(stepEvent(id, ++step, 1.0)));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    QVERIFY(other.exec("COMMIT"));
+    QVERIFY(sink.stop().ok());
+    QCOMPARE(sink.busDropped(), uint64_t(0));
+    QCOMPARE(sink.forwarded(), uint64_t(5000));
+    QCOMPARE(store->series(id, "loss")->samples, int64_t(5000));
 }
 
 void TestStore::configHashIsCanonical()
