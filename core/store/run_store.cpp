@@ -1,4 +1,6 @@
 #include "store/run_store.h"
+
+#include "telemetry/chrome_trace.h"
 #include "common/background_thread.h"
 
 #include <zlib.h>
@@ -154,28 +156,7 @@ Error readOnlyError(const std::string& path)
                      "open it without the read-only option to change it");
 }
 
-void appendJsonString(std::string& out, std::string_view v)
-{
-    out += '"';
-    for (unsigned char c : v) {
-        switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        default:
-            if (c < 0x20) {
-                char buf[8];
-                std::snprintf(buf, sizeof buf, "\\u%04x", c);
-                out += buf;
-            } else {
-                out += static_cast<char>(c);
-            }
-        }
-    }
-    out += '"';
-}
+using telemetry::appendJsonString;
 
 void appendInt(std::string& out, int64_t v)
 {

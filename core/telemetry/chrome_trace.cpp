@@ -12,11 +12,8 @@
 #include <sstream>
 
 namespace ts::telemetry {
-namespace {
 
-constexpr const char* kProducer = "TrainStudio 0.1.0";
-
-void appendEscaped(std::string& out, std::string_view s)
+void appendJsonString(std::string& out, std::string_view s)
 {
     out += '"';
     for (unsigned char c : s) {
@@ -38,6 +35,10 @@ void appendEscaped(std::string& out, std::string_view s)
     }
     out += '"';
 }
+
+namespace {
+
+constexpr const char* kProducer = "TrainStudio 0.1.0";
 
 void appendNumber(std::string& out, double v)
 {
@@ -254,7 +255,7 @@ Status ChromeTraceWriter::finish()
         const int pid = pidOf[w];
         begin();
         out += "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":0,\"args\":{\"name\":";
-        appendEscaped(out, w);
+        appendJsonString(out, w);
         out += "}}";
         begin();
         out += "{\"name\":\"process_sort_index\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) +
@@ -270,14 +271,14 @@ Status ChromeTraceWriter::finish()
             begin();
             out += "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(tid) +
                    ",\"args\":{\"name\":";
-            appendEscaped(out, label);
+            appendJsonString(out, label);
             // Our own lane fields, so that re-import restores lanes exactly (viewers ignore them).
             out += ",\"ts_worker\":";
-            appendEscaped(out, lane.worker);
+            appendJsonString(out, lane.worker);
             out += ",\"ts_device\":";
-            appendEscaped(out, lane.device);
+            appendJsonString(out, lane.device);
             out += ",\"ts_thread\":";
-            appendEscaped(out, lane.thread);
+            appendJsonString(out, lane.thread);
             out += "}}";
             begin();
             out += "{\"name\":\"thread_sort_index\",\"ph\":\"M\",\"pid\":" + std::to_string(pid) + ",\"tid\":" +
@@ -290,9 +291,9 @@ Status ChromeTraceWriter::finish()
             for (const auto& [k, v] : m_args[static_cast<std::size_t>(r.args)]) {
                 if (k == "step") continue;
                 out += ',';
-                appendEscaped(out, k);
+                appendJsonString(out, k);
                 out += ':';
-                appendEscaped(out, v);
+                appendJsonString(out, v);
             }
         out += '}';
     };
@@ -302,9 +303,9 @@ Status ChromeTraceWriter::finish()
             const Rec& r = m_spans[i];
             begin();
             out += "{\"ph\":\"X\",\"name\":";
-            appendEscaped(out, m_strings[r.name]);
+            appendJsonString(out, m_strings[r.name]);
             out += ",\"cat\":";
-            appendEscaped(out, m_strings[r.category]);
+            appendJsonString(out, m_strings[r.category]);
             out += ",\"ts\":" + std::to_string(r.startUs) + ",\"dur\":" + std::to_string(r.durationUs) +
                    ",\"pid\":" + std::to_string(pid) + ",\"tid\":" + std::to_string(tidOf[l][subOf[i]]);
             appendArgs(r);
@@ -314,9 +315,9 @@ Status ChromeTraceWriter::finish()
     for (const Rec& r : m_instants) {
         begin();
         out += "{\"ph\":\"i\",\"s\":\"t\",\"name\":";
-        appendEscaped(out, m_strings[r.name]);
+        appendJsonString(out, m_strings[r.name]);
         out += ",\"cat\":";
-        appendEscaped(out, m_strings[r.category]);
+        appendJsonString(out, m_strings[r.category]);
         out += ",\"ts\":" + std::to_string(r.startUs) + ",\"pid\":" + std::to_string(pidOf[m_lanes[r.lane].worker]) +
                ",\"tid\":" + std::to_string(tidOf[r.lane][0]);
         appendArgs(r);
@@ -326,7 +327,7 @@ Status ChromeTraceWriter::finish()
         const uint32_t l = m_laneIndex.at(laneKey(c.lane));
         begin();
         out += "{\"ph\":\"C\",\"name\":";
-        appendEscaped(out, c.name);
+        appendJsonString(out, c.name);
         out += ",\"ts\":" + std::to_string(c.timeUs) + ",\"pid\":" + std::to_string(pidOf[c.lane.worker]) +
                ",\"tid\":" + std::to_string(tidOf[l][0]) + ",\"args\":{";
         bool firstArg = true;
@@ -334,20 +335,20 @@ Status ChromeTraceWriter::finish()
             if (!std::isfinite(v)) continue;
             if (!firstArg) out += ',';
             firstArg = false;
-            appendEscaped(out, k);
+            appendJsonString(out, k);
             out += ':';
             appendNumber(out, v);
         }
         out += "}}";
     }
     out += "\n],\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":";
-    appendEscaped(out, kProducer);
+    appendJsonString(out, kProducer);
     for (const auto& [k, v] : m_metadata) {
         if (k == "producer") continue;
         out += ',';
-        appendEscaped(out, k);
+        appendJsonString(out, k);
         out += ':';
-        appendEscaped(out, v);
+        appendJsonString(out, v);
     }
     out += "}}\n";
 

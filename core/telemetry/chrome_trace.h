@@ -21,6 +21,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
@@ -30,6 +31,9 @@
 #include "telemetry/events.h"
 
 namespace ts::telemetry {
+
+// Appends `s` as a JSON string literal (quoted, escaped). Shared by the trace writers.
+void appendJsonString(std::string& out, std::string_view s);
 
 struct TraceCounter {
     Lane lane;
