@@ -253,10 +253,8 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
 {
     cfg.strategy.kind = m_strategy;
     m_restarts = 0;
-    if (cfg.backup.enabled() && isParameterServer(m_strategy)) {
-        Error e = makeError(ErrorCode::Unsupported,
-                            "backups are not available for parameter-server runs: their optimizer state lives on the ps tasks",
-                            "remove the backup folder (--backup-dir), or use multi-worker-mirrored");
+    if (Status ok = checkBackupConfig(cfg.backup, m_strategy); !ok.ok()) {
+        Error e = ok.takeError();
         bus.publish(tm::Event(tm::ErrorEvent{makeStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
         bus.publish(tm::Event(tm::RunStateEvent{makeStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
         return e;

@@ -2,6 +2,7 @@
 
 #include "telemetry/chrome_trace.h"
 #include "common/background_thread.h"
+#include "common/paths.h"
 
 #include <zlib.h>
 
@@ -60,18 +61,7 @@ bool isTerminal(RunState s)
     return s == RunState::Completed || s == RunState::Cancelled || s == RunState::Failed || s == RunState::Interrupted;
 }
 
-std::string defaultDatabasePath()
-{
-    const char* xdg = std::getenv("XDG_DATA_HOME");
-    fs::path base;
-    if (xdg && *xdg && fs::path(xdg).is_absolute()) {
-        base = xdg;
-    } else {
-        const char* home = std::getenv("HOME");
-        base = fs::path(home && *home ? home : ".") / ".local" / "share";
-    }
-    return (base / "trainstudio" / "runs.db").string();
-}
+std::string defaultDatabasePath() { return (fs::path(userDataDir()) / "runs.db").string(); }
 
 std::string newRunId()
 {

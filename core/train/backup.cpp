@@ -1,12 +1,14 @@
 #include "train/backup.h"
 
 #include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <iterator>
+#include <limits>
+#include <type_traits>
 #include <filesystem>
 #include <map>
 
+#include "common/paths.h"
 #include "io/safetensors.h"
 
 namespace ts {
@@ -19,8 +21,10 @@ constexpr const char* kOptimizerPrefix = "optimizer/";
 // Fields of the position in encode order; doubles and int64s are both 8 bytes.
 constexpr int kPositionFields = 8;
 
-Result<int64_t> intField(const std::string& path, const std::map<std::string, std::string>& meta, const std::string& key,
-                         int64_t min)
+// A metadata field parsed whole as T (int64_t, at least `min`; or double); errors name the file.
+template <typename T>
+Result<T> field(const std::string& path, const std::map<std::string, std::string>& meta, const std::string& key,
+                T min = std::numeric_limits<T>::lowest())
 {
     auto it = meta.find(key);
     if (it == meta.end())
@@ -28,25 +32,8 @@ Result<int64_t> intField(const std::string& path, const std::map<std::string, st
                          "the file is damaged or not a TrainStudio backup; delete it to start the run from the beginning");
     try {
         std::size_t used = 0;
-        const long long v = std::stoll(it->second, &used);
+        const T v = std::is_integral_v<T> ? static_cast<T>(std::stoll(it->second, &used)) : static_cast<T>(std::stod(it->second, &used));
         if (used != it->second.size() || v < min) throw std::invalid_argument(key);
-        return static_cast<int64_t>(v);
-    } catch (const std::exception&) {
-        return makeError(ErrorCode::InvalidArgument, path + ": the backup's '" + key + "' is '" + it->second + "'",
-                         "the file is damaged; delete it to start the run from the beginning");
-    }
-}
-
-Result<double> realField(const std::string& path, const std::map<std::string, std::string>& meta, const std::string& key)
-{
-    auto it = meta.find(key);
-    if (it == meta.end())
-        return makeError(ErrorCode::InvalidArgument, path + ": the backup has no '" + key + "'",
-                         "the file is damaged or not a TrainStudio backup; delete it to start the run from the beginning");
-    try {
-        std::size_t used = 0;
-        const double v = std::stod(it->second, &used);
-        if (used != it->second.size()) throw std::invalid_argument(key);
         return v;
     } catch (const std::exception&) {
         return makeError(ErrorCode::InvalidArgument, path + ": the backup's '" + key + "' is '" + it->second + "'",
@@ -64,6 +51,19 @@ std::string exact(double v)
 
 } // namespace
 
+Status checkBackupConfig(const BackupConfig& backup, const std::string& strategyKind)
+{
+    if (!backup.enabled()) return okStatus();
+    if (strategyKind == "parameter-server" || strategyKind == "parameter_server")
+        return makeError(ErrorCode::Unsupported,
+                         "backups are not available for parameter-server runs: their optimizer state lives on the ps tasks",
+                         "remove the backup folder (--backup-dir), or use multi-worker-mirrored");
+    if (backup.everySteps < 0)
+        return makeError(ErrorCode::InvalidArgument, "backup every " + std::to_string(backup.everySteps) + " steps",
+                         "use a step count >= 1, or 0 to back up after each epoch");
+    return okStatus();
+}
+
 bool restartableFailure(const Error& e)
 {
     switch (e.code) {
@@ -79,16 +79,7 @@ bool restartableFailure(const Error& e)
     }
 }
 
-std::string defaultBackupRoot()
-{
-    const char* xdg = std::getenv("XDG_DATA_HOME");
-    std::filesystem::path base = xdg && *xdg ? std::filesystem::path(xdg) : std::filesystem::path();
-    if (base.empty()) {
-        const char* home = std::getenv("HOME");
-        base = std::filesystem::path(home && *home ? home : "/tmp") / ".local" / "share";
-    }
-    return (base / "trainstudio" / "backups").string();
-}
+std::string defaultBackupRoot() { return (std::filesystem::path(userDataDir()) / "backups").string(); }
 
 std::string backupPath(const std::string& dir) { return (std::filesystem::path(dir) / "backup.safetensors").string(); }
 
@@ -130,14 +121,14 @@ Result<TrainingState> readTrainingState(const std::string& path)
                          "it was written by another TrainStudio version; delete it to start the run from the beginning");
     TrainingState s;
     TrainingPosition& p = s.position;
-    TS_ASSIGN(p.step, intField(path, meta, "step", 0));
-    TS_ASSIGN(p.epoch, intField(path, meta, "epoch", 1));
-    TS_ASSIGN(p.stepInEpoch, intField(path, meta, "step_in_epoch", 0));
-    TS_ASSIGN(p.lossSum, realField(path, meta, "loss_sum"));
-    TS_ASSIGN(p.correct, intField(path, meta, "correct", 0));
-    TS_ASSIGN(p.seen, intField(path, meta, "seen", 0));
-    TS_ASSIGN(p.inputWaitSeconds, realField(path, meta, "input_wait_seconds"));
-    TS_ASSIGN(p.epochSeconds, realField(path, meta, "epoch_seconds"));
+    TS_ASSIGN(p.step, field<int64_t>(path, meta, "step", 0));
+    TS_ASSIGN(p.epoch, field<int64_t>(path, meta, "epoch", 1));
+    TS_ASSIGN(p.stepInEpoch, field<int64_t>(path, meta, "step_in_epoch", 0));
+    TS_ASSIGN(p.lossSum, field<double>(path, meta, "loss_sum"));
+    TS_ASSIGN(p.correct, field<int64_t>(path, meta, "correct", 0));
+    TS_ASSIGN(p.seen, field<int64_t>(path, meta, "seen", 0));
+    TS_ASSIGN(p.inputWaitSeconds, field<double>(path, meta, "input_wait_seconds"));
+    TS_ASSIGN(p.epochSeconds, field<double>(path, meta, "epoch_seconds"));
     if (p.stepInEpoch > p.step)
         return makeError(ErrorCode::InvalidArgument, path + ": the backup is at step " + std::to_string(p.stepInEpoch) +
                                                          " of its epoch but only " + std::to_string(p.step) + " steps in all",

@@ -62,13 +62,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelSpec& model, const T
     TS_ASSIGN(auto probe, Optimizer::create(opt));  // validates the config before any allocation
     t->m_baseLr = probe->learningRate();
     TS_ASSIGN(t->m_schedule, LrSchedule::create(config.schedule, t->m_baseLr));
-    if (config.backup.enabled() && (config.strategy.kind == "parameter-server" || config.strategy.kind == "parameter_server"))
-        return makeError(ErrorCode::Unsupported,
-                         "backups are not available for parameter-server runs: their optimizer state lives on the ps tasks",
-                         "remove the backup folder (--backup-dir), or use multi-worker-mirrored");
-    if (config.backup.everySteps < 0)
-        return makeError(ErrorCode::InvalidArgument, "backup every " + std::to_string(config.backup.everySteps) + " steps",
-                         "use a step count >= 1, or 0 to back up after each epoch");
+    TS_TRY(checkBackupConfig(config.backup, config.strategy.kind));
     TS_ASSIGN(t->m_strategy, Strategy::create(config.strategy, analysis, t->m_loss, opt));
     return t;
 }
