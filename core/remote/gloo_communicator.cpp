@@ -90,6 +90,22 @@ void shutdownSockets(const std::set<ino_t>& gloo)
         if (gloo.count(ino)) ::shutdown(fd, SHUT_RDWR);
 }
 
+// With synchronous pairs a send blocks until the kernel has taken every byte, and bytes are read
+// only when this rank waits for them. The ring all-reduce starts with every rank sending two
+// chunks (of 2 * ranks) to its neighbour before reading anything, so if two chunks do not fit in
+// the socket buffers (the sender's, which Gloo sizes to one message but the kernel caps at
+// net.core.wmem_max: 208 KiB on a stock Debian, plus the receiver's window) both ranks block in
+// write() until the transfer timeout: a 64 MiB all-reduce hung for 30 s on loopback. So tensors
+// are reduced in segments whose chunks are at most kMaxChunkBytes; later chunks only go out once
+// the neighbour has read the earlier ones (Gloo's ring notifications), so two chunks per
+// direction is all that is ever in flight.
+constexpr int64_t kMaxChunkBytes = 128 * 1024;
+
+int64_t segmentElements(int ranks)
+{
+    return kMaxChunkBytes / static_cast<int64_t>(sizeof(float)) * 2 * ranks;
+}
+
 class GlooCommunicator final : public Communicator {
 public:
     explicit GlooCommunicator(GlooOptions options) : m_opt(std::move(options)) {}
@@ -176,12 +192,15 @@ public:
             // One algorithm (and staging buffer) per element count: Gloo algorithms bind their
             // buffers and slots when built, and every rank builds them in the same call order.
             auto& slot = m_allreduce[n];
-            if (!slot.algorithm) {
+            if (slot.segments.empty()) {
                 slot.buffer.assign(static_cast<std::size_t>(n), 0.f);
-                slot.algorithm = std::make_unique<gloo::AllreduceRingChunked<float>>(m_context, std::vector<float*>{slot.buffer.data()}, static_cast<int>(n));
+                const int64_t seg = segmentElements(m_opt.size);
+                for (int64_t b = 0; b < n; b += seg)
+                    slot.segments.push_back(std::make_unique<gloo::AllreduceRingChunked<float>>(
+                        m_context, std::vector<float*>{slot.buffer.data() + b}, static_cast<int>(std::min(seg, n - b))));
             }
             std::memcpy(slot.buffer.data(), t.data<float>(), static_cast<std::size_t>(n) * sizeof(float));
-            slot.algorithm->run();
+            for (auto& algorithm : slot.segments) algorithm->run();
             std::memcpy(t.data<float>(), slot.buffer.data(), static_cast<std::size_t>(n) * sizeof(float));
         });
     }
@@ -236,7 +255,7 @@ public:
 private:
     struct AllreduceSlot {
         std::vector<float> buffer;
-        std::unique_ptr<gloo::AllreduceRingChunked<float>> algorithm;
+        std::vector<std::unique_ptr<gloo::AllreduceRingChunked<float>>> segments;  // run in order
     };
     struct BroadcastSlot {
         std::vector<uint8_t> buffer;

@@ -9,7 +9,9 @@
 //    reduced chunks are copied around) for F32, one-to-all broadcast, all-to-all barrier. Every
 //    rank gets bitwise the same sums and a run is repeatable, but the summation order is the
 //    ring's, not rank order. (gloo::AllreduceRing passes whole buffers around and each rank sums
-//    in its own order: with more than 2 ranks their results differ in the last bits.)
+//    in its own order: with more than 2 ranks their results differ in the last bits.) Large
+//    tensors are reduced in segments (chunks of at most 128 KiB), so synchronous sockets never
+//    block each other whatever the tensor size.
 //  - Faults: every transfer has options.timeout. A peer that dies closes its sockets, so calls
 //    fail at once; a peer that hangs fails them after the timeout. The error names the rank and
 //    task that stopped responding, found through the ranks' heartbeats to the rendezvous service

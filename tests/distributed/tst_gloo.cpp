@@ -30,7 +30,7 @@ std::unique_ptr<RendezvousServer> startServer()
     return std::move(s).value();
 }
 
-GlooOptions options(int port, int rank, int size, const std::string& group)
+GlooOptions options(int port, int rank, int size, const std::string& group, std::chrono::milliseconds timeout = 20s)
 {
     GlooOptions o;
     o.rank = rank;
@@ -39,17 +39,18 @@ GlooOptions options(int port, int rank, int size, const std::string& group)
     o.token = kToken;
     o.group = group;
     for (int r = 0; r < size; ++r) o.rankNames.push_back("worker:" + std::to_string(r));
-    o.timeout = 20s;
+    o.timeout = timeout;
     o.heartbeat = 200ms;
     return o;
 }
 
 // Makes `size` communicators concurrently (rendezvous needs every rank at once).
-std::vector<std::unique_ptr<Communicator>> makeRanks(int port, int size, const std::string& group)
+std::vector<std::unique_ptr<Communicator>> makeRanks(int port, int size, const std::string& group,
+                                                     std::chrono::milliseconds timeout = 20s)
 {
     std::vector<std::future<Result<std::unique_ptr<Communicator>>>> fs;
     for (int r = 0; r < size; ++r)
-        fs.push_back(std::async(std::launch::async, [=] { return makeGlooCommunicator(options(port, r, size, group)); }));
+        fs.push_back(std::async(std::launch::async, [=] { return makeGlooCommunicator(options(port, r, size, group, timeout)); }));
     std::vector<std::unique_ptr<Communicator>> out;
     for (auto& f : fs) {
         auto c = f.get();
@@ -119,6 +120,7 @@ private slots:
     void rendezvousNeedsToken();
     void rendezvousBounds();
     void threadsAllReduceBroadcastBarrier();
+    void largeAllReduceDoesNotDeadlock();
     void rendezvousOverTls();
     void abortUnblocksPeers();
     void abortReleasesOwnPendingCall();
@@ -222,6 +224,28 @@ void TestGloo::threadsAllReduceBroadcastBarrier()
     // A rank may only call as itself.
     Tensor t = Tensor::zeros({3});
     QVERIFY(!ranks[0]->allReduceSum(1, t).ok());
+}
+
+// Synchronous pairs block in write() until the kernel takes the bytes, and the ring's first
+// step has both ranks send half the tensor before reading: unsegmented, a 96 MB all-reduce
+// exceeds the socket buffers (wmem_max + an autotuned window, at most 36 MB on this VM) and both
+// ranks wait for the transfer timeout.
+void TestGloo::largeAllReduceDoesNotDeadlock()
+{
+    auto server = startServer();
+    const int size = 2;
+    auto ranks = makeRanks(server->port(), size, "large", 5s);
+    const int64_t n = int64_t{24} << 20;
+    auto st = onRanks(size, [&](int r) -> Status {
+        Tensor t = Tensor::empty({n});
+        for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = contribution(r, i);
+        TS_TRY(ranks[static_cast<std::size_t>(r)]->allReduceSum(r, t));
+        for (int64_t i = 0; i < n; ++i)
+            if (t.data<float>()[i] != contribution(0, i) + contribution(1, i))
+                return makeError(ErrorCode::Internal, "rank " + std::to_string(r) + " element " + std::to_string(i) + " wrong");
+        return okStatus();
+    });
+    for (const Status& s : st) QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
 }
 
 void TestGloo::rendezvousOverTls()
