@@ -3,14 +3,28 @@
 // by path from plugins/ (e.g. libtrainstudio-cuda.so exporting ts_register_backends).
 // Thread-safe; factories are registered at start-up and live for the process.
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "backend/backend.h"
+#include "distribute/communicator.h"
 
 namespace ts {
+
+// The replicas a device collective joins: this process's replicas on `devices` (local rank r on
+// devices[r]) and, when `crossProcess` is set, the same number of replicas in each other process
+// of a multi-worker run (global rank = processRank * devices.size() + r). The factory exchanges
+// what its library needs to connect (NCCL's unique id) over crossProcess, as one broadcast from
+// process 0 that every process makes at the same point.
+struct CollectiveGroup {
+    std::vector<int> devices;
+    Communicator* crossProcess = nullptr;  // not owned; null: this process only
+    int processRank = 0, processCount = 1;
+    std::chrono::milliseconds timeout{30000};  // a call that makes no progress this long fails
+};
 
 struct BackendFactory {
     std::string name;                    // "reference", "cpu", "cuda"
@@ -20,6 +34,10 @@ struct BackendFactory {
     std::function<std::vector<DeviceInfo>()> enumerate;
     // Creates an instance bound to one device index.
     std::function<Result<std::unique_ptr<Backend>>(int deviceIndex, const BackendOptions&)> create;
+    // Collectives between replicas whose tensors live in this backend's device memory (NCCL for
+    // cuda); the communicator's rank is the local replica index. Empty for host backends, whose
+    // tensors the host communicators (local, Gloo) reduce directly.
+    std::function<Result<std::unique_ptr<Communicator>>(const CollectiveGroup&)> communicator;
 };
 
 class BackendRegistry {

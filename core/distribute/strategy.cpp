@@ -200,16 +200,6 @@ public:
                 TS_TRY(m_replicas[r].program->importParameters(params, "replica 0"));
         }
         if (m_cross) {
-            // Batches are split by global replica index, which needs the same number of local
-            // replicas in every process.
-            Tensor count = Tensor::fromVector({1}, {static_cast<float>(numReplicas())});
-            TS_TRY(m_cross->allReduceSum(m_processRank, count));
-            if (count.data<float>()[0] != static_cast<float>(numReplicas() * m_processCount))
-                return makeError(ErrorCode::InvalidArgument,
-                                 "the workers of this multi-worker run have different numbers of local replicas (this one: " +
-                                     std::to_string(numReplicas()) + ", " + std::to_string(static_cast<int64_t>(count.data<float>()[0])) +
-                                     " over " + std::to_string(m_processCount) + " processes)",
-                                 "give every task the same --devices");
             // TF's MultiWorkerMirrored starts every worker from the chief's values.
             TS_ASSIGN(auto params, p0.exportParameters());
             for (auto& [name, t] : params) TS_TRY(m_cross->broadcast(m_processRank, 0, t));
@@ -483,8 +473,55 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
             if (nparams > 0) TS_TRY(rep.optimizer->prepare(*rep.backend, nparams));
         }
     }
-    if (s->m_cross) s->m_comm = makeHierarchicalCommunicator(n, s->m_cross, s->m_processRank);
-    else if (n > 1) s->m_comm = makeLocalCommunicator(n);
+    if (s->m_cross) {
+        // Every process must build the same kind of collective (they make different calls on
+        // the cross-process link otherwise), so first agree on where the replicas' tensors
+        // live; and batches are split by global replica index, which needs the same number of
+        // local replicas in every process.
+        Tensor agree = Tensor::fromVector({2}, {allHost ? 0.f : 1.f, static_cast<float>(n)});
+        TS_TRY(s->m_cross->allReduceSum(s->m_processRank, agree));
+        const float devicesAt = agree.data<float>()[0], replicas = agree.data<float>()[1];
+        if (replicas != static_cast<float>(n * s->m_processCount))
+            return makeError(ErrorCode::InvalidArgument,
+                             "the workers of this multi-worker run have different numbers of local replicas (this one: " + std::to_string(n) +
+                                 ", " + std::to_string(static_cast<int64_t>(replicas)) + " over " + std::to_string(s->m_processCount) +
+                                 " processes)",
+                             "give every task the same --devices");
+        if (devicesAt != 0.f && devicesAt != static_cast<float>(s->m_processCount))
+            return makeError(ErrorCode::InvalidArgument,
+                             "the workers of this multi-worker run mix host and GPU replicas (" + std::to_string(static_cast<int>(devicesAt)) +
+                                 " of " + std::to_string(s->m_processCount) + " processes train on GPUs; this one on " +
+                                 s->m_replicas[0].device.toString() + ")",
+                             "give every task the same kind of --devices");
+    }
+    if (!allHost && s->globalReplicas() > 1) {
+        // Replicas in device memory: the device's own collectives (NCCL), which read and write
+        // the gradients where they are, on the device's stream.
+        const std::string backendName = s->m_replicas[0].backend->name();
+        CollectiveGroup group;
+        for (auto& rep : s->m_replicas) {
+            if (rep.backend->name() != backendName || rep.backend->allocator().hostAccessible())
+                return makeError(ErrorCode::InvalidArgument,
+                                 "the replicas mix devices (" + s->m_replicas[0].device.toString() + " on " + backendName + ", " +
+                                     rep.device.toString() + " on " + rep.backend->name() + ")",
+                                 "give every replica the same kind of device");
+            group.devices.push_back(rep.device.index);
+        }
+        group.crossProcess = s->m_cross.get();
+        group.processRank = s->m_processRank;
+        group.processCount = s->m_processCount;
+        const BackendFactory* factory = registry.find(backendName);
+        if (!factory || !factory->communicator)
+            return makeError(ErrorCode::Unsupported,
+                             "the " + backendName + " backend has no collectives, so " + s->m_name + " cannot reduce gradients over " +
+                                 std::to_string(s->globalReplicas()) + " replicas on it",
+                             "train on one device (--strategy one-device) or on cpu devices");
+        TS_ASSIGN(s->m_comm, factory->communicator(group));
+    } else if (s->m_cross) {
+        s->m_comm = makeHierarchicalCommunicator(n, s->m_cross, s->m_processRank);
+    } else if (n > 1) {
+        s->m_comm = makeLocalCommunicator(n);
+    }
     return std::unique_ptr<Strategy>(std::move(s));
 }
 

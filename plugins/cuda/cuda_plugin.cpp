@@ -9,6 +9,7 @@
 #include "backend/registry.h"
 #include "cuda_backend.h"
 #include "cuda_device.h"
+#include "nccl_communicator.h"
 
 namespace {
 
@@ -42,6 +43,7 @@ ts::BackendFactory cudaFactory(std::vector<int> devices)
         }
         return ts::cuda::CudaBackend::create(deviceIndex, options);
     };
+    f.communicator = [](const ts::CollectiveGroup& group) { return ts::cuda::makeNcclCommunicator(group); };
     return f;
 }
 

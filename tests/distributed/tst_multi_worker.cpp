@@ -367,6 +367,17 @@ void TestMultiWorker::refusedSetups()
     QCOMPARE(f.code, 2);
     QVERIFY2(f.out.contains("rendezvous at 127.0.0.1:"), qPrintable(f.out));
     QVERIFY2(timer.elapsed() < 20000, "gave up after the timeout");
+    // Tasks with different numbers of local replicas: both refuse, before any training step.
+    {
+        const QString cluster = clusterJson({freePort(), freePort()});
+        auto chief = startCli(args + QStringList{"--task", "chief:0", "--devices", "cpu:0,cpu:1"}, cluster);
+        auto worker = startCli(args + QStringList{"--task", "worker:0", "--devices", "cpu:0"}, cluster);
+        for (auto* p : {chief.get(), worker.get()}) {
+            f = finish(*p);
+            QVERIFY2(f.code != 0, qPrintable(f.out));
+            QVERIFY2(f.out.contains("different numbers of local replicas"), qPrintable(f.out));
+        }
+    }
     // --task without the strategy.
     f = finish(*startCli(trainArgs() + QStringList{"--task", "worker:0", "--no-record"}, {}));
     QCOMPARE(f.code, 2);

@@ -8,6 +8,8 @@
 
 #include <dlfcn.h>
 
+#include <future>
+
 #include <climits>
 #include <cmath>
 #include <cstdlib>
@@ -123,6 +125,7 @@ private slots:
     void outOfMemoryIsAnError();
     void deterministic();
     void deviceSample();
+    void ncclCollectives();
     void trainingMatchesReference_data();
     void trainingMatchesReference();
     void cleanupTestCase();
@@ -871,6 +874,77 @@ void TstGpu::deterministic()
     QCOMPARE(a.size(), b.size());
     for (std::size_t i = 0; i < a.size(); ++i)
         QVERIFY2(std::memcmp(a[i].raw(), b[i].raw(), a[i].bytes()) == 0, qPrintable(QString("output %1 differs between runs").arg(i)));
+}
+
+// NCCL through the plugin's collective factory, ranks as threads: every usable GPU is a replica
+// (one on the H200 machine: all-reduce and broadcast leave the values, the calls still go through
+// NCCL's init, queue and wait); then the refusals and abort.
+void TstGpu::ncclCollectives()
+{
+    REQUIRE_GPU();
+    const BackendFactory* f = BackendRegistry::instance().find("cuda");
+    QVERIFY(f && f->communicator);
+    CollectiveGroup group;
+    for (const auto& info : f->enumerate()) group.devices.push_back(info.device.index);
+    group.timeout = std::chrono::milliseconds(20000);
+    const int n = static_cast<int>(group.devices.size());
+    std::vector<std::unique_ptr<Backend>> backends;
+    for (int d : group.devices) {
+        auto be = f->create(d, BackendOptions{});
+        QVERIFY2(be.ok(), be.ok() ? "" : be.error().toString().c_str());
+        backends.push_back(std::move(be).value());
+    }
+    auto made = f->communicator(group);
+    QVERIFY2(made.ok(), made.ok() ? "" : made.error().toString().c_str());
+    std::unique_ptr<Communicator> comm = std::move(made).value();
+    QCOMPARE(comm->size(), n);
+    QCOMPARE(comm->name(), std::string("nccl"));
+    const int64_t len = 1000003;  // odd: not a multiple of any chunk
+    std::vector<std::future<std::string>> ranks;
+    for (int r = 0; r < n; ++r)
+        ranks.push_back(std::async(std::launch::async, [&, r]() -> std::string {
+            Backend& be = *backends[static_cast<std::size_t>(r)];
+            be.bindThread();
+            std::vector<float> host(static_cast<std::size_t>(len));
+            for (int64_t i = 0; i < len; ++i) host[static_cast<std::size_t>(i)] = static_cast<float>((i % 31) * (r + 1));
+            auto t = Tensor::create({len}, DType::F32, be.allocator());
+            if (!t.ok()) return t.error().toString();
+            if (Status st = be.copyFromHost(host.data(), *t); !st.ok()) return st.error().toString();
+            if (Status st = comm->allReduceSum(r, *t); !st.ok()) return st.error().toString();
+            std::vector<float> back(static_cast<std::size_t>(len));
+            if (Status st = be.copyToHost(*t, back.data()); !st.ok()) return st.error().toString();
+            const float factor = static_cast<float>(n * (n + 1) / 2);  // sum of (r + 1) over ranks
+            for (int64_t i = 0; i < len; ++i)
+                if (back[static_cast<std::size_t>(i)] != static_cast<float>(i % 31) * factor)
+                    return "all-reduce: rank " + std::to_string(r) + " element " + std::to_string(i) + " is " + std::to_string(back[static_cast<std::size_t>(i)]);
+            // Broadcast from the last replica.
+            std::vector<float> mine(16, static_cast<float>(r));
+            auto b = Tensor::create({16}, DType::F32, be.allocator());
+            if (!b.ok()) return b.error().toString();
+            if (Status st = be.copyFromHost(mine.data(), *b); !st.ok()) return st.error().toString();
+            if (Status st = comm->broadcast(r, n - 1, *b); !st.ok()) return st.error().toString();
+            if (Status st = be.copyToHost(*b, mine.data()); !st.ok()) return st.error().toString();
+            for (float v : mine)
+                if (v != static_cast<float>(n - 1)) return "broadcast: rank " + std::to_string(r) + " got " + std::to_string(v);
+            if (Status st = comm->barrier(r); !st.ok()) return st.error().toString();
+            // Host tensors are refused, naming the device.
+            Tensor h = Tensor::zeros({4});
+            Status bad = comm->allReduceSum(r, h);
+            if (bad.ok() || bad.error().message.find("gpu:") == std::string::npos) return "a host tensor was not refused";
+            return {};
+        }));
+    for (auto& fut : ranks) {
+        const std::string err = fut.get();
+        QVERIFY2(err.empty(), err.c_str());
+    }
+    // After abort every call fails with the reason.
+    comm->abort("test abort");
+    auto t = Tensor::create({4}, DType::F32, backends[0]->allocator());
+    QVERIFY(t.ok());
+    Status st = comm->allReduceSum(0, *t);
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("test abort") != std::string::npos, st.error().toString().c_str());
+    comm.reset();  // aborted communicators are torn down without blocking
 }
 
 void TstGpu::deviceSample()

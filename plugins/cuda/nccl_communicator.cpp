@@ -1,0 +1,301 @@
+#include "nccl_communicator.h"
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include "cuda_device.h"
+
+namespace ts::cuda {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string ncclText(ncclResult_t r, ncclComm_t comm)
+{
+    std::string out = std::string("NCCL error ") + std::to_string(static_cast<int>(r)) + " (" + ncclGetErrorString(r) + ")";
+    if (const char* last = ncclGetLastError(comm); last && *last) out += ": " + std::string(last);
+    return out;
+}
+
+class NcclCommunicator final : public Communicator {
+public:
+    explicit NcclCommunicator(const CollectiveGroup& g)
+        : m_devices(g.devices), m_processRank(g.processRank), m_processCount(g.processCount), m_timeout(g.timeout),
+          m_comms(g.devices.size(), nullptr), m_streams(g.devices.size(), nullptr), m_scratch(g.devices.size(), nullptr),
+          m_dead(g.devices.size(), 0)
+    {
+    }
+
+    ~NcclCommunicator() override
+    {
+        for (std::size_t r = 0; r < m_comms.size(); ++r) {
+            if (!m_comms[r]) continue;
+            cudaSetDevice(m_devices[r]);
+            // A communicator that failed, or whose peers may be gone, is aborted (never blocks);
+            // a healthy one is finalized (its pending work flushed) and destroyed.
+            if (m_dead[r] || failedOrAborted()) {
+                ncclCommAbort(m_comms[r]);
+            } else {
+                ncclCommFinalize(m_comms[r]);
+                const auto deadline = Clock::now() + m_timeout;
+                ncclResult_t st = ncclInProgress;
+                while (ncclCommGetAsyncError(m_comms[r], &st) == ncclSuccess && st == ncclInProgress && Clock::now() < deadline)
+                    std::this_thread::sleep_for(std::chrono::microseconds(200));
+                if (st == ncclSuccess) ncclCommDestroy(m_comms[r]);
+                else ncclCommAbort(m_comms[r]);
+            }
+        }
+        for (std::size_t r = 0; r < m_scratch.size(); ++r)
+            if (m_scratch[r]) {
+                cudaSetDevice(m_devices[r]);
+                cudaFree(m_scratch[r]);
+            }
+    }
+
+    Status connect(Communicator* cross)
+    {
+        const int n = static_cast<int>(m_devices.size());
+        for (int r = 0; r < n; ++r) {
+            TS_ASSIGN(DeviceContext * ctx, deviceContext(m_devices[static_cast<std::size_t>(r)]));
+            m_streams[static_cast<std::size_t>(r)] = ctx->stream;
+            TS_TRY(cudaCheck(cudaSetDevice(ctx->index), "cudaSetDevice", ctx->index));
+            TS_TRY(cudaCheck(cudaMalloc(&m_scratch[static_cast<std::size_t>(r)], sizeof(float)), "cudaMalloc (barrier scratch)", ctx->index));
+        }
+        ncclUniqueId id{};
+        if (m_processRank == 0)
+            if (ncclResult_t rc = ncclGetUniqueId(&id); rc != ncclSuccess)
+                return makeError(ErrorCode::IoError, "NCCL could not make its unique id: " + ncclText(rc, nullptr),
+                                 "check NCCL_SOCKET_IFNAME and that this host has a usable network interface");
+        if (cross && m_processCount > 1) {
+            // 128 bytes as 32 floats: the cross-process link broadcasts host tensors.
+            static_assert(sizeof(id) % sizeof(float) == 0);
+            Tensor t = Tensor::zeros({static_cast<int64_t>(sizeof(id) / sizeof(float))});
+            std::memcpy(t.raw(), &id, sizeof(id));
+            TS_TRY(cross->broadcast(m_processRank, 0, t));
+            std::memcpy(&id, t.raw(), sizeof(id));
+        }
+        // All of this process's ranks join in one group (NCCL needs every local rank's init
+        // in flight at once when one thread drives several GPUs); non-blocking, then polled.
+        ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+        config.blocking = 0;
+        ncclResult_t rc = ncclGroupStart();
+        std::string failure;
+        for (int r = 0; r < n && rc == ncclSuccess; ++r) {
+            cudaSetDevice(m_devices[static_cast<std::size_t>(r)]);
+            rc = ncclCommInitRankConfig(&m_comms[static_cast<std::size_t>(r)], size(), id, globalRank(r), &config);
+            if (rc == ncclInProgress) rc = ncclSuccess;
+            if (rc != ncclSuccess) failure = ncclText(rc, nullptr);
+        }
+        const ncclResult_t end = ncclGroupEnd();
+        if (failure.empty() && end != ncclSuccess && end != ncclInProgress) failure = ncclText(end, nullptr);
+        if (!failure.empty())
+            return makeError(ErrorCode::IoError, "NCCL could not start its communicator on " + deviceName(0) + ": " + failure,
+                             "check that every task runs the same build and can reach process 0's host");
+        for (int r = 0; r < n; ++r) TS_TRY(settle(r, "connecting to the other " + std::to_string(size() - 1) + " GPU replica(s)"));
+        return okStatus();
+    }
+
+    int size() const override { return static_cast<int>(m_devices.size()) * m_processCount; }
+    std::string name() const override { return "nccl"; }
+
+    Status allReduceSum(int rank, Tensor& t) override
+    {
+        TS_TRY(checkCall(rank, t, true));
+        if (t.numel() == 0) return okStatus();
+        return collective(rank, "all-reduce of " + std::to_string(t.numel()) + " floats", [&](ncclComm_t c, cudaStream_t s) {
+            return ncclAllReduce(t.raw(), t.raw(), static_cast<std::size_t>(t.numel()), ncclFloat32, ncclSum, c, s);
+        });
+    }
+
+    Status broadcast(int rank, int root, Tensor& t) override
+    {
+        TS_TRY(checkCall(rank, t, false));
+        if (root < 0 || root >= size())
+            return makeError(ErrorCode::InvalidArgument, "broadcast root " + std::to_string(root) + " is not a replica of " + std::to_string(size()));
+        if (t.bytes() == 0) return okStatus();
+        return collective(rank, "broadcast of " + std::to_string(t.bytes()) + " bytes from replica " + std::to_string(root),
+                          [&](ncclComm_t c, cudaStream_t s) { return ncclBroadcast(t.raw(), t.raw(), t.bytes(), ncclUint8, root, c, s); });
+    }
+
+    Status barrier(int rank) override
+    {
+        TS_TRY(checkRank(rank));
+        float* scratch = static_cast<float*>(m_scratch[static_cast<std::size_t>(rank)]);
+        return collective(rank, "barrier", [&](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, c, s); });
+    }
+
+    void abort(const std::string& reason) override
+    {
+        std::lock_guard lock(m_mutex);
+        if (m_aborted) return;
+        m_aborted = true;
+        m_reason = reason;
+        // The ranks' threads see the flag in their wait loops and abort their own NCCL
+        // communicators there (the communicator is only touched by its rank's thread).
+    }
+
+private:
+    int globalRank(int local) const { return m_processRank * static_cast<int>(m_devices.size()) + local; }
+    std::string deviceName(int local) const
+    {
+        return "gpu:" + std::to_string(m_devices[static_cast<std::size_t>(local)]) + " (replica " + std::to_string(globalRank(local)) + " of " +
+               std::to_string(size()) + ")";
+    }
+
+    bool failedOrAborted()
+    {
+        std::lock_guard lock(m_mutex);
+        return m_aborted || m_failed.has_value();
+    }
+
+    Status checkRank(int rank)
+    {
+        if (rank < 0 || rank >= static_cast<int>(m_devices.size()))
+            return makeError(ErrorCode::InvalidArgument, "NCCL communicator called as local rank " + std::to_string(rank) + " of " +
+                                                             std::to_string(m_devices.size()));
+        std::lock_guard lock(m_mutex);
+        if (m_aborted) return makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
+        if (m_failed) return *m_failed;
+        return okStatus();
+    }
+
+    Status checkCall(int rank, const Tensor& t, bool f32)
+    {
+        TS_TRY(checkRank(rank));
+        const int dev = m_devices[static_cast<std::size_t>(rank)];
+        if (t.hostAccessible() || t.device().kind != DeviceKind::Cuda || t.device().index != dev)
+            return makeError(ErrorCode::Unsupported, "the NCCL communicator of " + deviceName(rank) + " was given a tensor on " + t.device().toString(),
+                             "pass the replica's own device tensors");
+        if (f32 && t.dtype() != DType::F32) return makeError(ErrorCode::Unsupported, "the NCCL all-reduce takes F32 tensors");
+        return okStatus();
+    }
+
+    // Queues one NCCL operation on the rank's device stream and waits until it has run.
+    template <typename Fn>
+    Status collective(int rank, const std::string& what, Fn&& enqueue)
+    {
+        const std::size_t r = static_cast<std::size_t>(rank);
+        cudaSetDevice(m_devices[r]);
+        const ncclResult_t rc = enqueue(m_comms[r], m_streams[r]);
+        if (rc != ncclSuccess && rc != ncclInProgress) return fail(rank, what, ncclText(rc, m_comms[r]));
+        TS_TRY(settle(rank, what));
+        // The operation is queued behind this replica's kernels; wait for the stream, still
+        // watching for peers' failures (a dead peer leaves the kernel waiting forever).
+        const auto deadline = Clock::now() + m_timeout;
+        int spins = 0;
+        while (true) {
+            const cudaError_t q = cudaStreamQuery(m_streams[r]);
+            if (q == cudaSuccess) return okStatus();
+            if (q != cudaErrorNotReady) return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(q));
+            TS_TRY(poll(rank, what, deadline));
+            if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
+        }
+    }
+
+    // Waits until the rank's communicator has no call in progress (non-blocking mode).
+    Status settle(int rank, const std::string& what)
+    {
+        const auto deadline = Clock::now() + m_timeout;
+        while (true) {
+            ncclResult_t st = ncclSuccess;
+            const ncclResult_t rc = ncclCommGetAsyncError(m_comms[static_cast<std::size_t>(rank)], &st);
+            if (rc != ncclSuccess) return fail(rank, what, ncclText(rc, m_comms[static_cast<std::size_t>(rank)]));
+            if (st == ncclSuccess) return okStatus();
+            if (st != ncclInProgress) return fail(rank, what, ncclText(st, m_comms[static_cast<std::size_t>(rank)]));
+            TS_TRY(checkAbortAndTime(rank, what, deadline));
+            std::this_thread::sleep_for(std::chrono::microseconds(50));
+        }
+    }
+
+    Status poll(int rank, const std::string& what, Clock::time_point deadline)
+    {
+        ncclResult_t st = ncclSuccess;
+        ncclCommGetAsyncError(m_comms[static_cast<std::size_t>(rank)], &st);
+        if (st != ncclSuccess && st != ncclInProgress) return fail(rank, what, ncclText(st, m_comms[static_cast<std::size_t>(rank)]));
+        return checkAbortAndTime(rank, what, deadline);
+    }
+
+    Status checkAbortAndTime(int rank, const std::string& what, Clock::time_point deadline)
+    {
+        {
+            std::lock_guard lock(m_mutex);
+            if (m_aborted || m_failed) {
+                Error e = m_failed ? *m_failed : makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
+                abortRank(rank);
+                return e;
+            }
+        }
+        if (Clock::now() >= deadline)
+            return fail(rank, what,
+                        "no progress for " + std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(m_timeout).count()) +
+                            " ms: a replica's process stopped, hangs, or cannot reach this one");
+        return okStatus();
+    }
+
+    Status fail(int rank, const std::string& what, const std::string& detail)
+    {
+        Error err = makeError(ErrorCode::IoError, what + " on " + deviceName(rank) + " failed: " + detail,
+                              "the run stops; restart the failed task and resume from the last checkpoint");
+        {
+            std::lock_guard lock(m_mutex);
+            if (!m_failed) m_failed = err;
+        }
+        abortRank(rank);
+        return err;
+    }
+
+    // Only the rank's own thread calls this (or the destructor): NCCL calls on one communicator
+    // are not made from two threads at once.
+    void abortRank(int rank)
+    {
+        const std::size_t r = static_cast<std::size_t>(rank);
+        if (m_dead[r] || !m_comms[r]) return;
+        ncclCommAbort(m_comms[r]);
+        m_comms[r] = nullptr;
+        m_dead[r] = 1;
+    }
+
+    std::vector<int> m_devices;
+    int m_processRank, m_processCount;
+    std::chrono::milliseconds m_timeout;
+    std::vector<ncclComm_t> m_comms;
+    std::vector<cudaStream_t> m_streams;
+    std::vector<void*> m_scratch;
+    std::vector<char> m_dead;  // per rank, touched only by that rank's thread (not vector<bool>: bits share bytes)
+
+    std::mutex m_mutex;
+    bool m_aborted = false;
+    std::string m_reason;
+    std::optional<Error> m_failed;
+};
+
+} // namespace
+
+Result<std::unique_ptr<Communicator>> makeNcclCommunicator(const CollectiveGroup& group)
+{
+    if (group.devices.empty()) return makeError(ErrorCode::InvalidArgument, "an NCCL communicator needs at least one device");
+    if (group.processCount < 1 || group.processRank < 0 || group.processRank >= group.processCount)
+        return makeError(ErrorCode::InvalidArgument, "process rank " + std::to_string(group.processRank) + " is not in 0.." +
+                                                         std::to_string(group.processCount - 1));
+    if (group.processCount > 1 && !group.crossProcess)
+        return makeError(ErrorCode::InvalidArgument, "a multi-process NCCL communicator needs the processes' link to exchange its id");
+    for (std::size_t i = 0; i < group.devices.size(); ++i)
+        for (std::size_t j = i + 1; j < group.devices.size(); ++j)
+            if (group.devices[i] == group.devices[j])
+                return makeError(ErrorCode::InvalidArgument, "gpu:" + std::to_string(group.devices[i]) + " is listed twice",
+                                 "NCCL takes one replica per GPU");
+    auto comm = std::make_unique<NcclCommunicator>(group);
+    TS_TRY(comm->connect(group.crossProcess));
+    return std::unique_ptr<Communicator>(std::move(comm));
+}
+
+} // namespace ts::cuda
