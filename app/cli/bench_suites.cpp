@@ -10,8 +10,6 @@
 #include <iostream>
 #include <random>
 
-#include <sys/resource.h>
-
 #include <nlohmann/json.hpp>
 
 #include "bench_util.h"
@@ -97,8 +95,6 @@ public:
     double startWait = 0;  // of it, in the first 5 steps of each epoch (the pipeline refilling)
     std::vector<double> waits;
     std::vector<double> rates;
-    double samples = 0;     // epochs 2..
-    double cpuAtStart = 0;  // process CPU seconds when epoch 1 ended
     void onStep(const ts::StepEvent& e) override
     {
         if (e.epoch < 2) return;
@@ -121,18 +117,7 @@ public:
     }
     void onEpoch(const ts::EpochEvent& e) override
     {
-        if (e.epoch == 1) cpuAtStart = processCpuSeconds();
-        if (e.epoch >= 2) {
-            rates.push_back(e.samplesPerSec);
-            samples += e.samplesPerSec * e.seconds;
-        }
-    }
-    // User + system time of every thread of this process (trainer, pools, telemetry helpers).
-    static double processCpuSeconds()
-    {
-        rusage u{};
-        ::getrusage(RUSAGE_SELF, &u);
-        return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+        if (e.epoch >= 2) rates.push_back(e.samplesPerSec);
     }
 };
 
@@ -240,17 +225,8 @@ int pipelineSuite(const BenchOptions& o)
 }
 
 // The seed's MLP with telemetry off, and with the bus, the run store recording every event,
-// tracing (spans per phase) and the device sampler on: samples/s of epochs 2..N, and the process's
-// CPU time per sample over the same epochs (every thread, the telemetry helpers' included, until
-// the recording and the trace file are finished). On a VM whose neighbours take cores away, the
-// CPU time varies far less than the wall time, and on a saturated machine it is what telemetry
-// takes from training.
-struct OverheadSample {
-    double samplesPerSec = 0;
-    double cpuMicrosPerSample = 0;
-};
-
-ts::Result<OverheadSample> overheadRun(const BenchOptions& o, bool on, const std::string& scratch, int index)
+// tracing (spans per phase) and the device sampler on: samples/s of epochs 2..N, alternating.
+ts::Result<double> overheadRun(const BenchOptions& o, bool on, const std::string& scratch, int index)
 {
     ts::RunConfig cfg;
     TS_ASSIGN(cfg.model, loadModel("mlp"));
@@ -276,18 +252,17 @@ ts::Result<OverheadSample> overheadRun(const BenchOptions& o, bool on, const std
     if (recording) recording->fitDone(fit);
     if (trace) TS_TRY(trace->finish());
     if (!fit.ok()) return fit.takeError();
-    const double cpu = StallListener::processCpuSeconds() - l.cpuAtStart;
-    return OverheadSample{median(l.rates), l.samples > 0 ? 1e6 * cpu / l.samples : 0};
+    return median(l.rates);
 }
 
 int overheadSuite(const BenchOptions& o)
 {
     ScratchDir scratch;
-    std::vector<double> off, on, ratios, cpuOff, cpuOn, cpuRatios;
+    std::vector<double> off, on, ratios;
     for (int p = 0; p < o.pairs; ++p) {
         // ABBA order: whichever runs second in a pair runs in a process that has already trained
         // once (heap, page cache, thread pools), so alternate which one that is.
-        ts::Result<OverheadSample> a = OverheadSample{}, b = OverheadSample{};
+        ts::Result<double> a = 0.0, b = 0.0;
         if (p % 2 == 0) {
             a = overheadRun(o, false, scratch.path.string(), p);
             if (a.ok()) b = overheadRun(o, true, scratch.path.string(), p);
@@ -299,29 +274,17 @@ int overheadSuite(const BenchOptions& o)
             std::cerr << "error: " << (a.ok() ? b : a).error().toString() << "\n";
             return 1;
         }
-        off.push_back(a->samplesPerSec);
-        on.push_back(b->samplesPerSec);
-        ratios.push_back(b->samplesPerSec / a->samplesPerSec);
-        cpuOff.push_back(a->cpuMicrosPerSample);
-        cpuOn.push_back(b->cpuMicrosPerSample);
-        cpuRatios.push_back(b->cpuMicrosPerSample / a->cpuMicrosPerSample);
-        std::printf("  pair %d: off %.0f  on %.0f samples/s  (%+.2f%%) | CPU per sample off %.2f  on %.2f us  (%+.2f%%)\n", p + 1,
-                    a->samplesPerSec, b->samplesPerSec, 100 * (b->samplesPerSec / a->samplesPerSec - 1), a->cpuMicrosPerSample,
-                    b->cpuMicrosPerSample, 100 * (b->cpuMicrosPerSample / a->cpuMicrosPerSample - 1));
-        std::fflush(stdout);
+        off.push_back(*a);
+        on.push_back(*b);
+        ratios.push_back(*b / *a);
+        std::printf("  pair %d: off %.0f  on %.0f samples/s  (%+.2f%%)\n", p + 1, *a, *b, 100 * (*b / *a - 1));
     }
     const double overhead = 1 - median(ratios);
-    const double cpuOverhead = median(cpuRatios) - 1;
     std::printf("mlp (%d threads, %d pairs): telemetry off %.0f samples/s | bus + store + tracing + sampler %.0f samples/s | "
                 "overhead %.2f%% (median of pair ratios)\n",
                 o.threads, o.pairs, median(off), median(on), 100 * overhead);
-    std::printf("mlp CPU time per sample (all threads): off %.2f us | on %.2f us | overhead %.2f%% (median of pair ratios)\n",
-                median(cpuOff), median(cpuOn), 100 * cpuOverhead);
     if (o.json)
-        std::cout << nlohmann::json{{"off_samples_per_sec", median(off)}, {"on_samples_per_sec", median(on)}, {"overhead", overhead},
-                                    {"off_cpu_us_per_sample", median(cpuOff)}, {"on_cpu_us_per_sample", median(cpuOn)},
-                                    {"cpu_overhead", cpuOverhead}}
-                         .dump()
+        std::cout << nlohmann::json{{"off_samples_per_sec", median(off)}, {"on_samples_per_sec", median(on)}, {"overhead", overhead}}.dump()
                   << "\n";
     return 0;
 }
