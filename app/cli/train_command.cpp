@@ -336,6 +336,7 @@ int runTrain(const TrainOptions& options)
     if (cluster) {
         cfg.strategy.crossProcess = cluster->communicator;
         cfg.strategy.processRank = cluster->rank;
+        cfg.strategy.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
     }
     if (!o.devices.empty()) {
         cfg.strategy.devices.clear();
@@ -427,6 +428,7 @@ int runTrain(const TrainOptions& options)
             cluster = std::move(joined).value();
             cfg.strategy.crossProcess = cluster->communicator;
             cfg.strategy.processRank = cluster->rank;
+        cfg.strategy.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
         }
         auto made = ts::prepareRun(cfg);
         if (!made.ok()) {

@@ -510,6 +510,7 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
         group.crossProcess = s->m_cross.get();
         group.processRank = s->m_processRank;
         group.processCount = s->m_processCount;
+        group.timeout = config.collectiveTimeout;
         const BackendFactory* factory = registry.find(backendName);
         if (!factory || !factory->communicator)
             return makeError(ErrorCode::Unsupported,

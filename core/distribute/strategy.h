@@ -10,6 +10,7 @@
 //  - Errors: a failing replica aborts the communicator so the others return instead of waiting;
 //    the step returns the first error, naming the replica's device.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -39,6 +40,8 @@ struct StrategyConfig {
     // replicas. Not part of the JSON: the caller connects the cluster.
     std::shared_ptr<Communicator> crossProcess;
     int processRank = 0;
+    // Device collectives (NCCL): a collective whose peers make no progress this long fails.
+    std::chrono::milliseconds collectiveTimeout{30000};
     // parameter-server: the ps tasks holding the variables (remote/ps_client.h), and this
     // worker's place: worker processRank of numWorkers trains on rows
     // [rank * B / n, (rank + 1) * B / n) of every global batch (element-wise auto-sharding).

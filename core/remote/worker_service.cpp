@@ -51,7 +51,7 @@ grpc::Status refuse(const grpc::ServerContext& ctx, grpc::StatusCode code, const
 class WorkerService final : public Worker::Service {
 public:
     WorkerService(std::string token, std::string name, TlsFiles tls, ParameterService* ps, std::string backupRoot)
-        : m_token(std::move(token)), m_name(std::move(name)), m_tls(std::move(tls)), m_ps(ps), m_backupRoot(std::move(backupRoot)) {}
+        : m_token(std::move(token)), m_name(std::move(name)), m_backupRoot(std::move(backupRoot)), m_tls(std::move(tls)), m_ps(ps) {}
     ~WorkerService() override { shutdown(); }
 
     void setName(std::string name) { m_name = std::move(name); }
@@ -343,6 +343,7 @@ private:
             cfg.strategy.kind = "multi-worker-mirrored";
             cfg.strategy.crossProcess = joined->communicator;
             cfg.strategy.processRank = joined->rank;
+            cfg.strategy.collectiveTimeout = co.timeout;
             running = {{"state", "running"}, {"rank", joined->rank}, {"size", joined->size}};
         }
         auto prepared = prepareRun(cfg);

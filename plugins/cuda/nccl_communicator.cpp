@@ -19,69 +19,109 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// NCCL's last-error text is one buffer for the whole process, so it may describe another
+// thread's failure: it is given as a hint after the error code.
 std::string ncclText(ncclResult_t r, ncclComm_t comm)
 {
     std::string out = std::string("NCCL error ") + std::to_string(static_cast<int>(r)) + " (" + ncclGetErrorString(r) + ")";
-    if (const char* last = ncclGetLastError(comm); last && *last) out += ": " + std::string(last);
+    if (const char* last = ncclGetLastError(comm); last && *last) out += "; NCCL's last message: " + std::string(last);
     return out;
 }
+
+// Restores the calling thread's current device: replica 0's thread (which builds the
+// communicator) and whoever destroys it keep the device their backend bound them to, whatever
+// device NCCL's calls were made for.
+class DeviceGuard {
+public:
+    DeviceGuard() { cudaGetDevice(&m_device); }
+    ~DeviceGuard() { cudaSetDevice(m_device); }
+    DeviceGuard(const DeviceGuard&) = delete;
+    DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+private:
+    int m_device = 0;
+};
 
 class NcclCommunicator final : public Communicator {
 public:
     explicit NcclCommunicator(const CollectiveGroup& g)
         : m_devices(g.devices), m_processRank(g.processRank), m_processCount(g.processCount), m_timeout(g.timeout),
           m_comms(g.devices.size(), nullptr), m_streams(g.devices.size(), nullptr), m_scratch(g.devices.size(), nullptr),
+          m_started(g.devices.size(), nullptr),
           m_dead(g.devices.size(), 0)
     {
     }
 
     ~NcclCommunicator() override
     {
-        for (std::size_t r = 0; r < m_comms.size(); ++r) {
-            if (!m_comms[r]) continue;
-            cudaSetDevice(m_devices[r]);
-            // A communicator that failed, or whose peers may be gone, is aborted (never blocks);
-            // a healthy one is finalized (its pending work flushed) and destroyed.
-            if (m_dead[r] || failedOrAborted()) {
-                ncclCommAbort(m_comms[r]);
-            } else {
-                ncclCommFinalize(m_comms[r]);
-                const auto deadline = Clock::now() + m_timeout;
+        DeviceGuard guard;
+        std::vector<std::size_t> live;
+        for (std::size_t r = 0; r < m_comms.size(); ++r)
+            if (m_comms[r]) live.push_back(r);
+        // A communicator that failed, or whose peers may be gone, is aborted (it never waits for
+        // them). Healthy ones are finalized together: finalize is an intra-node collective, so
+        // one thread finalizing several GPUs one by one would wait on itself.
+        bool clean = !failedOrAborted();
+        if (clean && !live.empty()) {
+            ncclGroupStart();
+            for (std::size_t r : live) {
+                cudaSetDevice(m_devices[r]);
+                const ncclResult_t rc = ncclCommFinalize(m_comms[r]);
+                clean &= rc == ncclSuccess || rc == ncclInProgress;
+            }
+            const ncclResult_t end = ncclGroupEnd();
+            clean &= end == ncclSuccess || end == ncclInProgress;
+            const auto deadline = Clock::now() + m_timeout;
+            for (std::size_t r : live) {
                 ncclResult_t st = ncclInProgress;
-                while (ncclCommGetAsyncError(m_comms[r], &st) == ncclSuccess && st == ncclInProgress && Clock::now() < deadline)
+                while (clean && ncclCommGetAsyncError(m_comms[r], &st) == ncclSuccess && st == ncclInProgress && Clock::now() < deadline)
                     std::this_thread::sleep_for(std::chrono::microseconds(200));
-                if (st == ncclSuccess) ncclCommDestroy(m_comms[r]);
-                else ncclCommAbort(m_comms[r]);
+                clean &= st == ncclSuccess;
             }
         }
-        for (std::size_t r = 0; r < m_scratch.size(); ++r)
-            if (m_scratch[r]) {
-                cudaSetDevice(m_devices[r]);
-                cudaFree(m_scratch[r]);
-            }
+        for (std::size_t r : live) {
+            cudaSetDevice(m_devices[r]);
+            if (clean) ncclCommDestroy(m_comms[r]);
+            else ncclCommAbort(m_comms[r]);
+        }
+        for (std::size_t r = 0; r < m_scratch.size(); ++r) {
+            cudaSetDevice(m_devices[r]);
+            if (m_scratch[r]) cudaFree(m_scratch[r]);
+            if (m_started[r]) cudaEventDestroy(m_started[r]);
+        }
     }
 
     Status connect(Communicator* cross)
     {
+        DeviceGuard guard;
         const int n = static_cast<int>(m_devices.size());
-        for (int r = 0; r < n; ++r) {
-            TS_ASSIGN(DeviceContext * ctx, deviceContext(m_devices[static_cast<std::size_t>(r)]));
-            m_streams[static_cast<std::size_t>(r)] = ctx->stream;
-            TS_TRY(cudaCheck(cudaSetDevice(ctx->index), "cudaSetDevice", ctx->index));
-            TS_TRY(cudaCheck(cudaMalloc(&m_scratch[static_cast<std::size_t>(r)], sizeof(float)), "cudaMalloc (barrier scratch)", ctx->index));
-        }
+        // Process 0 makes the id; every process takes part in the broadcast even when that
+        // failed (a flag in front of the id), so none is left waiting in it.
         ncclUniqueId id{};
+        std::string idFailure;
         if (m_processRank == 0)
-            if (ncclResult_t rc = ncclGetUniqueId(&id); rc != ncclSuccess)
-                return makeError(ErrorCode::IoError, "NCCL could not make its unique id: " + ncclText(rc, nullptr),
-                                 "check NCCL_SOCKET_IFNAME and that this host has a usable network interface");
+            if (ncclResult_t rc = ncclGetUniqueId(&id); rc != ncclSuccess) idFailure = ncclText(rc, nullptr);
         if (cross && m_processCount > 1) {
-            // 128 bytes as 32 floats: the cross-process link broadcasts host tensors.
             static_assert(sizeof(id) % sizeof(float) == 0);
-            Tensor t = Tensor::zeros({static_cast<int64_t>(sizeof(id) / sizeof(float))});
-            std::memcpy(t.raw(), &id, sizeof(id));
+            constexpr int64_t words = static_cast<int64_t>(sizeof(id) / sizeof(float));
+            Tensor t = Tensor::zeros({1 + words});
+            t.data<float>()[0] = idFailure.empty() ? 1.f : 0.f;
+            std::memcpy(t.data<float>() + 1, &id, sizeof(id));
             TS_TRY(cross->broadcast(m_processRank, 0, t));
-            std::memcpy(&id, t.raw(), sizeof(id));
+            if (m_processRank != 0 && t.data<float>()[0] != 1.f)
+                idFailure = "process 0 could not make NCCL's unique id (its log says why)";
+            std::memcpy(&id, t.data<float>() + 1, sizeof(id));
+        }
+        if (!idFailure.empty())
+            return makeError(ErrorCode::IoError, "NCCL could not start: " + idFailure,
+                             "check NCCL_SOCKET_IFNAME and that process 0's host has a usable network interface");
+        for (int r = 0; r < n; ++r) {
+            const std::size_t i = static_cast<std::size_t>(r);
+            TS_ASSIGN(DeviceContext * ctx, deviceContext(m_devices[i]));
+            m_streams[i] = ctx->stream;
+            TS_TRY(cudaCheck(cudaSetDevice(ctx->index), "cudaSetDevice", ctx->index));
+            TS_TRY(cudaCheck(cudaMalloc(&m_scratch[i], sizeof(float)), "cudaMalloc (barrier scratch)", ctx->index));
+            TS_TRY(cudaCheck(cudaEventCreateWithFlags(&m_started[i], cudaEventDisableTiming), "cudaEventCreate", ctx->index));
         }
         // All of this process's ranks join in one group (NCCL needs every local rank's init
         // in flight at once when one thread drives several GPUs); non-blocking, then polled.
@@ -89,17 +129,26 @@ public:
         config.blocking = 0;
         ncclResult_t rc = ncclGroupStart();
         std::string failure;
+        int failedRank = 0;
         for (int r = 0; r < n && rc == ncclSuccess; ++r) {
             cudaSetDevice(m_devices[static_cast<std::size_t>(r)]);
             rc = ncclCommInitRankConfig(&m_comms[static_cast<std::size_t>(r)], size(), id, globalRank(r), &config);
             if (rc == ncclInProgress) rc = ncclSuccess;
-            if (rc != ncclSuccess) failure = ncclText(rc, nullptr);
+            if (rc != ncclSuccess) {
+                failure = ncclText(rc, nullptr);
+                failedRank = r;
+            }
         }
         const ncclResult_t end = ncclGroupEnd();
         if (failure.empty() && end != ncclSuccess && end != ncclInProgress) failure = ncclText(end, nullptr);
-        if (!failure.empty())
-            return makeError(ErrorCode::IoError, "NCCL could not start its communicator on " + deviceName(0) + ": " + failure,
-                             "check that every task runs the same build and can reach process 0's host");
+        if (!failure.empty()) {
+            // Every communicator of a failed group is aborted (the destructor does it).
+            Error e = makeError(ErrorCode::IoError, "NCCL could not start its communicator on " + deviceName(failedRank) + ": " + failure,
+                                "check that every task runs the same build and can reach process 0's host");
+            std::lock_guard lock(m_mutex);
+            m_failed = e;
+            return e;
+        }
         for (int r = 0; r < n; ++r) TS_TRY(settle(r, "connecting to the other " + std::to_string(size() - 1) + " GPU replica(s)"));
         return okStatus();
     }
@@ -185,17 +234,22 @@ private:
     {
         const std::size_t r = static_cast<std::size_t>(rank);
         cudaSetDevice(m_devices[r]);
+        // Marks where the stream reaches the collective: the timeout counts from there, not
+        // while this replica's own kernels queued before it still run.
+        if (cudaError_t e = cudaEventRecord(m_started[r], m_streams[r]); e != cudaSuccess)
+            return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(e));
         const ncclResult_t rc = enqueue(m_comms[r], m_streams[r]);
         if (rc != ncclSuccess && rc != ncclInProgress) return fail(rank, what, ncclText(rc, m_comms[r]));
         TS_TRY(settle(rank, what));
-        // The operation is queued behind this replica's kernels; wait for the stream, still
-        // watching for peers' failures (a dead peer leaves the kernel waiting forever).
-        const auto deadline = Clock::now() + m_timeout;
+        // Wait for the stream, still watching for peers' failures (a dead peer leaves the
+        // kernel waiting forever).
+        auto deadline = Clock::time_point::max();
         int spins = 0;
         while (true) {
             const cudaError_t q = cudaStreamQuery(m_streams[r]);
             if (q == cudaSuccess) return okStatus();
             if (q != cudaErrorNotReady) return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(q));
+            if (deadline == Clock::time_point::max() && cudaEventQuery(m_started[r]) == cudaSuccess) deadline = Clock::now() + m_timeout;
             TS_TRY(poll(rank, what, deadline));
             if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
@@ -226,13 +280,15 @@ private:
 
     Status checkAbortAndTime(int rank, const std::string& what, Clock::time_point deadline)
     {
+        std::optional<Error> stop;
         {
             std::lock_guard lock(m_mutex);
-            if (m_aborted || m_failed) {
-                Error e = m_failed ? *m_failed : makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
-                abortRank(rank);
-                return e;
-            }
+            if (m_failed) stop = *m_failed;
+            else if (m_aborted) stop = makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
+        }
+        if (stop) {
+            abortRank(rank);  // outside the lock: NCCL's abort blocks while it tears down
+            return *stop;
         }
         if (Clock::now() >= deadline)
             return fail(rank, what,
@@ -259,6 +315,8 @@ private:
     {
         const std::size_t r = static_cast<std::size_t>(rank);
         if (m_dead[r] || !m_comms[r]) return;
+        DeviceGuard guard;
+        cudaSetDevice(m_devices[r]);
         ncclCommAbort(m_comms[r]);
         m_comms[r] = nullptr;
         m_dead[r] = 1;
@@ -270,6 +328,7 @@ private:
     std::vector<ncclComm_t> m_comms;
     std::vector<cudaStream_t> m_streams;
     std::vector<void*> m_scratch;
+    std::vector<cudaEvent_t> m_started;  // per rank: recorded before each collective
     std::vector<char> m_dead;  // per rank, touched only by that rank's thread (not vector<bool>: bits share bytes)
 
     std::mutex m_mutex;

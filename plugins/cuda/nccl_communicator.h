@@ -9,12 +9,18 @@
 //    any dtype. Work is queued on the device's one stream (cuda_device.h), so it is ordered after
 //    the kernels that produced the gradients; a call returns once the stream has finished it.
 //  - Connection: process 0 makes NCCL's unique id and broadcasts it over the group's
-//    cross-process communicator (Gloo, which met through the coordinator's rendezvous).
+//    cross-process communicator (Gloo, which met through the coordinator's rendezvous); every
+//    process takes part in that broadcast even when process 0 failed, so none waits for it.
 //  - Faults: communicators are non-blocking (NCCL's config.blocking = 0) and every wait polls:
-//    a peer's failure reported by NCCL, abort(), or no progress for the group's timeout fails the
-//    call with an error naming the device and what was pending, and aborts this rank's NCCL
-//    communicator, so no thread hangs in NCCL. After a failure every later call fails.
-//  - Ownership: owns its NCCL communicators and one float of scratch per device (barrier).
+//    a peer's failure reported by NCCL, abort(), or a collective that the stream has reached but
+//    that has not completed within the group's timeout fails the call with an error naming the
+//    device and what was pending, and aborts this rank's NCCL communicator, so no thread hangs in
+//    NCCL. After a failure every later call fails. Destruction finalizes the healthy
+//    communicators together and aborts the others.
+//  - The calling thread's current CUDA device is left as it was (construction runs on replica
+//    0's thread, already bound to its device).
+//  - Ownership: owns its NCCL communicators, one float of scratch per device (barrier) and one
+//    event per device (where the timeout starts).
 
 #include <memory>
 

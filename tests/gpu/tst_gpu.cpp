@@ -894,9 +894,14 @@ void TstGpu::ncclCollectives()
         QVERIFY2(be.ok(), be.ok() ? "" : be.error().toString().c_str());
         backends.push_back(std::move(be).value());
     }
+    int before = -1, after = -2;
+    QCOMPARE(cudaGetDevice(&before), cudaSuccess);
     auto made = f->communicator(group);
     QVERIFY2(made.ok(), made.ok() ? "" : made.error().toString().c_str());
     std::unique_ptr<Communicator> comm = std::move(made).value();
+    // Building it leaves this thread on its device (replica 0's backend is bound there).
+    QCOMPARE(cudaGetDevice(&after), cudaSuccess);
+    QCOMPARE(after, before);
     QCOMPARE(comm->size(), n);
     QCOMPARE(comm->name(), std::string("nccl"));
     const int64_t len = 1000003;  // odd: not a multiple of any chunk
@@ -945,6 +950,28 @@ void TstGpu::ncclCollectives()
     QVERIFY(!st.ok());
     QVERIFY2(st.error().message.find("test abort") != std::string::npos, st.error().toString().c_str());
     comm.reset();  // aborted communicators are torn down without blocking
+
+    // A healthy communicator is finalized and destroyed promptly, leaving the device as it was.
+    made = f->communicator(group);
+    QVERIFY2(made.ok(), made.ok() ? "" : made.error().toString().c_str());
+    comm = std::move(made).value();
+    std::vector<std::future<std::string>> barriers;
+    for (int r = 0; r < n; ++r)
+        barriers.push_back(std::async(std::launch::async, [&, r]() -> std::string {
+            backends[static_cast<std::size_t>(r)]->bindThread();
+            Status st = comm->barrier(r);
+            return st.ok() ? std::string() : st.error().toString();
+        }));
+    for (auto& fut : barriers) {
+        const std::string err = fut.get();
+        QVERIFY2(err.empty(), err.c_str());
+    }
+    QElapsedTimer timer;
+    timer.start();
+    comm.reset();
+    QVERIFY2(timer.elapsed() < 10000, "finalizing a healthy NCCL communicator took 10 s or more");
+    QCOMPARE(cudaGetDevice(&after), cudaSuccess);
+    QCOMPARE(after, before);
 }
 
 void TstGpu::deviceSample()
