@@ -10,8 +10,8 @@
 //    rank gets bitwise the same sums and a run is repeatable, but the summation order is the
 //    ring's, not rank order. (gloo::AllreduceRing passes whole buffers around and each rank sums
 //    in its own order: with more than 2 ranks their results differ in the last bits.) Large
-//    tensors are reduced in segments (chunks of at most 128 KiB), so synchronous sockets never
-//    block each other whatever the tensor size.
+//    tensors are reduced in segments (chunks under 90% of the smallest net.core.wmem_max among
+//    the ranks, at most 1 MiB), so synchronous sockets never block each other whatever the size.
 //  - Faults: every transfer has options.timeout. A peer that dies closes its sockets, so calls
 //    fail at once; a peer that hangs fails them after the timeout. The error names the rank and
 //    task that stopped responding, found through the ranks' heartbeats to the rendezvous service
