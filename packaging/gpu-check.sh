@@ -51,8 +51,22 @@ if [[ ! -f /usr/local/cuda/include/cudnn.h ]]; then
   fi
 fi
 
+# NCCL likewise: the toolkit's, else PyTorch's nvidia-nccl wheel (libnccl.so.2 only).
+nccl_args=()
+if [[ ! -f /usr/local/cuda/include/nccl.h ]]; then
+  wheel=$(LD_LIBRARY_PATH=$orig_ld python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null)
+  if [[ -n $wheel && -f $wheel/include/nccl.h ]]; then
+    lib=$(find "$wheel/lib" -name "libnccl.so*" | sort | head -1)
+    nccl_args=("-DTS_NCCL_INCLUDE_DIR=$wheel/include" "-DTS_NCCL_LIBRARY=$lib")
+    export LD_LIBRARY_PATH="$wheel/lib:$LD_LIBRARY_PATH"
+    say "NCCL from the pip wheel in $wheel"
+  else
+    say "no NCCL found (neither /usr/local/cuda/include/nccl.h nor the nvidia-nccl wheel)"; exit 3
+  fi
+fi
+
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTS_BUILD_UI=OFF -DTS_ENABLE_CUDA=ON \
-  -DTS_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${GPU_CMAKE_ARGS[@]}" "${cudnn_args[@]}" \
+  -DTS_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${GPU_CMAKE_ARGS[@]}" "${cudnn_args[@]}" "${nccl_args[@]}" \
   >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; say "configure FAILED (configure.log)"; exit 4; }
 say "configured ($(elapsed))"
 cmake --build "$build" -j "$jobs" --target trainstudio-cuda tst_gpu trainstudio-cuda-bench \
