@@ -29,6 +29,16 @@ public:
     // Copy root's tensor to every other rank.
     virtual Status broadcast(int rank, int root, Tensor& t) = 0;
     virtual Status barrier(int rank) = 0;
+    // Declares `t` (host or device memory that stays allocated while it is registered) as a
+    // buffer this rank will all-reduce again and again, so the communicator may bind its
+    // transfers to it instead of copying through staging memory. Every rank registers its
+    // corresponding buffer at the same point of its call sequence, and afterwards passes that
+    // same tensor (same memory and size) to allReduceSum when the others pass theirs: ranks that
+    // disagree make different calls on the wire. Local only (no communication). releaseBuffer
+    // undoes it, before the memory is freed if the communicator lives on. Pure virtual so that a
+    // wrapper cannot drop the call and leave its rank out of step with the others.
+    virtual Status registerBuffer(int rank, Tensor& t) = 0;
+    virtual void releaseBuffer(int rank, const Tensor& t) = 0;
     // Unblocks everyone with an error (a replica failed or the run was cancelled).
     virtual void abort(const std::string& reason) = 0;
 };

@@ -1,5 +1,7 @@
 #include "distribute/communicator.h"
 
+#include <vector>
+
 namespace ts {
 namespace {
 
@@ -41,6 +43,34 @@ public:
         return okStatus();
     }
 
+    // The cross-process link outlives this communicator (the caller's cluster connection), so
+    // what was registered with it is released here.
+    ~HierarchicalCommunicator() override
+    {
+        for (const Tensor& t : m_registered) m_cross->releaseBuffer(m_processRank, t);
+    }
+
+    // Local replica 0's buffer is the one that goes across processes; holding it keeps its
+    // memory allocated while it is registered.
+    Status registerBuffer(int rank, Tensor& t) override
+    {
+        if (rank != 0) return okStatus();
+        TS_TRY(m_cross->registerBuffer(m_processRank, t));
+        m_registered.push_back(t);
+        return okStatus();
+    }
+
+    void releaseBuffer(int rank, const Tensor& t) override
+    {
+        if (rank != 0) return;
+        for (auto it = m_registered.begin(); it != m_registered.end(); ++it)
+            if (it->raw() == t.raw() && it->numel() == t.numel()) {
+                m_cross->releaseBuffer(m_processRank, t);
+                m_registered.erase(it);
+                return;
+            }
+    }
+
     void abort(const std::string& reason) override
     {
         if (m_local) m_local->abort(reason);
@@ -63,6 +93,7 @@ private:
     std::shared_ptr<Communicator> m_cross;
     int m_processRank;
     std::unique_ptr<Communicator> m_local;
+    std::vector<Tensor> m_registered;
 };
 
 } // namespace

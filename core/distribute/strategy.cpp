@@ -520,6 +520,12 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
         TS_ASSIGN(s->m_comm, factory->communicator(group));
     } else if (s->m_cross) {
         s->m_comm = makeHierarchicalCommunicator(n, s->m_cross, s->m_processRank);
+        // The gradients (and their statistics tail) cross processes every step: reduced in
+        // place, without staging copies.
+        for (int r = 0; r < n; ++r) {
+            Tensor g = s->m_replicas[static_cast<std::size_t>(r)].program->gradientArenaWithTail();
+            if (g.defined()) TS_TRY(s->m_comm->registerBuffer(r, g));
+        }
     } else if (n > 1) {
         s->m_comm = makeLocalCommunicator(n);
     }

@@ -22,6 +22,8 @@ public:
     Status allReduceSum(int rank, Tensor& t) override { return m_inner->allReduceSum(rank, t); }
     Status broadcast(int rank, int root, Tensor& t) override { return m_inner->broadcast(rank, root, t); }
     Status barrier(int rank) override { return m_inner->barrier(rank); }
+    Status registerBuffer(int rank, Tensor& t) override { return m_inner->registerBuffer(rank, t); }
+    void releaseBuffer(int rank, const Tensor& t) override { m_inner->releaseBuffer(rank, t); }
     void abort(const std::string& reason) override { m_inner->abort(reason); }
 
 private:

@@ -127,6 +127,7 @@ public:
         if (m_heartbeat.joinable()) m_heartbeat.join();
         // Algorithms hold buffers registered with the context's pairs: free them first.
         m_allreduce.clear();
+        m_registered.clear();
         m_broadcast.clear();
         m_barrier.reset();
         m_context.reset();
@@ -207,20 +208,41 @@ public:
         if (m_opt.size == 1 || t.numel() == 0) return okStatus();
         const int64_t n = t.numel();
         return run("all-reduce of " + std::to_string(n) + " floats", [&] {
-            // One algorithm (and staging buffer) per element count: Gloo algorithms bind their
-            // buffers and slots when built, and every rank builds them in the same call order.
+            // A registered buffer is reduced where it is.
+            if (auto it = m_registered.find({t.data<float>(), n}); it != m_registered.end()) {
+                for (auto& algorithm : it->second) algorithm->run();
+                return;
+            }
+            // Otherwise one set of algorithms (and a staging buffer) per element count: Gloo
+            // algorithms bind their buffers and slots when built, and every rank builds them in
+            // the same call order.
             auto& slot = m_allreduce[n];
             if (slot.segments.empty()) {
                 slot.buffer.assign(static_cast<std::size_t>(n), 0.f);
-                const int64_t seg = m_maxChunkBytes / static_cast<int64_t>(sizeof(float)) * 2 * m_opt.size;
-                for (int64_t b = 0; b < n; b += seg)
-                    slot.segments.push_back(std::make_unique<gloo::AllreduceRingChunked<float>>(
-                        m_context, std::vector<float*>{slot.buffer.data() + b}, static_cast<int>(std::min(seg, n - b))));
+                slot.segments = segments(slot.buffer.data(), n);
             }
             std::memcpy(slot.buffer.data(), t.data<float>(), static_cast<std::size_t>(n) * sizeof(float));
             for (auto& algorithm : slot.segments) algorithm->run();
             std::memcpy(t.data<float>(), slot.buffer.data(), static_cast<std::size_t>(n) * sizeof(float));
         });
+    }
+
+    Status registerBuffer(int rank, Tensor& t) override
+    {
+        TS_TRY(checkCall(rank));
+        if (t.dtype() != DType::F32 || !t.hostAccessible())
+            return makeError(ErrorCode::Unsupported, "the Gloo all-reduce takes host F32 tensors", "copy the tensor to the host first");
+        if (m_opt.size == 1 || t.numel() == 0) return okStatus();
+        const int64_t n = t.numel();
+        auto& algorithms = m_registered[{t.data<float>(), n}];
+        if (!algorithms.empty()) return okStatus();  // already registered (by the same call on every rank)
+        return run("registering a buffer of " + std::to_string(n) + " floats", [&] { algorithms = segments(t.data<float>(), n); });
+    }
+
+    void releaseBuffer(int rank, const Tensor& t) override
+    {
+        if (rank == m_opt.rank && t.defined() && t.hostAccessible() && t.dtype() == DType::F32)
+            m_registered.erase({t.data<float>(), t.numel()});
     }
 
     Status broadcast(int rank, int root, Tensor& t) override
@@ -271,9 +293,22 @@ public:
     }
 
 private:
+    using Segments = std::vector<std::unique_ptr<gloo::AllreduceRingChunked<float>>>;
+
+    // Ring all-reduces over [data, data + n), one per segment (see localMaxChunkBytes), run in order.
+    Segments segments(float* data, int64_t n)
+    {
+        Segments out;
+        const int64_t seg = m_maxChunkBytes / static_cast<int64_t>(sizeof(float)) * 2 * m_opt.size;
+        for (int64_t b = 0; b < n; b += seg)
+            out.push_back(std::make_unique<gloo::AllreduceRingChunked<float>>(m_context, std::vector<float*>{data + b},
+                                                                               static_cast<int>(std::min(seg, n - b))));
+        return out;
+    }
+
     struct AllreduceSlot {
         std::vector<float> buffer;
-        std::vector<std::unique_ptr<gloo::AllreduceRingChunked<float>>> segments;  // run in order
+        Segments segments;
     };
     struct BroadcastSlot {
         std::vector<uint8_t> buffer;
@@ -385,6 +420,7 @@ private:
     std::shared_ptr<gloo::transport::Device> m_device;
     std::shared_ptr<gloo::rendezvous::Context> m_context;
     std::map<int64_t, AllreduceSlot> m_allreduce;
+    std::map<std::pair<const float*, int64_t>, Segments> m_registered;  // bound to the caller's memory
     int64_t m_maxChunkBytes = 128 * 1024;  // agreed by every rank in connect()
     std::map<std::pair<int, std::size_t>, BroadcastSlot> m_broadcast;
     std::unique_ptr<gloo::BarrierAllToAll> m_barrier;

@@ -182,6 +182,10 @@ public:
         return collective(rank, "barrier", [&](ncclComm_t c, cudaStream_t s) { return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, c, s); });
     }
 
+    // NCCL reads and writes the tensors in device memory where they are: nothing to bind.
+    Status registerBuffer(int rank, Tensor&) override { return checkRank(rank); }
+    void releaseBuffer(int, const Tensor&) override {}
+
     void abort(const std::string& reason) override
     {
         std::lock_guard lock(m_mutex);
