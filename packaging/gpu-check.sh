@@ -37,36 +37,28 @@ fi
 gpu_deps_env "$deps"
 say "packages unpacked into $deps ($(elapsed))"
 
-# cuDNN: the toolkit's, else the pip wheel PyTorch uses (its library is libcudnn.so.9 only).
-cudnn_args=()
-if [[ ! -f /usr/local/cuda/include/cudnn.h ]]; then
-  wheel=$(LD_LIBRARY_PATH=$orig_ld python3 -c 'import nvidia.cudnn, os; print(os.path.dirname(nvidia.cudnn.__file__) if nvidia.cudnn.__file__ else list(nvidia.cudnn.__path__)[0])' 2>/dev/null)
-  if [[ -n $wheel && -f $wheel/include/cudnn.h ]]; then
-    lib=$(find "$wheel/lib" -name "libcudnn.so*" | sort | head -1)
-    cudnn_args=("-DTS_CUDNN_INCLUDE_DIR=$wheel/include" "-DTS_CUDNN_LIBRARY=$lib")
+# cuDNN and NCCL: the toolkit's, else the pip wheels PyTorch uses (nvidia-cudnn, nvidia-nccl;
+# their libraries are libcudnn.so.9 and libnccl.so.2 only). Appends the CMake cache entries to
+# toolkit_args and the wheel's lib folder to LD_LIBRARY_PATH.
+toolkit_args=()
+find_toolkit_lib() {  # NAME (cudnn|nccl) CMAKEVAR (CUDNN|NCCL) LABEL
+  local name=$1 var=$2 label=$3 wheel lib
+  [[ -f /usr/local/cuda/include/$name.h ]] && return 0
+  wheel=$(LD_LIBRARY_PATH=$orig_ld python3 -c "import nvidia.$name, os; m = nvidia.$name; print(os.path.dirname(m.__file__) if m.__file__ else list(m.__path__)[0])" 2>/dev/null)
+  if [[ -n $wheel && -f $wheel/include/$name.h ]]; then
+    lib=$(find "$wheel/lib" -name "lib$name.so*" | sort | head -1)
+    toolkit_args+=("-DTS_${var}_INCLUDE_DIR=$wheel/include" "-DTS_${var}_LIBRARY=$lib")
     export LD_LIBRARY_PATH="$wheel/lib:$LD_LIBRARY_PATH"
-    say "cuDNN from the pip wheel in $wheel"
+    say "$label from the pip wheel in $wheel"
   else
-    say "no cuDNN found (neither /usr/local/cuda/include/cudnn.h nor the nvidia-cudnn wheel)"; exit 3
+    say "no $label found (neither /usr/local/cuda/include/$name.h nor the nvidia-$name wheel)"; exit 3
   fi
-fi
-
-# NCCL likewise: the toolkit's, else PyTorch's nvidia-nccl wheel (libnccl.so.2 only).
-nccl_args=()
-if [[ ! -f /usr/local/cuda/include/nccl.h ]]; then
-  wheel=$(LD_LIBRARY_PATH=$orig_ld python3 -c 'import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__) if nvidia.nccl.__file__ else list(nvidia.nccl.__path__)[0])' 2>/dev/null)
-  if [[ -n $wheel && -f $wheel/include/nccl.h ]]; then
-    lib=$(find "$wheel/lib" -name "libnccl.so*" | sort | head -1)
-    nccl_args=("-DTS_NCCL_INCLUDE_DIR=$wheel/include" "-DTS_NCCL_LIBRARY=$lib")
-    export LD_LIBRARY_PATH="$wheel/lib:$LD_LIBRARY_PATH"
-    say "NCCL from the pip wheel in $wheel"
-  else
-    say "no NCCL found (neither /usr/local/cuda/include/nccl.h nor the nvidia-nccl wheel)"; exit 3
-  fi
-fi
+}
+find_toolkit_lib cudnn CUDNN cuDNN
+find_toolkit_lib nccl NCCL NCCL
 
 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTS_BUILD_UI=OFF -DTS_ENABLE_CUDA=ON \
-  -DTS_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${GPU_CMAKE_ARGS[@]}" "${cudnn_args[@]}" "${nccl_args[@]}" \
+  -DTS_BUILD_TESTS=ON -DCMAKE_CUDA_ARCHITECTURES=90 "${GPU_CMAKE_ARGS[@]}" "${toolkit_args[@]}" \
   >"$out/configure.log" 2>&1 || { tail -40 "$out/configure.log"; say "configure FAILED (configure.log)"; exit 4; }
 say "configured ($(elapsed))"
 cmake --build "$build" -j "$jobs" --target trainstudio-cuda tst_gpu trainstudio-cuda-bench \
