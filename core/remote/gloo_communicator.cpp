@@ -200,12 +200,19 @@ public:
     int size() const override { return m_opt.size; }
     std::string name() const override { return "gloo"; }
 
-    Status allReduceSum(int rank, Tensor& t) override
+    // The checks every all-reduce (and registration) makes; false: nothing to reduce.
+    Result<bool> checkReduce(int rank, const Tensor& t)
     {
         TS_TRY(checkCall(rank));
         if (t.dtype() != DType::F32 || !t.hostAccessible())
             return makeError(ErrorCode::Unsupported, "the Gloo all-reduce takes host F32 tensors", "copy the tensor to the host first");
-        if (m_opt.size == 1 || t.numel() == 0) return okStatus();
+        return m_opt.size > 1 && t.numel() > 0;
+    }
+
+    Status allReduceSum(int rank, Tensor& t) override
+    {
+        TS_ASSIGN(const bool work, checkReduce(rank, t));
+        if (!work) return okStatus();
         const int64_t n = t.numel();
         return run("all-reduce of " + std::to_string(n) + " floats", [&] {
             // A registered buffer is reduced where it is.
@@ -229,10 +236,8 @@ public:
 
     Status registerBuffer(int rank, Tensor& t) override
     {
-        TS_TRY(checkCall(rank));
-        if (t.dtype() != DType::F32 || !t.hostAccessible())
-            return makeError(ErrorCode::Unsupported, "the Gloo all-reduce takes host F32 tensors", "copy the tensor to the host first");
-        if (m_opt.size == 1 || t.numel() == 0) return okStatus();
+        TS_ASSIGN(const bool work, checkReduce(rank, t));
+        if (!work) return okStatus();
         const int64_t n = t.numel();
         auto& algorithms = m_registered[{t.data<float>(), n}];
         if (!algorithms.empty()) return okStatus();  // already registered (by the same call on every rank)
