@@ -186,7 +186,9 @@ void TestSession::pauseResumeStop()
     TrainingSession* s = w->session();
     QSignalSpy finished(s, &TrainingSession::finished);
     QVERIFY(page->startTraining());
-    QTRY_VERIFY_WITH_TIMEOUT(s->data().lastStep() > 5, 30000);
+    // Generous: on a loaded CI machine the first steps once took 35 s (dataset and plugin
+    // loading); the test is about pausing, not speed.
+    QTRY_VERIFY_WITH_TIMEOUT(s->data().lastStep() > 5, 90000);
     QTest::mouseClick(page->pauseButton(), Qt::LeftButton);
     QTRY_COMPARE_WITH_TIMEOUT(s->state(), State::Paused, 10000);
     QCOMPARE(page->pauseButton()->text(), QString("Resume"));
