@@ -14,6 +14,8 @@
 
 #include "io/safetensors.h"
 
+#include "distributed/worker_process.h"
+
 using namespace ts;
 
 namespace {
@@ -232,18 +234,13 @@ void TestMultiWorker::restartFromBackupEqualsContinuous()
         auto worker = startCli(workerArgs, cluster);
         QString seen;
         if (killWorker) {
-            QElapsedTimer wait;
-            wait.start();
-            while (!seen.contains("\"epoch\":3") && wait.elapsed() < 60000 && chief->state() != QProcess::NotRunning) {
-                chief->waitForReadyRead(100);
-                seen += QString::fromUtf8(chief->readAllStandardOutput());
-            }
-            if (!seen.contains("\"epoch\":3") || chief->state() != QProcess::Running) return QString("no epoch 3 before the kill: " + seen);
+            if (!tstest::readUntil(*chief, seen, "\"epoch\":3")) return QString("no epoch 3 before the kill: " + seen);
             ::kill(static_cast<pid_t>(worker->processId()), SIGKILL);
             finish(*worker);
             // The chief notices, says it restarts, and waits in the rendezvous for the worker.
             QString err;
-            wait.restart();
+            QElapsedTimer wait;
+            wait.start();
             while (!err.contains("restarting it from its backup") && wait.elapsed() < 30000 && chief->state() == QProcess::Running) {
                 chief->waitForReadyRead(100);
                 err += QString::fromUtf8(chief->readAllStandardError());

@@ -273,13 +273,7 @@ void TestWorker::restartedRunResumesFromBackup()
         const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
         auto coord = startCoordinator(coordinatorArgs(cluster, 400) + extra + QStringList{"--db", dir.filePath("runs.db"), "--json"});
         if (kill) {
-            QElapsedTimer wait;
-            wait.start();
-            while (!out.contains("\"epoch\":3") && wait.elapsed() < 60000 && coord->state() != QProcess::NotRunning) {
-                coord->waitForReadyRead(100);
-                out += QString::fromUtf8(coord->readAllStandardOutput());
-            }
-            QVERIFY2(out.contains("\"epoch\":3") && coord->state() == QProcess::Running, qPrintable(out));
+            QVERIFY2(tstest::readUntil(*coord, out, "\"epoch\":3"), qPrintable(out));
             const int port = worker->port;
             ::kill(static_cast<pid_t>(worker->process->processId()), SIGKILL);
             worker->process->waitForFinished();

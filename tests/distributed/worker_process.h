@@ -56,4 +56,17 @@ inline std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QStr
     return w;
 }
 
+// Appends `p`'s standard output to `seen` until it contains `needle`, `ms` pass or `p` exits;
+// true when the needle was seen while `p` still runs.
+inline bool readUntil(QProcess& p, QString& seen, const QString& needle, int ms = 60000)
+{
+    QElapsedTimer wait;
+    wait.start();
+    while (!seen.contains(needle) && wait.elapsed() < ms && p.state() != QProcess::NotRunning) {
+        p.waitForReadyRead(100);
+        seen += QString::fromUtf8(p.readAllStandardOutput());
+    }
+    return seen.contains(needle) && p.state() == QProcess::Running;
+}
+
 } // namespace tstest

@@ -1,5 +1,7 @@
 #include "setup/runsetuppanel.h"
 
+#include <functional>
+
 #include <QCheckBox>
 #include <QComboBox>
 #include <QDir>
@@ -31,6 +33,20 @@
 
 namespace ts {
 namespace {
+
+// A folder field with a Browse… button beside it; `chosen` gets the folder picked in the dialog.
+QHBoxLayout* folderRow(QWidget* owner, QLineEdit* edit, const QString& dialogTitle, std::function<void(const QString&)> chosen)
+{
+    auto* browse = new QPushButton(QObject::tr("Browse…"));
+    auto* row = new QHBoxLayout;
+    row->addWidget(edit, 1);
+    row->addWidget(browse);
+    QObject::connect(browse, &QPushButton::clicked, owner, [owner, edit, dialogTitle, chosen = std::move(chosen)] {
+        const QString dir = QFileDialog::getExistingDirectory(owner, dialogTitle, edit->text());
+        if (!dir.isEmpty()) chosen(dir);
+    });
+    return row;
+}
 
 QString bytesText(uint64_t b)
 {
@@ -86,11 +102,10 @@ void RunSetupPanel::buildUi()
     m_dataDir = new QLineEdit;
     m_dataDir->setObjectName("dataDir");
     m_dataDir->setPlaceholderText(tr("folder with train-images-idx3-ubyte[.gz], ..."));
-    auto* browse = new QPushButton(tr("Browse…"));
-    auto* dirRow = new QHBoxLayout;
-    dirRow->addWidget(m_dataDir, 1);
-    dirRow->addWidget(browse);
-    df->addRow(tr("Folder"), dirRow);
+    df->addRow(tr("Folder"), folderRow(this, m_dataDir, tr("IDX data folder"), [this](const QString& dir) {
+                   m_source->setCurrentIndex(1);
+                   m_dataDir->setText(dir);
+               }));
     m_limit = new QSpinBox;
     m_limit->setRange(0, 100'000'000);
     m_limit->setSpecialValueText(tr("all"));
@@ -291,11 +306,7 @@ void RunSetupPanel::buildUi()
     bf->addRow(QString(), m_backup);
     m_backupDir = new QLineEdit;
     m_backupDir->setObjectName("backupDir");
-    auto* backupBrowse = new QPushButton(tr("Browse…"));
-    auto* bdRow = new QHBoxLayout;
-    bdRow->addWidget(m_backupDir, 1);
-    bdRow->addWidget(backupBrowse);
-    bf->addRow(tr("Folder"), bdRow);
+    bf->addRow(tr("Folder"), folderRow(this, m_backupDir, tr("Backup folder"), [this](const QString& dir) { m_backupDir->setText(dir); }));
     m_backupEvery = new QSpinBox;
     m_backupEvery->setRange(0, 1 << 30);
     m_backupEvery->setSpecialValueText(tr("after each epoch"));
@@ -309,10 +320,6 @@ void RunSetupPanel::buildUi()
     m_restarts->setObjectName("restarts");
     bf->addRow(tr("Restart a failed run"), m_restarts);
     layout->addWidget(backup);
-    connect(backupBrowse, &QPushButton::clicked, this, [this] {
-        const QString dir = QFileDialog::getExistingDirectory(this, tr("Backup folder"), m_backupDir->text());
-        if (!dir.isEmpty()) m_backupDir->setText(dir);
-    });
     connect(m_backup, &QCheckBox::toggled, this, [this](bool on) {
         // A sensible place to start from: the model's name, under the worker's backup root for
         // remote runs, under this user's data folder here.
@@ -329,13 +336,6 @@ void RunSetupPanel::buildUi()
     layout->addWidget(m_problems);
     layout->addStretch(1);
 
-    connect(browse, &QPushButton::clicked, this, [this] {
-        const QString dir = QFileDialog::getExistingDirectory(this, tr("IDX data folder"), m_dataDir->text());
-        if (!dir.isEmpty()) {
-            m_source->setCurrentIndex(1);
-            m_dataDir->setText(dir);
-        }
-    });
     connect(m_source, &QComboBox::currentIndexChanged, this, [this](int i) {
         if (i == 0) m_dataDir->setText(QString::fromStdString(defaultFashionMnistDir()));
         m_dataDir->setReadOnly(i == 0);
