@@ -11,6 +11,7 @@
 #include "store/recording.h"
 #include "store/run_store.h"
 #include "telemetry/bus.h"
+#include "train/backup.h"
 
 namespace ts {
 
@@ -34,6 +35,8 @@ bool TrainingSession::isActive() const
 {
     return m_state == State::Preparing || m_state == State::Running || m_state == State::Paused || m_state == State::Stopping;
 }
+
+QString TrainingSession::defaultBackupFolder() { return QString::fromStdString(defaultBackupRoot()); }
 
 QString TrainingSession::stateName(State s)
 {

@@ -71,6 +71,9 @@ public:
     // The run trains on remote workers (pause and capture on demand are local-only).
     bool isRemote() const { return m_remote; }
     static QString stateName(State s);
+    // Where a local run's backups go unless the user picks a folder (the engine's default,
+    // under this user's data folder).
+    static QString defaultBackupFolder();
     QString runId() const { return m_runId; }
     QString errorMessage() const { return m_error; }
     // The live run's telemetry (the last run's after it ended).

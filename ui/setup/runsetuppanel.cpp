@@ -29,7 +29,7 @@
 
 #include "backend/registry.h"
 #include "data/dataset.h"
-#include "train/backup.h"
+#include "session/trainingsession.h"
 
 namespace ts {
 namespace {
@@ -325,7 +325,7 @@ void RunSetupPanel::buildUi()
         // remote runs, under this user's data folder here.
         if (on && m_backupDir->text().trimmed().isEmpty()) {
             const QString name = QString::fromStdString(m_model.name.empty() ? std::string("model") : m_model.name);
-            m_backupDir->setText(isRemoteStrategy() ? name : QDir(QString::fromStdString(defaultBackupRoot())).filePath(name));
+            m_backupDir->setText(isRemoteStrategy() ? name : QDir(TrainingSession::defaultBackupFolder()).filePath(name));
         }
     });
 
