@@ -18,6 +18,7 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <csignal>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -189,6 +190,7 @@ public:
                 const int pp = ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 ? portOf(peer) : -1;
                 if (services.count(lp) || services.count(pp)) continue;
                 m_meshSockets.insert(ino);
+                m_meshFds.push_back(fd);
             }
             m_connected = true;
         } catch (const std::exception& e) {
@@ -256,8 +258,14 @@ public:
         const int64_t n = t.numel();
         if (m_shm) {
             Status st = m_shm->allReduceSum(
-                t.data<float>(), n, [this] { return localFailure(); }, m_opt.timeout, [this](int r) { return rankName(r); });
+                t.data<float>(), n, [this] { return sharedMemoryPoll(); }, m_opt.timeout, [this](int r) { return rankName(r); });
             if (st.ok()) return st;
+            if (st.error().code == ErrorCode::InvalidArgument) {  // the ranks' sizes differ: every rank knows, nobody to find
+                releasePeers();
+                std::lock_guard lock(m_abortMutex);
+                if (!m_failed) m_failed = st.error();
+                return *m_failed;
+            }
             return failed("all-reduce of " + std::to_string(n) + " floats", "shared memory: " + st.error().message);
         }
         return run("all-reduce of " + std::to_string(n) + " floats", [&] {
@@ -401,15 +409,13 @@ private:
             if (m_aborted) return makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
             if (m_failed) return *m_failed;  // the heartbeat watchdog got there first
         }
+        releasePeers();  // first: the peers need not wait while this rank looks for the culprit
         const std::string culprit = findCulprit();
         Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + culprit + " (gloo: " + detail + ")",
                               "the run stops; restart the failed task and resume from the last checkpoint");
-        {
-            std::lock_guard lock(m_abortMutex);
-            m_failed = err;
-        }
-        releasePeers();
-        return err;
+        std::lock_guard lock(m_abortMutex);
+        if (!m_failed) m_failed = err;
+        return *m_failed;
     }
 
     std::string findCulprit()
@@ -456,7 +462,19 @@ private:
         if (m_shm) m_shm->abort();
     }
 
-    // What a shared-memory wait checks every few milliseconds: this rank aborted or failed.
+    // What a shared-memory wait checks every few milliseconds: this rank aborted or failed, or
+    // a peer's end of the mesh closed (it died: sockets tell at once, heartbeats after 3 periods).
+    Status sharedMemoryPoll()
+    {
+        TS_TRY(localFailure());
+        std::vector<pollfd> fds;
+        for (int fd : m_meshFds) fds.push_back(pollfd{fd, POLLRDHUP, 0});
+        if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0)
+            for (const pollfd& p : fds)
+                if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return makeError(ErrorCode::IoError, "a peer's connection closed");
+        return okStatus();
+    }
+
     Status localFailure()
     {
         std::lock_guard lock(m_abortMutex);
@@ -499,6 +517,7 @@ private:
     std::optional<Error> m_failed;
     std::atomic<bool> m_connected{false};
     std::set<ino_t> m_meshSockets;  // written before m_connected is set, read-only after
+    std::vector<int> m_meshFds;     // the same sockets' fds (Gloo's; valid while the context lives)
 
     std::thread m_heartbeat;
     std::mutex m_hbMutex;

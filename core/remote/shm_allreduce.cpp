@@ -5,7 +5,10 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <random>
+
+#include <csignal>
 
 #include <fcntl.h>
 #include <linux/futex.h>
@@ -63,6 +66,30 @@ std::size_t segmentBytes(int size)
 }
 
 std::string errnoText(int e) { return std::strerror(e); }
+
+// A rank 0 killed between create() and unlink() (while the others attach) leaves its segment in
+// /dev/shm. Names end in "-<pid>-<hex>": remove this user's whose process is gone, once they
+// are old enough that no group can still be meeting through them.
+void removeStaleSegments()
+{
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto now = fs::file_time_type::clock::now();
+    for (const auto& entry : fs::directory_iterator("/dev/shm", ec)) {
+        const std::string name = entry.path().filename().string();
+        if (name.rfind("trainstudio-", 0) != 0) continue;
+        const auto dash = name.rfind('-');
+        const auto dash2 = dash == std::string::npos || dash == 0 ? std::string::npos : name.rfind('-', dash - 1);
+        if (dash2 == std::string::npos) continue;
+        const long pid = std::strtol(name.c_str() + dash2 + 1, nullptr, 10);
+        struct stat st {};
+        if (pid <= 0 || ::stat(entry.path().c_str(), &st) != 0 || st.st_uid != ::getuid()) continue;
+        if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+        const auto mtime = fs::last_write_time(entry.path(), ec);
+        if (ec || now - mtime < std::chrono::minutes(1)) continue;
+        ::shm_unlink(("/" + name).c_str());
+    }
+}
 } // namespace
 
 struct SharedMemoryAllReduce::Header {
@@ -78,13 +105,21 @@ struct SharedMemoryAllReduce::Header {
 struct SharedMemoryAllReduce::Counter {
     std::atomic<uint32_t> arrived;
     std::atomic<uint32_t> sleepers;
+    int64_t length;  // the round's element count, written before arriving in phase 1
+    int64_t total;   // the whole call's element count
 };
 
 Result<std::unique_ptr<SharedMemoryAllReduce>> SharedMemoryAllReduce::create(int size, const std::string& tag)
 {
     if (size < 2) return makeError(ErrorCode::InvalidArgument, "a shared-memory all-reduce needs 2 or more ranks");
-    std::random_device rd;
-    const uint64_t nonce = (uint64_t{rd()} << 32) ^ rd();
+    removeStaleSegments();
+    uint64_t nonce = 0;
+    try {
+        std::random_device rd;
+        nonce = (uint64_t{rd()} << 32) ^ rd();
+    } catch (const std::exception& e) {
+        return makeError(ErrorCode::IoError, std::string("no random source for a shared-memory name: ") + e.what());
+    }
     // The tag (the rendezvous group) only helps a person reading /dev/shm; the name must be a
     // single path component.
     std::string clean;
@@ -120,8 +155,7 @@ Result<std::unique_ptr<SharedMemoryAllReduce>> SharedMemoryAllReduce::create(int
         (*r)->counter(i).arrived.store(0, std::memory_order_relaxed);
         (*r)->counter(i).sleepers.store(0, std::memory_order_relaxed);
     }
-    std::atomic_thread_fence(std::memory_order_release);
-    h->magic = kMagic;  // written last: an attacher that sees it sees the rest
+    std::atomic_ref<uint64_t>(h->magic).store(kMagic, std::memory_order_release);  // last: who sees it sees the rest
     return r;
 }
 
@@ -136,10 +170,10 @@ Result<std::unique_ptr<SharedMemoryAllReduce>> SharedMemoryAllReduce::attach(con
         return makeError(ErrorCode::IoError, "shared memory " + name + " has the wrong size");
     }
     TS_ASSIGN(auto r, map(fd, name, rank, size));
-    const Header* h = static_cast<const Header*>(r->m_base);
-    std::atomic_thread_fence(std::memory_order_acquire);
+    Header* h = static_cast<Header*>(r->m_base);
+    const uint64_t magic = std::atomic_ref<uint64_t>(h->magic).load(std::memory_order_acquire);
     // Same name, different segment: another IPC namespace (a container) or a stale leftover.
-    if (h->magic != kMagic || h->nonce != nonce || h->size != size || h->slotFloats != kSlotFloats)
+    if (magic != kMagic || h->nonce != nonce || h->size != size || h->slotFloats != kSlotFloats)
         return makeError(ErrorCode::IoError, "shared memory " + name + " is not this group's");
     return r;
 }
@@ -246,8 +280,20 @@ Status SharedMemoryAllReduce::allReduceSum(float* data, int64_t n, const Poll& p
         // Phase 1: publish this rank's part. Its slot is free: every peer finished reading the
         // slots (phase 2 of the previous round) before this rank's last wait ended.
         std::memcpy(mine, data + off, static_cast<std::size_t>(len) * sizeof(float));
+        counter(m_rank).length = len;
+        counter(m_rank).total = n;
         arrive(++m_seq);
         TS_TRY(waitAll(m_seq, poll, deadline, peerName));
+        // Ranks that disagree on the size would sum misaligned parts (and the TCP ring would have
+        // failed): every rank sees every size, so each stops here with the same verdict.
+        for (int r = 0; r < m_size; ++r)
+            if (counter(r).length != len || counter(r).total != n) {
+                abort();
+                return makeError(ErrorCode::InvalidArgument,
+                                 "the ranks all-reduce different sizes: " + peerName(m_rank) + " has " + std::to_string(n) + " floats, " +
+                                     peerName(r) + " has " + std::to_string(counter(r).total),
+                                 "every task must train the same model (check that all were started with the same model and configuration)");
+            }
         // Phase 2: sum part m_rank of every slot, in rank order. The result area is free: every
         // peer copied the previous result out before it arrived in phase 1.
         const int64_t lo = len * m_rank / m_size, hi = len * (m_rank + 1) / m_size;

@@ -140,6 +140,7 @@ private slots:
     void threadsAllReduceBroadcastBarrier_data() { transports(); }
     void threadsAllReduceBroadcastBarrier();
     void sharedMemoryNeedsEveryRank();
+    void sharedMemorySizesMustAgree();
     void largeAllReduceDoesNotDeadlock_data() { transports(); }
     void largeAllReduceDoesNotDeadlock();
     void registeredBufferReducesInPlace_data() { transports(); }
@@ -288,6 +289,29 @@ void TestGloo::sharedMemoryNeedsEveryRank()
         return okStatus();
     });
     for (const Status& s : st) QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
+}
+
+// A task started with another model all-reduces a different number of floats: over shared
+// memory every rank sees every size, so all of them stop at once with an error naming both.
+void TestGloo::sharedMemorySizesMustAgree()
+{
+    auto server = startServer();
+    auto ranks = makeRanks(server->port(), 2, "sizes");
+    QCOMPARE(ranks[0]->name(), std::string("gloo+shm"));
+    const auto t0 = std::chrono::steady_clock::now();
+    auto st = onRanks(2, [&](int r) -> Status {
+        Tensor t = Tensor::zeros({r == 0 ? 1000 : 1001});
+        return ranks[static_cast<std::size_t>(r)]->allReduceSum(r, t);
+    });
+    QVERIFY(std::chrono::steady_clock::now() - t0 < 5s);
+    for (const Status& s : st) {
+        QVERIFY(!s.ok());
+        QVERIFY2(s.error().message.find("different sizes") != std::string::npos, s.error().message.c_str());
+        QVERIFY2(s.error().message.find("1000") != std::string::npos && s.error().message.find("1001") != std::string::npos,
+                 s.error().message.c_str());
+    }
+    Tensor t = Tensor::zeros({1000});
+    QVERIFY(!ranks[0]->allReduceSum(0, t).ok());  // the group is unusable afterwards
 }
 
 void TestGloo::largeAllReduceDoesNotDeadlock()
@@ -534,6 +558,7 @@ void TestGloo::killedProcessIsDetected()
     const auto m = QRegularExpression("FAILED after ([0-9.]+) s").match(out);
     QVERIFY2(m.hasMatch(), qPrintable(out));
     QVERIFY2(m.captured(1).toDouble() < 10.0, qPrintable(out));
+    qInfo("rank 0 failed %s s after rank 1 was killed", qPrintable(m.captured(1)));
 }
 
 int main(int argc, char** argv)
