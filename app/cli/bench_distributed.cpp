@@ -71,7 +71,6 @@ double epochRate(const std::string& output)
 }
 
 struct AllReduceRow {
-    bool shm;  // the shared-memory path (same machine), else the TCP ring
     std::size_t bytes;
     double medianMs, gbPerSec;
     double cpuMs;  // rank 0's thread CPU time (user + system) per all-reduce, median
@@ -84,7 +83,7 @@ double threadCpuMs()
     return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
 }
 
-ts::Result<std::vector<AllReduceRow>> allReduceSweep(bool shm)
+ts::Result<std::vector<AllReduceRow>> allReduceSweep()
 {
     ts::remote::RendezvousServer::Options so;
     so.token = "bench";
@@ -97,8 +96,7 @@ ts::Result<std::vector<AllReduceRow>> allReduceSweep(bool shm)
             g.size = 2;
             g.rendezvousAddress = "127.0.0.1:" + std::to_string(server->port());
             g.token = "bench";
-            g.group = shm ? "bench-shm" : "bench-tcp";
-            g.sharedMemory = shm;
+            g.group = "bench";
             return ts::remote::makeGlooCommunicator(g);
         }));
     std::vector<std::unique_ptr<ts::Communicator>> comms;
@@ -142,7 +140,7 @@ ts::Result<std::vector<AllReduceRow>> allReduceSweep(bool shm)
         if (!b.ok()) return b.takeError();
         const double ms = median(times);
         const std::size_t bytes = static_cast<std::size_t>(n) * sizeof(float);
-        rows.push_back({shm, bytes, ms, static_cast<double>(bytes) / (ms / 1e3) / 1e9, median(cpu)});
+        rows.push_back({bytes, ms, static_cast<double>(bytes) / (ms / 1e3) / 1e9, median(cpu)});
     }
     return rows;
 }
@@ -152,23 +150,20 @@ ts::Result<std::vector<AllReduceRow>> allReduceSweep(bool shm)
 int distributedSuite(const BenchOptions& o)
 {
     // 1. The collective alone.
+    auto sweep = allReduceSweep();
+    if (!sweep.ok()) {
+        std::cerr << "error: " << sweep.error().toString() << "\n";
+        return 1;
+    }
     nlohmann::json out;
     out["suite"] = "distributed";
-    for (const bool shm : {false, true}) {
-        auto sweep = allReduceSweep(shm);
-        if (!sweep.ok()) {
-            std::cerr << "error: " << sweep.error().toString() << "\n";
-            return 1;
-        }
-        for (const auto& r : *sweep) {
-            out["allreduce"].push_back({{"transport", r.shm ? "shm" : "tcp"}, {"bytes", r.bytes}, {"median_ms", r.medianMs},
-                                        {"algorithm_gb_per_sec", r.gbPerSec}, {"cpu_ms", r.cpuMs}});
-            if (!o.json)
-                std::printf("gloo all-reduce, 2 ranks, %-22s %8.2f MB  median %7.2f ms  %5.2f GB/s  (CPU of one rank: %.2f ms)\n",
-                            r.shm ? "shared memory:" : "TCP ring on loopback:", static_cast<double>(r.bytes) / 1e6, r.medianMs, r.gbPerSec, r.cpuMs);
-        }
-        std::fflush(stdout);
+    for (const auto& r : *sweep) {
+        out["allreduce"].push_back({{"bytes", r.bytes}, {"median_ms", r.medianMs}, {"algorithm_gb_per_sec", r.gbPerSec}, {"cpu_ms", r.cpuMs}});
+        if (!o.json)
+            std::printf("gloo ring all-reduce, 2 ranks on loopback: %8.2f MB  median %7.2f ms  %5.2f GB/s  (CPU of one rank: %.2f ms)\n",
+                        static_cast<double>(r.bytes) / 1e6, r.medianMs, r.gbPerSec, r.cpuMs);
     }
+    std::fflush(stdout);
 
     // 2. Training throughput: A = 2 workers x 1 thread, B = 1 process x 2 threads, C = DDP.
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
@@ -178,31 +173,22 @@ int distributedSuite(const BenchOptions& o)
     const int epochs = std::max(2, o.epochs);
     const std::string common = " train --model mlp --batch-size 256 --no-validation --no-record --json --epochs " + std::to_string(epochs) +
                                (o.limit > 0 ? " --limit " + std::to_string(o.limit) : std::string());
-    // Two workers on this machine all-reduce through shared memory; over TCP (TS_GLOO_SHM=0) they
-    // stand for workers on separate machines, minus the network.
-    auto twoWorkers = [&](bool shm) {
+    std::vector<double> multi, single, ddp, ratioSingle, ratioDdp;
+    for (int pair = 0; pair < std::max(1, o.pairs); ++pair) {
         const int p0 = freeLoopbackPort(), p1 = freeLoopbackPort();
         const std::string tf = "{\"cluster\": {\"chief\": [\"127.0.0.1:" + std::to_string(p0) + "\"], \"worker\": [\"127.0.0.1:" +
                                std::to_string(p1) + "\"]}}";
         std::ostringstream cmd;
-        cmd << "export TRAINSTUDIO_TOKEN=bench-" << ::getpid() << " TF_CONFIG='" << tf << "' TS_GLOO_SHM=" << (shm ? 1 : 0) << "; '" << self << "'"
-            << common << " --strategy multi-worker-mirrored --threads 1 --task worker:0 >/dev/null 2>&1 & '" << self << "'" << common
+        cmd << "export TRAINSTUDIO_TOKEN=bench-" << ::getpid() << " TF_CONFIG='" << tf << "'; '" << self << "'" << common
+            << " --strategy multi-worker-mirrored --threads 1 --task worker:0 >/dev/null 2>&1 & '" << self << "'" << common
             << " --strategy multi-worker-mirrored --threads 1 --task chief:0 2>&1; wait";
-        return epochRate(capture(cmd.str()));
-    };
-    std::vector<double> multi, multiTcp, single, ddp, ratioSingle, ratioTcp, ratioDdp;
-    for (int pair = 0; pair < std::max(1, o.pairs); ++pair) {
-        const double a = twoWorkers(true);
+        const double a = epochRate(capture(cmd.str()));
         const double b = epochRate(capture("'" + self + "'" + common + " --strategy one-device --threads 2 2>&1"));
-        const double tcp = twoWorkers(false);
         multi.push_back(a);
-        multiTcp.push_back(tcp);
         single.push_back(b);
         if (b > 0) ratioSingle.push_back(a / b);
-        if (b > 0) ratioTcp.push_back(tcp / b);
         std::string line = "pair " + std::to_string(pair + 1) + ": 2 workers x 1 thread " + std::to_string(static_cast<long>(a)) +
-                           " samples/s (over TCP " + std::to_string(static_cast<long>(tcp)) + "), 1 process x 2 threads " +
-                           std::to_string(static_cast<long>(b));
+                           " samples/s, 1 process x 2 threads " + std::to_string(static_cast<long>(b));
         if (torch) {
             std::ostringstream t;
             t << "cd '" << dir << "' && env -u GOMP_SPINCOUNT -u OMP_WAIT_POLICY -u TS_NO_REEXEC -u TF_CONFIG "
@@ -219,8 +205,6 @@ int distributedSuite(const BenchOptions& o)
     out["multi_worker_samples_per_sec"] = median(multi);
     out["one_process_2_threads_samples_per_sec"] = median(single);
     out["ratio_vs_one_process"] = median(ratioSingle);
-    out["multi_worker_tcp_samples_per_sec"] = median(multiTcp);
-    out["ratio_tcp_vs_one_process"] = median(ratioTcp);
     if (torch) {
         out["pytorch_ddp_samples_per_sec"] = median(ddp);
         out["ratio_vs_pytorch_ddp"] = median(ratioDdp);
@@ -228,8 +212,8 @@ int distributedSuite(const BenchOptions& o)
     if (o.json) {
         std::cout << out.dump() << "\n";
     } else {
-        std::printf("MLP, 2 workers x 1 thread: %.0f samples/s | 1 process x 2 threads: %.0f (ratio %.2fx; over TCP %.0f, %.2fx)",
-                    median(multi), median(single), median(ratioSingle), median(multiTcp), median(ratioTcp));
+        std::printf("MLP, 2 workers x 1 thread: %.0f samples/s | 1 process x 2 threads: %.0f (ratio %.2fx)", median(multi), median(single),
+                    median(ratioSingle));
         if (torch) std::printf(" | PyTorch DDP 2x1: %.0f (ratio %.2fx)", median(ddp), median(ratioDdp));
         std::printf("\n");
     }

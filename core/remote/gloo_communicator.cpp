@@ -18,7 +18,6 @@
 #include <gloo/transport/tcp/device.h>
 
 #include <csignal>
-#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -28,7 +27,6 @@
 
 #include "distribute/cluster_spec.h"
 #include "remote/rendezvous.h"
-#include "remote/shm_allreduce.h"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -132,7 +130,6 @@ public:
         m_registered.clear();
         m_broadcast.clear();
         m_barrier.reset();
-        m_shm.reset();
         m_context.reset();
     }
 
@@ -171,8 +168,6 @@ public:
                 m_maxChunkBytes = std::min<int64_t>(m_maxChunkBytes, std::atoll(std::string(v.begin(), v.end()).c_str()));
             }
             m_maxChunkBytes = std::max<int64_t>(m_maxChunkBytes, 4096);
-            const char* shmEnv = std::getenv("TS_GLOO_SHM");
-            meetInSharedMemory(store, m_opt.sharedMemory && !(shmEnv && std::string(shmEnv) == "0"));
             // The mesh's sockets: new since connecting, minus gRPC's (to or from a service port:
             // the rendezvous, a worker daemon), which may have connected meanwhile.
             std::set<int> services(m_opt.servicePorts.begin(), m_opt.servicePorts.end());
@@ -190,7 +185,6 @@ public:
                 const int pp = ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 ? portOf(peer) : -1;
                 if (services.count(lp) || services.count(pp)) continue;
                 m_meshSockets.insert(ino);
-                m_meshFds.push_back(fd);
             }
             m_connected = true;
         } catch (const std::exception& e) {
@@ -203,44 +197,8 @@ public:
         return okStatus();
     }
 
-    // Rank 0 creates a segment and publishes its name; the others try to attach and say whether
-    // they could; rank 0 unlinks it and announces the verdict: all or nothing, so every rank
-    // takes the same path. A rank that is not `willing` (its options or environment say no)
-    // still takes part and answers no, so ranks configured differently agree instead of waiting
-    // for each other. Store errors throw (connect() reports them); anything else just leaves the
-    // group on TCP.
-    void meetInSharedMemory(gloo::rendezvous::Store& store, bool willing)
-    {
-        auto put = [&](const std::string& key, const std::string& v) { store.set(key, std::vector<char>(v.begin(), v.end())); };
-        auto take = [&](const std::string& key) {
-            const std::vector<char> v = store.get(key);
-            return std::string(v.begin(), v.end());
-        };
-        std::unique_ptr<SharedMemoryAllReduce> shm;
-        if (m_opt.rank == 0) {
-            if (willing)
-                if (auto created = SharedMemoryAllReduce::create(m_opt.size, m_opt.group); created.ok()) shm = std::move(created).value();
-            put("shm/segment", shm ? shm->name() + " " + std::to_string(shm->nonce()) : std::string("-"));
-            bool all = static_cast<bool>(shm);
-            for (int r = 1; r < m_opt.size; ++r) all = take("shm/attached/" + std::to_string(r)) == "1" && all;
-            if (shm) shm->unlink();
-            put("shm/use", all ? "1" : "0");
-            if (!all) shm.reset();
-        } else {
-            const std::string segment = take("shm/segment");
-            if (const auto space = segment.find(' '); willing && space != std::string::npos) {
-                auto attached = SharedMemoryAllReduce::attach(segment.substr(0, space), std::strtoull(segment.c_str() + space + 1, nullptr, 10),
-                                                              m_opt.rank, m_opt.size);
-                if (attached.ok()) shm = std::move(attached).value();
-            }
-            put("shm/attached/" + std::to_string(m_opt.rank), shm ? "1" : "0");
-            if (take("shm/use") != "1") shm.reset();
-        }
-        m_shm = std::move(shm);
-    }
-
     int size() const override { return m_opt.size; }
-    std::string name() const override { return m_shm ? "gloo+shm" : "gloo"; }
+    std::string name() const override { return "gloo"; }
 
     // The checks every all-reduce (and registration) makes; false: nothing to reduce.
     Result<bool> checkReduce(int rank, const Tensor& t)
@@ -256,18 +214,6 @@ public:
         TS_ASSIGN(const bool work, checkReduce(rank, t));
         if (!work) return okStatus();
         const int64_t n = t.numel();
-        if (m_shm) {
-            Status st = m_shm->allReduceSum(
-                t.data<float>(), n, [this] { return sharedMemoryPoll(); }, m_opt.timeout, [this](int r) { return rankName(r); });
-            if (st.ok()) return st;
-            if (st.error().code == ErrorCode::InvalidArgument) {  // the ranks' sizes differ: every rank knows, nobody to find
-                releasePeers();
-                std::lock_guard lock(m_abortMutex);
-                if (!m_failed) m_failed = st.error();
-                return *m_failed;
-            }
-            return failed("all-reduce of " + std::to_string(n) + " floats", "shared memory: " + st.error().message);
-        }
         return run("all-reduce of " + std::to_string(n) + " floats", [&] {
             // A registered buffer is reduced where it is.
             if (auto it = m_registered.find({t.data<float>(), n}); it != m_registered.end()) {
@@ -292,7 +238,6 @@ public:
     {
         TS_ASSIGN(const bool work, checkReduce(rank, t));
         if (!work) return okStatus();
-        if (m_shm) return okStatus();  // copies through the segment anyway: nothing to bind
         const int64_t n = t.numel();
         auto& algorithms = m_registered[{t.data<float>(), n}];
         if (!algorithms.empty()) return okStatus();  // already registered (by the same call on every rank)
@@ -348,9 +293,8 @@ public:
             const std::string why = rankName(m_opt.rank) + ": " + reason;
             (void)m_client->set(m_opt.group + "/abort", std::vector<char>(why.begin(), why.end()), std::chrono::seconds(2));
         }
-        // Shutting the sockets down (and flagging the segment) wakes this rank's pending transfer
-        // and the peers'.
-        releasePeers();
+        // Shutting the sockets down wakes this rank's pending transfer and the peers'.
+        if (m_connected) shutdownSockets(m_meshSockets);
     }
 
 private:
@@ -387,7 +331,10 @@ private:
         if (rank != m_opt.rank)
             return makeError(ErrorCode::InvalidArgument, "Gloo communicator of rank " + std::to_string(m_opt.rank) + " called as rank " + std::to_string(rank),
                              "each process owns one rank");
-        return localFailure();
+        std::lock_guard lock(m_abortMutex);
+        if (m_aborted) return makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
+        if (m_failed) return *m_failed;
+        return okStatus();
     }
 
     template <typename Fn>
@@ -409,13 +356,15 @@ private:
             if (m_aborted) return makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
             if (m_failed) return *m_failed;  // the heartbeat watchdog got there first
         }
-        releasePeers();  // first: the peers need not wait while this rank looks for the culprit
         const std::string culprit = findCulprit();
         Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + culprit + " (gloo: " + detail + ")",
                               "the run stops; restart the failed task and resume from the last checkpoint");
-        std::lock_guard lock(m_abortMutex);
-        if (!m_failed) m_failed = err;
-        return *m_failed;
+        {
+            std::lock_guard lock(m_abortMutex);
+            m_failed = err;
+        }
+        if (m_connected) shutdownSockets(m_meshSockets);
+        return err;
     }
 
     std::string findCulprit()
@@ -451,36 +400,7 @@ private:
                                  rankName(m_opt.rank) + ": " + names + " stopped responding (no heartbeat for " + std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
                                  "the run stops; restart the failed task and resume from the last checkpoint");
         }
-        releasePeers();
-    }
-
-    // After a failure or abort: make every rank's pending and later transfers fail.
-    void releasePeers()
-    {
-        if (!m_connected) return;
-        shutdownSockets(m_meshSockets);
-        if (m_shm) m_shm->abort();
-    }
-
-    // What a shared-memory wait checks every few milliseconds: this rank aborted or failed, or
-    // a peer's end of the mesh closed (it died: sockets tell at once, heartbeats after 3 periods).
-    Status sharedMemoryPoll()
-    {
-        TS_TRY(localFailure());
-        std::vector<pollfd> fds;
-        for (int fd : m_meshFds) fds.push_back(pollfd{fd, POLLRDHUP, 0});
-        if (!fds.empty() && ::poll(fds.data(), fds.size(), 0) > 0)
-            for (const pollfd& p : fds)
-                if (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) return makeError(ErrorCode::IoError, "a peer's connection closed");
-        return okStatus();
-    }
-
-    Status localFailure()
-    {
-        std::lock_guard lock(m_abortMutex);
-        if (m_aborted) return makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
-        if (m_failed) return *m_failed;
-        return okStatus();
+        if (m_connected) shutdownSockets(m_meshSockets);
     }
 
     void startHeartbeat()
@@ -509,7 +429,6 @@ private:
     int64_t m_maxChunkBytes = 128 * 1024;  // agreed by every rank in connect()
     std::map<std::pair<int, std::size_t>, BroadcastSlot> m_broadcast;
     std::unique_ptr<gloo::BarrierAllToAll> m_barrier;
-    std::unique_ptr<SharedMemoryAllReduce> m_shm;  // set in connect() (same machine), read-only after
 
     std::mutex m_abortMutex;
     bool m_aborted = false;
@@ -517,7 +436,6 @@ private:
     std::optional<Error> m_failed;
     std::atomic<bool> m_connected{false};
     std::set<ino_t> m_meshSockets;  // written before m_connected is set, read-only after
-    std::vector<int> m_meshFds;     // the same sockets' fds (Gloo's; valid while the context lives)
 
     std::thread m_heartbeat;
     std::mutex m_hbMutex;

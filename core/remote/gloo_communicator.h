@@ -12,9 +12,6 @@
 //    in its own order: with more than 2 ranks their results differ in the last bits.) Large
 //    tensors are reduced in segments (chunks under 90% of the smallest net.core.wmem_max among
 //    the ranks, at most 1 MiB), so synchronous sockets never block each other whatever the size.
-//  - Same machine: when every rank maps the same shared-memory segment, all-reduces go through
-//    it (SharedMemoryAllReduce: no kernel copies, sums in rank order); broadcast and barrier stay
-//    on TCP. name() is then "gloo+shm".
 //  - Faults: every transfer has options.timeout. A peer that dies closes its sockets, so calls
 //    fail at once; a peer that hangs fails them after the timeout. The error names the rank and
 //    task that stopped responding, found through the ranks' heartbeats to the rendezvous service
@@ -46,10 +43,6 @@ struct GlooOptions {
     // Ports of gRPC services in this process's cluster (every task's cluster port): sockets on
     // them are never Gloo's. The rendezvous port is always counted.
     std::vector<int> servicePorts;
-    // Ranks that can all map one shared-memory segment (one machine) all-reduce through it
-    // instead of TCP (shm_allreduce.h); found out when connecting, else TCP. TS_GLOO_SHM=0 in
-    // the environment turns it off too (for measuring the difference).
-    bool sharedMemory = true;
     std::chrono::milliseconds timeout{30000};
     std::chrono::milliseconds heartbeat{1000};
     TlsFiles tls;
