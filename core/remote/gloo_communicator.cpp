@@ -356,15 +356,15 @@ private:
             if (m_aborted) return makeError(ErrorCode::Cancelled, "collective aborted: " + m_reason);
             if (m_failed) return *m_failed;  // the heartbeat watchdog got there first
         }
+        // Release the peers first: they need not wait while this rank looks for the culprit
+        // (up to five heartbeat periods).
+        if (m_connected) shutdownSockets(m_meshSockets);
         const std::string culprit = findCulprit();
         Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + culprit + " (gloo: " + detail + ")",
                               "the run stops; restart the failed task and resume from the last checkpoint");
-        {
-            std::lock_guard lock(m_abortMutex);
-            m_failed = err;
-        }
-        if (m_connected) shutdownSockets(m_meshSockets);
-        return err;
+        std::lock_guard lock(m_abortMutex);
+        if (!m_failed) m_failed = err;  // the watchdog may have decided meanwhile
+        return *m_failed;
     }
 
     std::string findCulprit()
