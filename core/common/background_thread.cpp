@@ -5,6 +5,9 @@
 #ifdef __linux__
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 namespace ts {
@@ -21,6 +24,7 @@ void becomeBackgroundThread(const char* name)
     sched_param param{};
     param.sched_priority = 0;
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
+    if (!std::getenv("TS_HELPERS_NICE0")) setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
 #endif
 }
 

@@ -64,6 +64,9 @@ public:
     // fit() returned: drains the bus into the store; completed, cancelled or failed. With
     // `interrupted`, a cancelled run is marked interrupted (the app closed during the run).
     void fitDone(const Result<FitResult>& result, bool interrupted = false);
+    // Commits what the bus has delivered so far (the store batches for up to a second), for a
+    // reader that needs it now. Thread-safe; blocks until committed.
+    Status flush() { return m_store.flush(); }
     // Keeps the final weights: `savedPath` if given, else a file in the store's folder written
     // from `run`'s trainer.
     void keepWeights(PreparedRun& run, const std::string& savedPath, int64_t step);

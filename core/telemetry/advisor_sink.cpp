@@ -15,7 +15,7 @@ AdvisorSink::AdvisorSink(EventBus& bus, std::string runId, int replicas, std::si
     so.name = "advisor";
     so.capacity = 1 << 14;
     so.kinds = kindMask<StepBreakdownEvent, PipelineSampleEvent, DeviceSampleEvent, EpochMetricsEvent>();
-    so.wakeThreshold = so.capacity / 8;  // drained every 250 ms; findings are per epoch anyway
+    so.wakeThreshold = so.capacity / 8;  // drained every second; findings are per epoch anyway
     m_sub = bus.subscribe(so);
     m_thread = std::thread([this] {
         becomeBackgroundThread("ts-advisor");
@@ -29,7 +29,7 @@ void AdvisorSink::loop()
 {
     std::vector<Event> batch;
     while (!m_stop.load(std::memory_order_acquire)) {
-        if (!m_sub->wait(std::chrono::milliseconds(250))) continue;
+        if (!m_sub->wait(std::chrono::milliseconds(1000))) continue;
         batch.clear();
         m_sub->drain(batch);
         take(batch);
@@ -71,8 +71,8 @@ void AdvisorSink::stop()
     if (m_stopped) return;
     m_stopped = true;
     m_stop.store(true, std::memory_order_release);
+    m_bus->unsubscribe(m_sub);  // closes it: the thread's wait() returns now, not at its next drain
     m_thread.join();
-    m_bus->unsubscribe(m_sub);
     std::vector<Event> rest = m_sub->drain();
     take(rest);
     publishFindings();

@@ -35,8 +35,9 @@ void TraceFileSink::setMetadata(const std::string& key, const std::string& value
 void TraceFileSink::loop()
 {
     // The file is written at finish(): draining only keeps the bus queue short, so a few
-    // wake-ups a second do (each one is a context switch onto the cores training uses).
-    constexpr auto kDrainMs = std::chrono::milliseconds(250);
+    // wake-up a second does (each one is a context switch onto the cores training uses); a
+    // burst larger than an eighth of the queue wakes it sooner.
+    constexpr auto kDrainMs = std::chrono::milliseconds(1000);
     std::vector<Event> batch;
     while (!m_stop.load(std::memory_order_acquire)) {
         if (!m_sub->wait(kDrainMs)) continue;
@@ -55,8 +56,8 @@ Status TraceFileSink::finish()
     if (m_finished) return okStatus();
     m_finished = true;
     m_stop.store(true, std::memory_order_release);
+    m_bus->unsubscribe(m_sub);  // closes it: the thread's wait() returns now, not at its next drain
     m_thread.join();
-    m_bus->unsubscribe(m_sub);
     std::vector<Event> rest = m_sub->drain();
     std::lock_guard lock(m_writerMutex);
     for (const Event& e : rest) {

@@ -145,9 +145,10 @@ private:
 // calling thread and publishes everything left.
 class TraceCollector {
 public:
-    // Every interval it wakes (a context switch onto the cores training uses) and publishes
-    // what the threads handed over; a quarter second keeps live timelines current enough.
-    TraceCollector(EventBus& bus, std::string runId, std::chrono::milliseconds interval = std::chrono::milliseconds(250));
+    // Every interval it wakes (a context switch onto the cores training uses, which stalls a
+    // parallel region that needs that core) and publishes what the threads handed over; once a
+    // second keeps a live timeline current enough.
+    TraceCollector(EventBus& bus, std::string runId, std::chrono::milliseconds interval = std::chrono::milliseconds(1000));
     ~TraceCollector();
     TraceCollector(const TraceCollector&) = delete;
     TraceCollector& operator=(const TraceCollector&) = delete;

@@ -154,6 +154,7 @@ void TrainingSession::engineMain(RunConfig config, std::string runName)
     {
         std::lock_guard lock(m_trainerMutex);
         m_trainer = run.trainer.get();
+        m_recording = recording.get();
         if (m_pauseRequested) m_trainer->pause();
         if (m_stopRequested) m_trainer->cancel();
     }
@@ -161,6 +162,7 @@ void TrainingSession::engineMain(RunConfig config, std::string runName)
     {
         std::lock_guard lock(m_trainerMutex);
         m_trainer = nullptr;
+        m_recording = nullptr;
     }
     recording->fitDone(result, m_interrupted);
     if (result.ok()) recording->keepWeights(run, run.config.saveWeights, result->steps);
@@ -259,9 +261,25 @@ void TrainingSession::drain()
     for (const auto& e : events) m_data.add(e);
     if (m_captureUntil > 0 && m_data.lastStep() >= m_captureUntil) {
         m_captureUntil = 0;
-        // The trace collector publishes every ~100 ms and the store commits every ~50 ms: give
-        // the spans time to land before the profiler reads them back.
-        QTimer::singleShot(400, this, [this, id = m_runId] { Q_EMIT captureFinished(id); });
+        // The trainer publishes the capture's last spans when its next step starts; then the
+        // store commits them (it batches for up to a second), and the profiler reads them back.
+        QTimer::singleShot(400, this, [this, id = m_runId] {
+            Status flushed = okStatus();
+            {
+                std::lock_guard lock(m_trainerMutex);
+                if (m_recording) flushed = m_recording->flush();
+            }
+            if (!flushed.ok()) {  // flush() hands the write error over: show it in the run's log
+                telemetry::LogEvent e;
+                e.stamp.runId = id.toStdString();
+                e.stamp.step = m_data.lastStep();
+                e.level = telemetry::LogLevel::Error;
+                e.message = "the run store could not record the capture: " + flushed.error().toString();
+                m_data.add(telemetry::Event(std::move(e)));
+                Q_EMIT updated();
+            }
+            Q_EMIT captureFinished(id);
+        });
     }
     // Paused/Running transitions come from the trainer itself.
     const auto s = m_data.state();

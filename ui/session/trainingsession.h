@@ -33,6 +33,9 @@ class Subscription;
 namespace ts {
 
 class Trainer;
+namespace store {
+class RunRecording;
+}
 namespace remote {
 class Coordinator;
 }
@@ -107,6 +110,7 @@ private:
     std::thread m_engine;
     std::mutex m_trainerMutex;       // guards m_trainer against the engine thread's teardown
     Trainer* m_trainer = nullptr;
+    store::RunRecording* m_recording = nullptr;  // the local run's, while it trains (same mutex)
     std::shared_ptr<remote::Coordinator> m_coordinator;  // set for remote runs, for stop()
     bool m_remote = false;
     std::atomic<bool> m_stopRequested{false}, m_pauseRequested{false}, m_interrupted{false};
