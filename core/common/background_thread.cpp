@@ -19,12 +19,13 @@ void becomeBackgroundThread(const char* name)
 #endif
     // For A/B measurements of the policy itself.
     static const bool off = std::getenv("TS_FOREGROUND_HELPERS") != nullptr;
+    static const bool nice0 = std::getenv("TS_HELPERS_NICE0") != nullptr;
     if (off) return;
 #ifdef __linux__
     sched_param param{};
     param.sched_priority = 0;
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
-    if (!std::getenv("TS_HELPERS_NICE0")) setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
+    if (!nice0) setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
 #endif
 }
 

@@ -32,6 +32,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/background_thread.h"
 #include "common/result.h"
 #include "store/downsample.h"
 #include "telemetry/events.h"
@@ -49,11 +50,10 @@ struct OpenOptions {
     bool readOnly = false;     // no writer thread, no migrations; queries only
     bool create = true;        // create the file (and its folder) when missing (read-write only)
     // Longest time an event waits before its batch is committed. Each commit rewrites the
-    // partly filled pages it touches and wakes the writer (a context switch onto the cores
-    // training uses), so one commit a second costs far less than twenty; nothing live reads
-    // the store (dashboards read the bus) and flush() still commits at once. A run killed hard
-    // loses at most this much.
-    int batchMs = 1000;
+    // partly filled pages it touches and wakes the writer (kHelperPeriod: see there), so one
+    // commit a second costs far less than twenty; nothing live reads the store (dashboards read
+    // the bus) and flush() still commits at once. A run killed hard loses at most this much.
+    int batchMs = static_cast<int>(kHelperPeriod.count());
     std::size_t batchEvents = 4096;    // commit sooner when this many events are waiting
     std::size_t maxQueuedEvents = 4'000'000;  // beyond this, events are dropped (and counted)
 };

@@ -29,6 +29,7 @@
 #include <utility>
 #include <vector>
 
+#include "common/background_thread.h"
 #include "telemetry/events.h"
 
 namespace ts::telemetry {
@@ -145,10 +146,9 @@ private:
 // calling thread and publishes everything left.
 class TraceCollector {
 public:
-    // Every interval it wakes (a context switch onto the cores training uses, which stalls a
-    // parallel region that needs that core) and publishes what the threads handed over; once a
-    // second keeps a live timeline current enough.
-    TraceCollector(EventBus& bus, std::string runId, std::chrono::milliseconds interval = std::chrono::milliseconds(1000));
+    // Every interval it wakes and publishes what the threads handed over (kHelperPeriod: see
+    // there why not more often).
+    TraceCollector(EventBus& bus, std::string runId, std::chrono::milliseconds interval = kHelperPeriod);
     ~TraceCollector();
     TraceCollector(const TraceCollector&) = delete;
     TraceCollector& operator=(const TraceCollector&) = delete;
