@@ -1,7 +1,4 @@
 #include "telemetry/advisor_sink.h"
-#include "common/background_thread.h"
-
-#include <chrono>
 
 #include "telemetry/tracer.h"
 
@@ -15,26 +12,11 @@ AdvisorSink::AdvisorSink(EventBus& bus, std::string runId, int replicas, std::si
     so.name = "advisor";
     so.capacity = 1 << 14;
     so.kinds = kindMask<StepBreakdownEvent, PipelineSampleEvent, DeviceSampleEvent, EpochMetricsEvent>();
-    so.wakeThreshold = so.capacity / 8;  // drained every second; findings are per epoch anyway
-    m_sub = bus.subscribe(so);
-    m_thread = std::thread([this] {
-        becomeBackgroundThread("ts-advisor");
-        loop();
-    });
+    so.wakeThreshold = so.capacity / 8;  // drained every kHelperPeriod; findings are per epoch anyway
+    m_drain = std::make_unique<DrainThread>(bus, bus.subscribe(so), "ts-advisor", [this](std::vector<Event>& batch) { take(batch); });
 }
 
 AdvisorSink::~AdvisorSink() { stop(); }
-
-void AdvisorSink::loop()
-{
-    std::vector<Event> batch;
-    while (!m_stop.load(std::memory_order_acquire)) {
-        if (!m_sub->wait(std::chrono::milliseconds(1000))) continue;
-        batch.clear();
-        m_sub->drain(batch);
-        take(batch);
-    }
-}
 
 void AdvisorSink::take(std::vector<Event>& events)
 {
@@ -70,11 +52,7 @@ void AdvisorSink::stop()
 {
     if (m_stopped) return;
     m_stopped = true;
-    m_stop.store(true, std::memory_order_release);
-    m_bus->unsubscribe(m_sub);  // closes it: the thread's wait() returns now, not at its next drain
-    m_thread.join();
-    std::vector<Event> rest = m_sub->drain();
-    take(rest);
+    m_drain->stop();  // takes what was still queued
     publishFindings();
 }
 

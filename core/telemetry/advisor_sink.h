@@ -11,10 +11,10 @@
 #include <memory>
 #include <set>
 #include <string>
-#include <thread>
 
 #include "telemetry/advisor.h"
 #include "telemetry/bus.h"
+#include "telemetry/drain_thread.h"
 
 namespace ts::telemetry {
 
@@ -31,16 +31,13 @@ public:
     std::size_t published() const { return m_published.load(std::memory_order_relaxed); }
 
 private:
-    void loop();
     void take(std::vector<Event>& events);
     void publishFindings();
 
     EventBus* m_bus;
     std::string m_runId;
     Advisor m_advisor;
-    std::shared_ptr<Subscription> m_sub;
-    std::thread m_thread;
-    std::atomic<bool> m_stop{false};
+    std::unique_ptr<DrainThread> m_drain;
     std::atomic<std::size_t> m_published{0};
     std::set<std::string> m_last;  // "kind/severity" of the previous publication
     int64_t m_lastStep = 0;

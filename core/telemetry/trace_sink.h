@@ -11,11 +11,12 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
-#include <thread>
 
 #include "telemetry/bus.h"
 #include "telemetry/chrome_trace.h"
+#include "telemetry/drain_thread.h"
 
 namespace ts::telemetry {
 
@@ -34,14 +35,12 @@ public:
 
 private:
     TraceFileSink() = default;
-    void loop();
-    EventBus* m_bus = nullptr;
+    void add(const std::vector<Event>& events);
     std::unique_ptr<ChromeTraceWriter> m_writer;
     std::shared_ptr<Subscription> m_sub;
     std::mutex m_writerMutex;  // the sink thread adds, finish()/setMetadata from the owner
-    std::atomic<bool> m_stop{false};
     std::atomic<std::size_t> m_spans{0};
-    std::thread m_thread;
+    std::unique_ptr<DrainThread> m_drain;
     bool m_finished = false;
 };
 
