@@ -113,6 +113,18 @@ int64_t localMaxChunkBytes()
     return std::clamp<int64_t>(wmemMax * 9 / 10, 64 * 1024, 1024 * 1024);
 }
 
+// The sum Gloo's algorithms reduce with. Gloo's own (ReductionFunction<float>::sum) is a scalar
+// loop over pointers it cannot prove distinct, and Debian builds Gloo without AVX: on the MLP's
+// 0.81 MB it was 4.6% of a worker's CPU, next to 5.9% for the whole Adam update. The ring
+// algorithms only ever add a received inbox into the tensor, so the two never overlap.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("O3")))
+void sumInto(float* __restrict x, const float* __restrict y, size_t n)
+{
+    for (size_t i = 0; i < n; ++i) x[i] += y[i];
+}
+
+const gloo::ReductionFunction<float> kSum(gloo::SUM, &sumInto);
+
 class GlooCommunicator final : public Communicator {
 public:
     explicit GlooCommunicator(GlooOptions options) : m_opt(std::move(options)) {}
@@ -307,7 +319,7 @@ private:
         const int64_t seg = m_maxChunkBytes / static_cast<int64_t>(sizeof(float)) * 2 * m_opt.size;
         for (int64_t b = 0; b < n; b += seg)
             out.push_back(std::make_unique<gloo::AllreduceRingChunked<float>>(m_context, std::vector<float*>{data + b},
-                                                                               static_cast<int>(std::min(seg, n - b))));
+                                                                               static_cast<int>(std::min(seg, n - b)), &kSum));
         return out;
     }
 
