@@ -28,6 +28,7 @@
 #include "profiler/profilerpanel.h"
 #include "runs/runhistorypanel.h"
 #include "runs/runsmodel.h"
+#include "session/localmachine.h"
 #include "session/rundata.h"
 #include "session/trainingsession.h"
 #include "setup/runsetuppanel.h"
@@ -83,6 +84,7 @@ private slots:
     void millionPointSeriesStaysInteractive();
     void liveReplotsKeepToTheirBudget();
     void incrementalFramesMatchAFullReplot();
+    void setupShowsThisMachine();
 
 private:
     // A window with the seed's MLP on the Train tab, recording into this test's database.
@@ -533,6 +535,46 @@ void TestSession::incrementalFramesMatchAFullReplot()
     const QImage cleared = dash.lossPlot()->grab().toImage();
     dash.lossPlot()->replot(QCustomPlot::rpImmediateRefresh);
     QCOMPARE(cleared, dash.lossPlot()->grab().toImage());
+}
+
+
+// The setup's device list: this machine's devices, each with the host's memory as /proc/meminfo
+// has it (the list once showed it 1024 times too large) and, from the second reading on, its load.
+void TestSession::setupShowsThisMachine()
+{
+    QFile meminfo("/proc/meminfo");
+    if (!meminfo.open(QIODevice::ReadOnly)) QSKIP("no /proc/meminfo");
+    uint64_t totalKb = 0;
+    for (const QByteArray& line : meminfo.readAll().split('\n'))
+        if (line.startsWith("MemTotal:")) totalKb = line.mid(9).trimmed().split(' ').first().toULongLong();
+    QVERIFY(totalKb > 0);
+
+    HostLoadProbe probe;
+    const HostLoad first = probe.read();
+    QCOMPARE(first.memoryTotal, totalKb * 1024);
+    QVERIFY(first.memoryFree > 0 && first.memoryFree <= first.memoryTotal);
+    QVERIFY(first.load < 0);  // no baseline yet
+    QVERIFY(probe.hasBaseline());
+    volatile double spin = 0;
+    for (int i = 0; i < 2000000; ++i) spin = spin + 1;
+    QTest::qWait(50);
+    const HostLoad second = probe.read();
+    QVERIFY2(second.load >= 0 && second.load <= 1, qPrintable(QString::number(second.load)));
+
+    const QList<LocalDevice> devices = localDevices();
+    QVERIFY(std::any_of(devices.begin(), devices.end(), [](const LocalDevice& d) { return d.id == "cpu:0"; }));
+
+    RunSetupPanel setup;
+    setup.setPersistent(false);
+    setup.show();
+    auto* list = setup.findChild<QListWidget*>("devices");
+    QVERIFY(list);
+    QCOMPARE(list->count(), devices.size());
+    const QString total = QStringLiteral("%1 GiB").arg(static_cast<double>(totalKb) / (1024.0 * 1024.0), 0, 'f', 1);
+    for (int i = 0; i < list->count(); ++i)
+        QVERIFY2(list->item(i)->text().contains("free of " + total), qPrintable(list->item(i)->text() + " vs " + total));
+    QCOMPARE(setup.findChild<QLineEdit*>("dataDir") ? setup.findChild<QLineEdit*>("dataDir")->text() : defaultDataDirectory(),
+             defaultDataDirectory());
 }
 
 QTEST_MAIN(TestSession)

@@ -27,8 +27,6 @@
 
 #include <thread>
 
-#include "backend/registry.h"
-#include "data/dataset.h"
 #include "session/trainingsession.h"
 
 namespace ts {
@@ -163,17 +161,13 @@ void RunSetupPanel::buildUi()
     m_devices = new QListWidget;
     m_devices->setObjectName("devices");
     m_devices->setMaximumHeight(120);
-    for (const std::string& name : BackendRegistry::instance().names()) {
-        const BackendFactory* f = BackendRegistry::instance().find(name);
-        if (!f || f != BackendRegistry::instance().preferred(f->kind)) continue;  // one entry per device
-        for (const DeviceInfo& d : f->enumerate()) {
-            auto* item = new QListWidgetItem(QString::fromStdString(d.device.toString()));
-            item->setData(Qt::UserRole, QString::fromStdString(d.device.toString()));
-            item->setData(Qt::UserRole + 1, QString::fromStdString(d.name));
-            item->setFlags(item->flags() | Qt::ItemIsUserCheckable);
-            item->setCheckState(Qt::Checked);
-            m_devices->addItem(item);
-        }
+    for (const LocalDevice& d : localDevices()) {
+        auto* item = new QListWidgetItem(d.id);
+        item->setData(Qt::UserRole, d.id);
+        item->setData(Qt::UserRole + 1, d.name);
+        item->setFlags(item->flags() | Qt::ItemIsUserCheckable);
+        item->setCheckState(Qt::Checked);
+        m_devices->addItem(item);
     }
     sf->addRow(tr("Devices"), m_devices);
     // Default: Mirrored over every local device (OneDevice when there is only one).
@@ -337,10 +331,10 @@ void RunSetupPanel::buildUi()
     layout->addStretch(1);
 
     connect(m_source, &QComboBox::currentIndexChanged, this, [this](int i) {
-        if (i == 0) m_dataDir->setText(QString::fromStdString(defaultFashionMnistDir()));
+        if (i == 0) m_dataDir->setText(defaultDataDirectory());
         m_dataDir->setReadOnly(i == 0);
     });
-    m_dataDir->setText(QString::fromStdString(defaultFashionMnistDir()));
+    m_dataDir->setText(defaultDataDirectory());
     m_dataDir->setReadOnly(true);
     auto changedSignal = [this] { updateDerived(); };
     for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed, m_backupEvery, m_restarts})
@@ -563,7 +557,7 @@ RunConfig RunSetupPanel::config() const
 
 void RunSetupPanel::setConfig(const RunConfig& c)
 {
-    if (!c.dataDir.empty() && c.dataDir != defaultFashionMnistDir()) {
+    if (!c.dataDir.empty() && c.dataDir != defaultDataDirectory().toStdString()) {
         m_source->setCurrentIndex(1);
         m_dataDir->setText(QString::fromStdString(c.dataDir));
     } else {
@@ -712,21 +706,13 @@ void RunSetupPanel::showProbe(const QList<WorkerProbeResult>& results)
 
 void RunSetupPanel::refreshDeviceState()
 {
-    if (!isVisible() && m_lastJiffies) return;
-    // Live state: the host's per-core load since the last refresh and its free memory. CPU
-    // devices are logical (a share of the cores), so each shows the machine's load.
-    auto j = telemetry::readCpuJiffies("/proc/stat");
-    double load = -1;
-    if (j.ok() && m_lastJiffies && !j->total.empty() && !m_lastJiffies->total.empty()) {
-        const double busy = static_cast<double>(j->busy[0] - m_lastJiffies->busy[0]);
-        const double total = static_cast<double>(j->total[0] - m_lastJiffies->total[0]);
-        if (total > 0) load = busy / total;
-    }
-    if (j.ok()) m_lastJiffies = *j;
-    auto total = telemetry::readKbField("/proc/meminfo", "MemTotal");
-    auto avail = telemetry::readKbField("/proc/meminfo", "MemAvailable");
-    const uint64_t memTotal = total.ok() ? *total * 1024 : 0;
-    const uint64_t memFree = avail.ok() ? *avail * 1024 : 0;
+    if (!isVisible() && m_hostLoad.hasBaseline()) return;
+    // Live state: the host's load since the last refresh and its free memory. CPU devices are
+    // logical (a share of the cores), so each shows the machine's load.
+    const HostLoad h = m_hostLoad.read();
+    const double load = h.load;
+    const uint64_t memTotal = h.memoryTotal;
+    const uint64_t memFree = h.memoryFree;
     const QSignalBlocker block(m_devices);
     for (int i = 0; i < m_devices->count(); ++i) {
         QListWidgetItem* item = m_devices->item(i);

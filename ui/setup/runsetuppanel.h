@@ -13,8 +13,8 @@
 #include <optional>
 
 #include "model/spec.h"
+#include "session/localmachine.h"
 #include "session/remotecluster.h"
-#include "telemetry/sampler.h"
 #include "train/run_config.h"
 
 class QCheckBox;
@@ -84,7 +84,7 @@ private:
     std::string m_appliedCompile;
     int64_t m_inputHeight = 0, m_inputWidth = 0;
     QTimer m_loadTimer;
-    std::optional<telemetry::CpuJiffies> m_lastJiffies;
+    HostLoadProbe m_hostLoad;
 
     QComboBox* m_source = nullptr;
     QLineEdit* m_dataDir = nullptr;
