@@ -28,6 +28,9 @@ namespace ts {
 class Communicator;
 class ParameterStore;
 
+// The most CPU threads a run may ask for (more fails thread creation deep inside OpenMP).
+inline constexpr int kMaxThreads = 1024;
+
 struct StrategyConfig {
     std::string kind = "one-device";  // "one-device" | "mirrored" | "multi-worker-mirrored" | "parameter-server"
     std::vector<Device> devices;      // empty: cpu:0 (one-device, multi-worker) / cpu:0..cores-1 (mirrored)
@@ -40,6 +43,7 @@ struct StrategyConfig {
     // replicas. Not part of the JSON: the caller connects the cluster.
     std::shared_ptr<Communicator> crossProcess;
     int processRank = 0;
+    std::vector<std::string> processNames;  // each rank's task for messages ("worker:1 at host:port"); may be empty
     // Device collectives (NCCL): a collective whose peers make no progress this long fails.
     std::chrono::milliseconds collectiveTimeout{30000};
     // parameter-server: the ps tasks holding the variables (remote/ps_client.h), and this

@@ -73,6 +73,7 @@ Result<ClusterConnection> connectCluster(const ClusterSpec& spec, const ClusterO
     TS_ASSIGN(HostPort self, HostPort::parse(selfAddress));
     go.hostname = self.host;
     for (const auto& t : tasks) go.rankNames.push_back(t.toString() + " at " + *spec.address(t));
+    c.rankNames = go.rankNames;
     for (const auto& role : ClusterSpec::roles())
         for (const auto& a : spec.addresses(role))
             if (auto hp = HostPort::parse(a); hp.ok()) go.servicePorts.push_back(hp->port);

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/result.h"
 #include "distribute/cluster_spec.h"
@@ -37,6 +38,7 @@ struct ClusterConnection {
     int size = 1;
     bool coordinator = false;       // this task serves the rendezvous (and records the run)
     std::string taskName;           // "worker:1 (127.0.0.1:5001)"
+    std::vector<std::string> rankNames;  // every rank's task, "worker:1 at 127.0.0.1:5001"
     std::shared_ptr<Communicator> communicator;
 };
 

@@ -200,6 +200,27 @@ public:
             }
             m_connected = true;
         } catch (const std::exception& e) {
+            // Name the ranks that never showed up: every rank heartbeats from the start, so a
+            // silent one was not started, has another token (the rendezvous refuses it) or cannot
+            // reach the rendezvous.
+            std::string absent;
+            const std::string waited = std::to_string(std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout).count()) + " s";
+            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat);
+            if (silent.ok())
+                for (int r : *silent) absent += (absent.empty() ? "" : ", ") + rankName(r);
+            else if (m_opt.rank != 0)
+                // Rank 0 (the coordinator) serves the rendezvous: it is the one missing.
+                return makeError(ErrorCode::IoError,
+                                 rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + ", served by " + rankName(0) +
+                                     ", did not answer within " + waited,
+                                 "start " + rankName(0) + " (it coordinates the run) with the same TF_CONFIG and token, and check "
+                                 "that this machine can reach " + m_opt.rendezvousAddress);
+            if (!absent.empty())
+                return makeError(ErrorCode::IoError,
+                                 rankName(m_opt.rank) + ": " + absent + " did not join the cluster within " + waited +
+                                     " (rendezvous at " + m_opt.rendezvousAddress + ")",
+                                 "start every task with the same TF_CONFIG and the same token (the rendezvous refuses "
+                                 "another token and logs it); a task must reach " + m_opt.rendezvousAddress);
             return makeError(ErrorCode::IoError,
                              rankName(m_opt.rank) + ": cannot connect to the other " + std::to_string(m_opt.size - 1) +
                                  " rank(s) through the rendezvous at " + m_opt.rendezvousAddress + ": " + e.what(),
@@ -401,7 +422,7 @@ private:
         }
     }
 
-    void watchdog(const std::vector<int>& silent)
+    void watchdog(const std::vector<int>& silent, const std::string& how = {})
     {
         std::string names;
         for (int r : silent) names += (names.empty() ? "" : ", ") + rankName(r);
@@ -409,7 +430,8 @@ private:
             std::lock_guard lock(m_abortMutex);
             if (m_aborted || m_failed) return;
             m_failed = makeError(ErrorCode::IoError,
-                                 rankName(m_opt.rank) + ": " + names + " stopped responding (no heartbeat for " + std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
+                                 rankName(m_opt.rank) + ": " + names + " stopped responding (" +
+                                     (how.empty() ? "no heartbeat for " + std::to_string((3 * m_opt.heartbeat).count()) + " ms" : how) + ")",
                                  "the run stops; restart the failed task and resume from the last checkpoint");
         }
         if (m_connected) shutdownSockets(m_meshSockets);
@@ -419,13 +441,21 @@ private:
     {
         m_heartbeat = std::thread([this] {
             std::unique_lock lock(m_hbMutex);
+            auto answered = std::chrono::steady_clock::now();
             while (!m_stopHeartbeat) {
                 lock.unlock();
                 auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat);
+                const auto now = std::chrono::steady_clock::now();
+                if (silent.ok()) answered = now;
                 // Once connected every rank has beaten, so silence means a dead or cut-off
                 // peer: fail now rather than at the transfer timeout. (A dead peer's closed
                 // sockets usually fail the transfer even sooner.)
                 if (m_connected && silent.ok() && !silent->empty()) watchdog(*silent);
+                // The rendezvous lives in rank 0's process: when it stops answering (rank 0
+                // frozen, or its machine cut off) nobody can report rank 0 silent, so say it here.
+                if (m_connected && !silent.ok() && m_opt.rank != 0 && now - answered > 3 * m_opt.heartbeat)
+                    watchdog({0}, "its rendezvous service at " + m_opt.rendezvousAddress + " has not answered for " +
+                                      std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - answered).count()) + " ms");
                 lock.lock();
                 m_hbCv.wait_for(lock, m_opt.heartbeat, [&] { return m_stopHeartbeat; });
             }

@@ -161,6 +161,9 @@ Result<std::unique_ptr<RendezvousServer>> RendezvousServer::start(const Options&
     auto impl = std::make_unique<Impl>();
     impl->service = std::make_unique<RendezvousService>(options.token, options.maxValueBytes);
     grpc::ServerBuilder builder;
+    // gRPC turns SO_REUSEPORT on by default: a second server on a taken port then "listens" too
+    // and the kernel splits connections between the two at random.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.AddListeningPort(options.bindAddress, creds, &impl->port);
     builder.RegisterService(impl->service.get());
     builder.SetMaxReceiveMessageSize(options.maxValueBytes + 4096);
@@ -183,7 +186,10 @@ public:
                                                                                      : ErrorCode::IoError;
         std::string hint = st.error_code() == grpc::StatusCode::UNAVAILABLE ? "is the coordinator running and reachable at " + address + "?"
                          : st.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "every task must use the same shared token"
-                                                                                 : "";
+                         : st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                             ? "the coordinator (the chief, or worker 0 without one) serves the rendezvous at " + address +
+                                   ": is it running, with the same TF_CONFIG and token, and reachable from here?"
+                             : "";
         return makeError(code, "rendezvous at " + address + ": " + what + ": " + st.error_message(), hint);
     }
     void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const

@@ -343,6 +343,7 @@ private:
             cfg.strategy.kind = "multi-worker-mirrored";
             cfg.strategy.crossProcess = joined->communicator;
             cfg.strategy.processRank = joined->rank;
+            cfg.strategy.processNames = joined->rankNames;
             cfg.strategy.collectiveTimeout = co.timeout;
             running = {{"state", "running"}, {"rank", joined->rank}, {"size", joined->size}};
         }
@@ -485,6 +486,9 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
                                                    options.backupRoot.empty() ? defaultBackupRoot() : options.backupRoot);
     impl->rendezvous = makeRendezvousService(options.token);
     grpc::ServerBuilder builder;
+    // gRPC turns SO_REUSEPORT on by default: a second server on a taken port then "listens" too
+    // and the kernel splits connections between the two at random.
+    builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
     builder.AddListeningPort(options.listen, creds, &impl->port);
     builder.RegisterService(impl->worker.get());
     builder.RegisterService(impl->rendezvous.get());

@@ -9,6 +9,9 @@
 #include <future>
 #include <thread>
 
+#include <algorithm>
+
+#include "distribute/agreement.h"
 #include "remote/gloo_communicator.h"
 #include "remote/rendezvous.h"
 
@@ -127,6 +130,9 @@ private slots:
     void abortReleasesOwnPendingCall();
     void vanishedPeerIsNamed();
     void badOptions();
+    void settingsMustAgree();
+    void absentRanksAreNamed();
+    void portInUseIsRefused();
     void twoProcessLoopback();
     void killedProcessIsDetected();
 };
@@ -395,6 +401,81 @@ void TestGloo::vanishedPeerIsNamed()
         QVERIFY2(took < 10s, "detected within 10 s");
         QVERIFY2(st.error().message.find("rank 2 (worker:2) stopped responding") != std::string::npos, st.error().message.c_str());
     }
+}
+
+// Multi-worker tasks started with different settings stop before training, every rank with the
+// same message naming each differing task and setting (Gloo ranks as threads).
+void TestGloo::settingsMustAgree()
+{
+    const nlohmann::json base = {{"batch_size", 256}, {"optimizer", {{"type", "adam"}, {"learning_rate", 0.001}}},
+                                 {"model", {{"layers", {{{"id", "in"}}, {{"id", "dense"}, {"units", 256}}}}}}};
+    QCOMPARE(settingDifferences(base, base).size(), std::size_t(0));
+    nlohmann::json other = base;
+    other["optimizer"]["learning_rate"] = 0.5;
+    other["model"]["layers"][1]["units"] = 128;
+    other["epochs"] = 3;
+    const auto d = settingDifferences(other, base);
+    QCOMPARE(d.size(), std::size_t(3));
+    QVERIFY(std::count(d.begin(), d.end(), "optimizer.learning_rate (0.5 vs 0.001)") == 1);
+    QVERIFY(std::count(d.begin(), d.end(), "model.layers[1].units (128 vs 256)") == 1);
+    QVERIFY(std::count(d.begin(), d.end(), "epochs (3 vs (none))") == 1);
+    QCOMPARE(settingDifferences(other, base, 1).size(), std::size_t(1));
+
+    auto server = startServer();
+    auto ranks = makeRanks(server->port(), 3, "agree");
+    const std::vector<std::string> names = {"chief:0 at a:1", "worker:0 at b:2", "worker:1 at c:3"};
+    auto same = onRanks(3, [&](int r) { return agreeOnSettings(*ranks[static_cast<std::size_t>(r)], r, names, base); });
+    for (const Status& st : same) QVERIFY2(st.ok(), st.ok() ? "" : st.error().message.c_str());
+
+    nlohmann::json batch = base;
+    batch["batch_size"] = 64;
+    auto differ = onRanks(3, [&](int r) {
+        const nlohmann::json& mine = r == 1 ? batch : r == 2 ? other : base;
+        return agreeOnSettings(*ranks[static_cast<std::size_t>(r)], r, names, mine);
+    });
+    for (const Status& st : differ) {
+        QVERIFY(!st.ok());
+        QCOMPARE(st.error().code, ErrorCode::InvalidArgument);
+        QCOMPARE(st.error().message, differ[0].error().message);  // the same verdict everywhere
+    }
+    const std::string& m = differ[0].error().message;
+    QVERIFY2(m.find("worker:0 at b:2 differs from chief:0 at a:1 in batch_size (64 vs 256)") != std::string::npos, m.c_str());
+    QVERIFY2(m.find("worker:1 at c:3 differs from chief:0 at a:1 in") != std::string::npos, m.c_str());
+    QVERIFY2(m.find("optimizer.learning_rate (0.5 vs 0.001)") != std::string::npos, m.c_str());
+    // The group still works afterwards (the failure is the settings', not the link's).
+    auto again = onRanks(3, [&](int r) { return agreeOnSettings(*ranks[static_cast<std::size_t>(r)], r, names, base); });
+    for (const Status& st : again) QVERIFY(st.ok());
+}
+
+// A rank that never starts is named by the ones waiting; a rank whose coordinator never starts
+// names the coordinator.
+void TestGloo::absentRanksAreNamed()
+{
+    auto server = startServer();
+    auto lone = makeGlooCommunicator(options(server->port(), 0, 2, "absent", 1500ms));
+    QVERIFY(!lone.ok());
+    QVERIFY2(lone.error().message.find("rank 1 (worker:1) did not join the cluster within 1 s") != std::string::npos,
+             lone.error().message.c_str());
+    QVERIFY2(lone.error().hint.find("token") != std::string::npos, lone.error().hint.c_str());
+
+    const int closed = server->port();
+    server.reset();  // nobody serves the rendezvous now
+    auto orphan = makeGlooCommunicator(options(closed, 1, 2, "orphan", 1500ms));
+    QVERIFY(!orphan.ok());
+    QVERIFY2(orphan.error().message.find("served by rank 0 (worker:0), did not answer") != std::string::npos,
+             orphan.error().message.c_str());
+}
+
+// gRPC would let a second server share a port (SO_REUSEPORT) and split the connections.
+void TestGloo::portInUseIsRefused()
+{
+    auto first = startServer();
+    RendezvousServer::Options o;
+    o.token = kToken;
+    o.bindAddress = "127.0.0.1:" + std::to_string(first->port());
+    auto second = RendezvousServer::start(o);
+    QVERIFY(!second.ok());
+    QVERIFY2(second.error().hint.find("in use") != std::string::npos, second.error().hint.c_str());
 }
 
 void TestGloo::badOptions()
