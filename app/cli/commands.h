@@ -28,10 +28,11 @@ struct TrainOptions {
     long long batchSize = -1;
     std::string optimizer;
     double learningRate = -1;
-    std::string strategy = "one-device";
+    std::string strategy;  // empty: the configuration's, else one-device
     std::string devices;
     int threads = 0;
     unsigned long long seed = 0;
+    bool seedGiven = false;  // --seed given (else the configuration's seed)
     bool noShuffle = false;
     bool noValidation = false;
     long long limit = 0;

@@ -5,6 +5,9 @@
 //   trainstudio-cli runs list|show|compare|delete|export   the recorded run history
 //   trainstudio-cli trace summary FILE  step-time breakdown, top spans, advice for a Chrome trace
 
+#include <system_error>
+#include <new>
+#include <cstdio>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -62,10 +65,24 @@ int main(int argc, char** argv)
     } catch (const CLI::ParseError& e) {
         return app.exit(e);
     }
-    if (app.got_subcommand("train")) return tscli::runTrain(train);
-    if (app.got_subcommand("validate")) return tscli::runValidate(validateFile, validateJson);
-    if (app.got_subcommand("bench")) return tscli::runBench(bench);
-    if (app.got_subcommand("runs")) return tscli::runRuns(runs);
-    if (app.got_subcommand("trace")) return tscli::runTrace(trace);
+    // The last line of defence: the commands return typed errors, but a library exception that
+    // escapes (a thread the system refuses to create, memory running out) is reported as an
+    // error with its cause, not an abort.
+    try {
+        if (app.got_subcommand("train")) return tscli::runTrain(train);
+        if (app.got_subcommand("validate")) return tscli::runValidate(validateFile, validateJson);
+        if (app.got_subcommand("bench")) return tscli::runBench(bench);
+        if (app.got_subcommand("runs")) return tscli::runRuns(runs);
+        if (app.got_subcommand("trace")) return tscli::runTrace(trace);
+    } catch (const std::bad_alloc&) {
+        std::fprintf(stderr, "error: out of memory\nhint: use a smaller model, batch or dataset, or fewer threads\n");
+        return 1;
+    } catch (const std::system_error& e) {
+        std::fprintf(stderr, "error: the system refused a resource: %s\nhint: use fewer threads (--threads, num_parallel_calls)\n", e.what());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "error: %s\nhint: this is a bug in TrainStudio; please report it with the command that caused it\n", e.what());
+        return 1;
+    }
     return 2;
 }

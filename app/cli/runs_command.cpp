@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -14,6 +15,7 @@
 
 #include "commands.h"
 #include "store/recording.h"
+#include "output_guard.h"
 #include "store/export.h"
 #include "store/run_store.h"
 #include "train/run_config.h"
@@ -148,7 +150,7 @@ int list(st::RunStore& store, const RunsOptions& o)
     if (o.json) {
         nlohmann::json a = nlohmann::json::array();
         for (const auto& r : *runs) a.push_back(runJson(r));
-        std::cout << a.dump(2) << "\n";
+        std::cout << a.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         return 0;
     }
     if (runs->empty()) {
@@ -253,7 +255,7 @@ int show(st::RunStore& store, const RunsOptions& o)
         j["records"] = {{"steps", n.steps}, {"epochs", n.epochs}, {"step_breakdowns", n.breakdowns},
                         {"device_samples", n.deviceSamples}, {"pipeline_samples", n.pipelineSamples}, {"spans", n.spans},
                         {"findings", n.findings}, {"logs", n.logs}, {"checkpoints", n.checkpoints}, {"files", n.files}};
-        std::cout << j.dump(2) << "\n";
+        std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
         return 0;
     }
     std::printf("Run %s\n", r.id.c_str());
@@ -335,6 +337,16 @@ int compare(st::RunStore& store, const RunsOptions& o)
     q.buckets = o.buckets > 0 ? o.buckets : 200;
     auto series = store.compare(ids, o.metric, q);
     if (!series.ok()) return fail(series.error());
+    if (std::all_of(series->begin(), series->end(), [](const st::Series& x) { return x.samples == 0; })) {
+        // A misspelt metric: say which ones the runs have.
+        std::set<std::string> known;
+        for (const auto& id : ids)
+            if (auto names = store.metricNames(id); names.ok()) known.insert(names->begin(), names->end());
+        std::string list;
+        for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
+        return fail(ts::makeError(ts::ErrorCode::NotFound, "none of these runs recorded the metric '" + o.metric + "'",
+                                  list.empty() ? std::string("the runs have no step metrics yet") : "recorded metrics: " + list));
+    }
     nlohmann::json out = nlohmann::json::array();
     if (!o.json) std::printf("%-8s  %-30s  %9s  %10s  %10s  %10s  %10s\n", "ID", "NAME", "SAMPLES", "FIRST", "MIN", "MAX", "LAST");
     for (const auto& s : *series) {
@@ -360,7 +372,7 @@ int compare(st::RunStore& store, const RunsOptions& o)
                         fmtNum(last).c_str());
         }
     }
-    if (o.json) std::cout << out.dump(2) << "\n";
+    if (o.json) std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     else if (!series->empty()) std::printf("(metric %s, steps %lld-%lld)\n", o.metric.c_str(), static_cast<long long>((*series)[0].step0),
                                             static_cast<long long>((*series)[0].step1));
     return 0;
@@ -394,7 +406,7 @@ int remove(st::RunStore& store, const RunsOptions& o)
             for (const auto& k : report->keptFiles) std::printf("  kept %s\n", k.c_str());
         }
     }
-    if (o.json) std::cout << out.dump(2) << "\n";
+    if (o.json) std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return 0;
 }
 
@@ -412,6 +424,15 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
     }
     auto id = store.resolveRunId(o.runs[0]);
     if (!id.ok()) return fail(id.error());
+    {
+        // Never over the database or the files the store keeps (checkpoints).
+        const std::filesystem::path db(store.path());
+        const std::vector<tscli::Protected> files = {{"the run database", store.path()}};
+        const std::vector<tscli::Protected> dirs = {{"the run store's files", (db.parent_path() / (db.stem().string() + "-files")).string()}};
+        for (const auto& [out, flag] : {std::pair{o.csv, std::string("--csv")}, std::pair{o.epochsCsv, std::string("--epochs-csv")},
+                                        std::pair{o.trace, std::string("--trace")}, std::pair{o.weights, std::string("--weights")}})
+            if (ts::Status st = tscli::checkOutputPath(out, flag, files, dirs); !st.ok()) return fail(st.error());
+    }
     nlohmann::json written = nlohmann::json::object();
     int code = 0;
     auto note = [&](const std::string& what, const std::string& path, const std::string& extra) {
@@ -459,7 +480,7 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
         if (c.ok()) note("weights", o.weights, " (" + c->kind + " checkpoint at step " + std::to_string(c->step) + ")");
         else code = fail(c.error());
     }
-    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"written", written}}.dump(2) << "\n";
+    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"written", written}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     return code;
 }
 
@@ -473,7 +494,7 @@ int rename(st::RunStore& store, const RunsOptions& o)
     if (!id.ok()) return fail(id.error());
     ts::Status s = store.renameRun(*id, o.newName);
     if (!s.ok()) return fail(s.error());
-    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"name", o.newName}}.dump() << "\n";
+    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"name", o.newName}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     else std::printf("Renamed run %s to '%s'\n", id->c_str(), o.newName.c_str());
     return 0;
 }
@@ -496,7 +517,7 @@ int tag(st::RunStore& store, const RunsOptions& o)
     }
     auto info = store.run(*id);
     if (!info.ok()) return fail(info.error());
-    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"tags", info->tags}}.dump() << "\n";
+    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"tags", info->tags}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
     else std::printf("Run %s tags: %s\n", id->c_str(), info->tags.empty() ? "(none)" : joined(info->tags, ", ").c_str());
     return 0;
 }
@@ -546,7 +567,7 @@ void addRunsCommand(CLI::App& app, RunsOptions& o)
     common(cmp);
     cmp->add_option("runs", o.runs, "two or more runs (id, id prefix or name)")->required();
     cmp->add_option("--metric", o.metric, "step metric to compare (default: loss)");
-    cmp->add_option("--buckets", o.buckets, "downsample each series to this many min/max buckets (default 200)");
+    cmp->add_option("--buckets", o.buckets, "downsample each series to this many min/max buckets (default 200)")->check(CLI::Range(1, 100000));
     cmp->callback([&o] { o.action = "compare"; });
 
     auto* del = runs->add_subcommand("delete", "Delete runs and the files they own (checkpoints, traces)");

@@ -14,6 +14,9 @@
 #include <nlohmann/json.hpp>
 
 #include "commands.h"
+#include "output_guard.h"
+#include "common/json_document.h"
+#include "common/utf8.h"
 #include "distribute/cluster_spec.h"
 #include "embedded_models.h"
 #include "store/recording.h"
@@ -164,11 +167,18 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--model", o.model, "model file (ours or Keras model.to_json()) or built-in name: mlp, cnn, resnet");
     c->add_option("--config", o.config, "run configuration JSON (flags override its fields)");
     c->add_option("--data", o.data, "folder of IDX files (default: the Fashion-MNIST folder)");
-    c->add_option("--epochs", o.epochs, "epochs (default: the model's compile setting)");
-    c->add_option("--max-steps", o.maxSteps, "stop after this many steps in total");
-    c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)");
+    c->add_option("--epochs", o.epochs, "epochs (default: the model's compile setting)")->check(CLI::Range(1, 1000000));
+    c->add_option("--max-steps", o.maxSteps, "stop after this many steps in total")->check(CLI::NonNegativeNumber);
+    c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)")->check(CLI::Range(1LL, 1LL << 31));
     c->add_option("--optimizer", o.optimizer, "adam, adamw, sgd or rmsprop (overrides the model's)");
-    c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)");
+    c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                char* end = nullptr;
+                const double x = std::strtod(v.c_str(), &end);
+                return end && *end == '\0' && std::isfinite(x) && x > 0 ? std::string() : "must be a finite number > 0, got " + v;
+            },
+            "POSITIVE"));
     c->add_option("--strategy", o.strategy,
                   "one-device, mirrored, multi-worker-mirrored (one process per task of TF_CONFIG, or --cluster) or parameter-server (--cluster)")
         ->check(CLI::IsMember({"one-device", "mirrored", "multi-worker-mirrored", "parameter-server"}));
@@ -187,12 +197,13 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run")
         ->check(CLI::PositiveNumber);
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
-    c->add_option("--threads", o.threads, "total CPU threads (default: all cores)");
-    c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout)");
+    c->add_option("--threads", o.threads, "total CPU threads (default: all cores)")->check(CLI::Range(0, ts::kMaxThreads));
+    c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout; default: the configuration's, else 0)")
+        ->each([&o](const std::string&) { o.seedGiven = true; });
     c->add_flag("--no-shuffle", o.noShuffle, "serve batches in file order");
     c->add_flag("--no-validation", o.noValidation, "skip the per-epoch validation on the test set");
-    c->add_option("--limit", o.limit, "use only the first N training examples");
-    c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples");
+    c->add_option("--limit", o.limit, "use only the first N training examples")->check(CLI::NonNegativeNumber);
+    c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples")->check(CLI::NonNegativeNumber);
     c->add_option("--load-weights", o.loadWeights, "initial weights (.safetensors, Keras layouts)");
     c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors; with --cluster: parameter-server only)");
     c->add_option("--backend", o.backend, "force a backend by name (reference, cpu)");
@@ -255,6 +266,30 @@ int runTrain(const TrainOptions& options)
 {
     TrainOptions o = options;
     std::optional<ts::remote::ClusterConnection> cluster;
+    // The recorded run's name and tags go into JSON: refuse what is not UTF-8 text up front.
+    for (const std::string& text : [&] {
+             std::vector<std::string> all = o.tags;
+             all.push_back(o.runName);
+             return all;
+         }())
+        if (!ts::isValidUtf8(text)) {
+            printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--run-name and --tag take UTF-8 text; one has other bytes",
+                                     "type it again, or set the terminal's locale to UTF-8"));
+            return 2;
+        }
+    // The run configuration first: its strategy decides whether this process joins a cluster.
+    ts::RunConfig cfg;
+    if (!o.config.empty()) {
+        auto j = ts::readJsonFile(o.config, "run configuration");
+        auto r = j.ok() ? ts::RunConfig::fromJson(*j, o.config) : ts::Result<ts::RunConfig>(j.takeError());
+        if (!r.ok()) {
+            printError(r.error());
+            return 2;
+        }
+        cfg = std::move(r).value();
+    }
+    // Flags override the configuration; without either, one device.
+    if (o.strategy.empty()) o.strategy = cfg.strategy.kind.empty() ? "one-device" : cfg.strategy.kind;
     if (!o.cluster.empty() && (!o.tfConfig.empty() || !o.task.empty())) {
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--cluster coordinates remote workers; --tf-config/--task make this process a task",
                                  "use one or the other"));
@@ -282,25 +317,6 @@ int runTrain(const TrainOptions& options)
     } else if (!o.tfConfig.empty() || !o.task.empty()) {
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--tf-config and --task are for --strategy multi-worker-mirrored"));
         return 2;
-    }
-    ts::RunConfig cfg;
-    if (!o.config.empty()) {
-        std::ifstream in(o.config);
-        if (!in) {
-            printError(ts::makeError(ts::ErrorCode::NotFound, "cannot open run configuration " + o.config));
-            return 2;
-        }
-        nlohmann::json j = nlohmann::json::parse(in, nullptr, false);
-        if (j.is_discarded()) {
-            printError(ts::makeError(ts::ErrorCode::ParseError, o.config + ": not valid JSON"));
-            return 2;
-        }
-        auto r = ts::RunConfig::fromJson(j, o.config);
-        if (!r.ok()) {
-            printError(r.error());
-            return 2;
-        }
-        cfg = std::move(r).value();
     }
     if (!o.model.empty() || (o.config.empty())) {
         auto model = loadModel(o.model);
@@ -336,6 +352,7 @@ int runTrain(const TrainOptions& options)
     if (cluster) {
         cfg.strategy.crossProcess = cluster->communicator;
         cfg.strategy.processRank = cluster->rank;
+        cfg.strategy.processNames = cluster->rankNames;
         cfg.strategy.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
     }
     if (!o.devices.empty()) {
@@ -355,7 +372,7 @@ int runTrain(const TrainOptions& options)
     if (!o.backend.empty()) cfg.strategy.backend = o.backend;
     if (!o.partitioner.empty()) cfg.strategy.partition.policy = o.partitioner;
     if (o.minShardBytes > 0) cfg.strategy.partition.minShardBytes = o.minShardBytes;
-    cfg.seed = o.seed;
+    if (o.seedGiven) cfg.seed = o.seed;
     if (o.noShuffle) cfg.shuffle = false;
     if (o.noValidation) cfg.validate = false;
     if (o.limit > 0) cfg.limit = o.limit;
@@ -369,6 +386,26 @@ int runTrain(const TrainOptions& options)
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--restarts and --backup-every-steps need a backup folder",
                                  "add --backup-dir DIR (a restarted run resumes from the backup there)"));
         return 2;
+    }
+
+    // Outputs must not overwrite what the run reads or the store keeps.
+    {
+        const std::string db = o.noRecord ? std::string() : o.db.empty() ? ts::store::defaultDatabasePath() : o.db;
+        const std::vector<tscli::Protected> inputs = {{"the run database", db},
+                                                      {"the model file", cfg.modelFile.empty() ? o.model : cfg.modelFile},
+                                                      {"the run configuration", o.config},
+                                                      {"the TF_CONFIG file", o.tfConfig},
+                                                      {"the cluster file", o.cluster}};
+        std::vector<tscli::Protected> dirs;
+        if (!db.empty()) {
+            const std::filesystem::path p(db);
+            dirs.push_back({"the run store's files", (p.parent_path() / (p.stem().string() + "-files")).string()});
+        }
+        for (const auto& [out, flag] : {std::pair{cfg.saveWeights, std::string("--save-weights")}, std::pair{o.trace, std::string("--trace")}})
+            if (ts::Status st = tscli::checkOutputPath(out, flag, inputs, dirs); !st.ok()) {
+                printError(st.error());
+                return 2;
+            }
     }
 
     if (!o.cluster.empty()) {
@@ -428,6 +465,7 @@ int runTrain(const TrainOptions& options)
             cluster = std::move(joined).value();
             cfg.strategy.crossProcess = cluster->communicator;
             cfg.strategy.processRank = cluster->rank;
+            cfg.strategy.processNames = cluster->rankNames;
         cfg.strategy.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
         }
         auto made = ts::prepareRun(cfg);

@@ -155,11 +155,27 @@ Result<IdxArray> readIdx(const std::string& path)
         total *= d;
     }
 
-    out.data.resize(static_cast<std::size_t>(total));
-    const int64_t got = gzReadFully(gz.f, out.data.data(), out.data.size(), zerr);
-    if (got < 0)
-        return makeError(ErrorCode::IoError, "cannot read the data of IDX file '" + path + "': " + zerr,
-                         "the file is corrupt; download it again");
+    // Grown as the data arrives, not sized from the header: a corrupt header that claims
+    // terabytes then fails as truncated after reading what is there, instead of allocating it.
+    int64_t got = 0;
+    try {
+        constexpr int64_t kChunk = int64_t(64) << 20;
+        while (got < total) {
+            const int64_t n = std::min(kChunk, total - got);
+            out.data.resize(static_cast<std::size_t>(got + n));
+            const int64_t r = gzReadFully(gz.f, out.data.data() + got, static_cast<std::size_t>(n), zerr);
+            if (r < 0)
+                return makeError(ErrorCode::IoError, "cannot read the data of IDX file '" + path + "': " + zerr,
+                                 "the file is corrupt; download it again");
+            got += r;
+            if (r < n) break;
+        }
+    } catch (const std::bad_alloc&) {
+        return makeError(ErrorCode::OutOfMemory,
+                         "IDX file '" + path + "' holds " + std::to_string(total) + " values, more than this machine's memory",
+                         "use a smaller dataset, or a machine with more memory");
+    }
+    out.data.resize(static_cast<std::size_t>(got));
     if (got < total)
         return makeError(ErrorCode::IoError,
                          "IDX file '" + path + "' is truncated: expected " + std::to_string(total) +

@@ -334,12 +334,13 @@ Status PipelineSpec::validate(const std::string& where) const
     for (std::size_t i = 0; i < ops.size(); ++i) {
         const TransformSpec& o = ops[i];
         const std::string at = where + ".transformations[" + std::to_string(i) + "] (" + transformKindName(o.kind) + ")";
-        auto parallelOk = [](int64_t p) { return p >= 1 || p == kAutotune; };
+        // At most 1024 threads per stage: more fails thread creation (and never helps).
+        auto parallelOk = [](int64_t p) { return (p >= 1 && p <= 1024) || p == kAutotune; };
         switch (o.kind) {
         case TransformKind::Map:
             if (!o.fn.fn) return bad(at + ": no function", "name a built-in (normalise, one_hot, random_flip, ...)");
             if (!parallelOk(o.parallelism))
-                return bad(at + ".num_parallel_calls: " + std::to_string(o.parallelism) + " (use >= 1 or \"AUTOTUNE\")");
+                return bad(at + ".num_parallel_calls: " + std::to_string(o.parallelism) + " (use 1 to 1024 or \"AUTOTUNE\")");
             if (o.fn.builtin && o.fn.name == "decode_image") {
                 if (s.kind != SourceKind::ImageFolder)
                     return bad(at + ": decode_image reads the files of an image_folder source, but the source is " +
@@ -381,7 +382,7 @@ Status PipelineSpec::validate(const std::string& where) const
                 return bad(at + ".cycle_length: " + std::to_string(o.cycleLength) + " (use >= 1 or \"AUTOTUNE\")");
             if (o.blockLength < 1) return bad(at + ".block_length: " + std::to_string(o.blockLength) + " (use >= 1)");
             if (!parallelOk(o.parallelism))
-                return bad(at + ".num_parallel_calls: " + std::to_string(o.parallelism) + " (use >= 1 or \"AUTOTUNE\")");
+                return bad(at + ".num_parallel_calls: " + std::to_string(o.parallelism) + " (use 1 to 1024 or \"AUTOTUNE\")");
             break;
         }
     }

@@ -1,5 +1,7 @@
 #include "distribute/cluster_spec.h"
 
+#include "common/json_document.h"
+
 #include <cctype>
 #include <cstdlib>
 #include <fstream>
@@ -158,30 +160,26 @@ Result<ClusterSpec> ClusterSpec::fromJson(const nlohmann::json& j, const std::st
 
 Result<ClusterSpec> ClusterSpec::fromText(const std::string& text, const std::string& source)
 {
-    nlohmann::json j;
-    try {
-        j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
-        return makeError(ErrorCode::ParseError, source + ": not valid JSON: " + e.what(),
-                         "TF_CONFIG is a JSON object: {\"cluster\": {...}, \"task\": {...}}");
+    auto j = parseJsonDocument(text, source);
+    if (!j.ok()) {
+        Error e = j.takeError();
+        e.hint += (e.hint.empty() ? "" : "; ") + std::string("TF_CONFIG is a JSON object: {\"cluster\": {...}, \"task\": {...}}");
+        return e;
     }
-    return fromJson(j, source);
+    return fromJson(*j, source);
 }
 
 Result<ClusterSpec> ClusterSpec::fromFile(const std::string& path)
 {
-    std::ifstream in(path);
-    if (!in) return makeError(ErrorCode::NotFound, "cannot read cluster file " + path, "check the path passed to --cluster");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return fromText(ss.str(), path);
+    TS_ASSIGN(std::string text, readTextFile(path, "cluster file (TF_CONFIG)"));
+    return fromText(text, path);
 }
 
 Result<ClusterSpec> ClusterSpec::fromEnvironment()
 {
     const char* v = std::getenv("TF_CONFIG");
     if (!v || !*v)
-        return makeError(ErrorCode::NotFound, "TF_CONFIG is not set", "export TF_CONFIG or pass --cluster FILE");
+        return makeError(ErrorCode::NotFound, "TF_CONFIG is not set", "export TF_CONFIG, or pass --tf-config FILE (this process is one task) or --cluster FILE (coordinate worker daemons)");
     return fromText(v, "TF_CONFIG");
 }
 

@@ -38,6 +38,8 @@
 #include "model/attrs.h"
 #include "model/spec.h"
 
+#include "common/json_document.h"
+
 namespace ts {
 
 using nlohmann::json;
@@ -343,30 +345,6 @@ std::string modelText(const ModelSpec& spec)
     return s + "\n}\n";
 }
 
-// nlohmann reports the count of bytes read; the offending character is the last one read.
-std::pair<std::size_t, std::size_t> lineColumn(const std::string& text, std::size_t byte)
-{
-    const std::size_t end = std::min(byte > 0 ? byte - 1 : 0, text.size());
-    std::size_t line = 1, lineStart = 0;
-    for (std::size_t i = 0; i < end; ++i)
-        if (text[i] == '\n') {
-            ++line;
-            lineStart = i + 1;
-        }
-    return {line, end - lineStart + 1};
-}
-
-// "syntax error while parsing value - invalid literal; last read: 'x'" without nlohmann's
-// "[json.exception.parse_error.101] parse error at line 1, column 2: " prefix.
-std::string parseErrorText(const std::string& what)
-{
-    const std::size_t at = what.find("parse error");
-    if (at == std::string::npos)
-        return what;
-    const std::size_t colon = what.find(": ", at);
-    return colon == std::string::npos ? what : what.substr(colon + 2);
-}
-
 } // namespace
 
 Result<ModelSpec> modelFromJson(const json& j, const std::string& source)
@@ -426,18 +404,7 @@ json modelToJson(const ModelSpec& spec)
 
 Result<ModelSpec> parseModelText(const std::string& text, const std::string& source)
 {
-    json j;
-    try {
-        j = json::parse(text);
-    } catch (const json::parse_error& e) {
-        const auto [line, column] = lineColumn(text, e.byte);
-        return makeError(ErrorCode::ParseError,
-                         source + ":" + std::to_string(line) + ":" + std::to_string(column)
-                             + ": JSON syntax error: " + parseErrorText(e.what()),
-                         "fix the JSON at line " + std::to_string(line) + ", column "
-                             + std::to_string(column)
-                             + " (a missing comma, quote or bracket is the usual cause)");
-    }
+    TS_ASSIGN(json j, parseJsonDocument(text, source));
     if (j.is_object()) {
         if (j.contains("format") || j.contains("layers"))
             return modelFromJson(j, source);
@@ -453,21 +420,8 @@ Result<ModelSpec> parseModelText(const std::string& text, const std::string& sou
 
 Result<ModelSpec> loadModelFile(const std::string& path)
 {
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec))
-        return makeError(ErrorCode::NotFound, path + ": no such model file",
-                         "check the path; example models are in resources/models");
-    std::ifstream in(path, std::ios::binary);
-    if (!in)
-        return makeError(ErrorCode::IoError,
-                         path + ": cannot open: " + std::strerror(errno),
-                         "check that the file is readable");
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
-    if (in.bad())
-        return makeError(ErrorCode::IoError, path + ": read failed: " + std::strerror(errno),
-                         "check the disk and the file");
-    return parseModelText(buffer.str(), path);
+    TS_ASSIGN(std::string text, readTextFile(path, "model file"));
+    return parseModelText(text, path);
 }
 
 Status saveModelFile(const ModelSpec& spec, const std::string& path)

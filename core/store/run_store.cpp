@@ -1,5 +1,7 @@
 #include "store/run_store.h"
 
+#include "common/utf8.h"
+
 #include "telemetry/chrome_trace.h"
 #include "common/background_thread.h"
 #include "common/paths.h"
@@ -1136,8 +1138,21 @@ Status RunStore::removeSource(int id)
     return flush();
 }
 
+namespace {
+
+Status checkText(const std::string& text, const char* what)
+{
+    if (isValidUtf8(text)) return okStatus();
+    return makeError(ErrorCode::InvalidArgument, std::string("a run's ") + what + " must be UTF-8 text (this one has other bytes)",
+                     "type it again, or set the terminal's locale to UTF-8");
+}
+
+} // namespace
+
 Result<RunInfo> RunStore::createRun(const NewRun& spec)
 {
+    TS_TRY(checkText(spec.name, "name"));
+    for (const auto& t : spec.tags) TS_TRY(checkText(t, "tag"));
     RunInfo info;
     info.id = spec.id.empty() ? newRunId() : spec.id;
     info.name = spec.name.empty() ? defaultRunName(spec.model) : spec.name;
@@ -1212,6 +1227,7 @@ Status RunStore::upsertProject(const std::string& name, const nlohmann::json& sp
 Status RunStore::renameRun(const std::string& runId, const std::string& name)
 {
     if (name.empty()) return makeError(ErrorCode::InvalidArgument, "a run's name cannot be empty");
+    TS_TRY(checkText(name, "name"));
     Impl* d = m.get();
     return m->submit([=]() -> Status {
         TS_ASSIGN(int64_t r, d->rid(runId, false));
@@ -1223,6 +1239,7 @@ Status RunStore::renameRun(const std::string& runId, const std::string& name)
 
 Status RunStore::setTags(const std::string& runId, const std::vector<std::string>& tags)
 {
+    for (const auto& t : tags) TS_TRY(checkText(t, "tag"));
     Impl* d = m.get();
     return m->submit([=]() -> Status {
         TS_ASSIGN(int64_t r, d->rid(runId, false));
@@ -1242,6 +1259,7 @@ Status RunStore::setTags(const std::string& runId, const std::vector<std::string
 Status RunStore::addTag(const std::string& runId, const std::string& tag)
 {
     if (tag.empty()) return makeError(ErrorCode::InvalidArgument, "a tag cannot be empty");
+    TS_TRY(checkText(tag, "tag"));
     Impl* d = m.get();
     return m->submit([=]() -> Status {
         TS_ASSIGN(int64_t r, d->rid(runId, false));

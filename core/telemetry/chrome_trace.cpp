@@ -1,5 +1,7 @@
 #include "telemetry/chrome_trace.h"
 
+#include "common/json_document.h"
+
 #include <zlib.h>
 
 #include <algorithm>
@@ -712,8 +714,12 @@ Result<Trace> parseChromeTraceText(const std::string& text, const std::string& s
 {
     nlohmann::json doc;
     std::string warning;
+    // Nesting too deep to walk later is refused before parsing.
+    TS_TRY(checkJsonDepth(text, source));
     try {
         doc = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::out_of_range& e) {
+        return makeError(ErrorCode::ParseError, source + ": " + e.what(), "numbers must fit a double (below about 1.8e308)");
     } catch (const nlohmann::json::parse_error& e) {
         // A timeline written incrementally (Horovod, Chrome) lacks its closing bracket when the
         // job was killed; chrome://tracing accepts that, so do we.

@@ -1,7 +1,10 @@
 #include "train/run_config.h"
 
+#include "distribute/agreement.h"
+
 #include <algorithm>
 #include <filesystem>
+#include <limits>
 
 #include "common/json_keys.h"
 #include "distribute/communicator.h"
@@ -36,6 +39,15 @@ nlohmann::json RunConfig::backupFingerprint() const
     return j;
 }
 
+nlohmann::json RunConfig::clusterFingerprint() const
+{
+    nlohmann::json j = toJson();
+    for (const char* key : {"save_weights", "load_weights", "backup"}) j.erase(key);
+    j["data"].erase("dir");
+    for (const char* key : {"devices", "threads", "backend"}) j["strategy"].erase(key);
+    return j;
+}
+
 Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string& source)
 {
     if (!j.is_object()) return makeError(ErrorCode::ParseError, source + ": a run configuration must be a JSON object");
@@ -44,8 +56,63 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
                          {"model_file", "model", "data", "strategy", "epochs", "max_steps", "batch_size", "seed", "optimizer",
                           "schedule", "loss", "load_weights", "save_weights", "pipeline", "validation_pipeline", "backup"},
                          source));
-    if (j.contains("data"))
-        TS_TRY(checkJsonKeys(j["data"], {"source", "dir", "limit", "validation_limit", "shuffle", "validate"}, source + ": data"));
+    // Types and ranges first, each naming its key: the library's own messages ("type_error.302")
+    // name none, and a negative count used to fall back to the default silently.
+    auto kindAt = [&](const nlohmann::json& obj, const std::string& at, const char* key, nlohmann::json::value_t want,
+                      const char* what) -> Status {
+        if (!obj.contains(key) || obj[key].is_null()) return okStatus();
+        const auto& v = obj[key];
+        const bool ok = want == nlohmann::json::value_t::number_integer ? v.is_number_integer()
+                      : want == nlohmann::json::value_t::number_float   ? v.is_number()
+                                                                        : v.type() == want;
+        if (ok) return okStatus();
+        return makeError(ErrorCode::ParseError, source + ": \"" + at + key + "\" must be " + what + ", not " + v.dump(),
+                         std::string("write it as ") + what);
+    };
+    auto intIn = [&](const nlohmann::json& obj, const std::string& at, const char* key, int64_t lo, int64_t hi, bool minusOneIsDefault,
+                     const char* hint) -> Status {
+        TS_TRY(kindAt(obj, at, key, nlohmann::json::value_t::number_integer, "a whole number"));
+        if (!obj.contains(key) || obj[key].is_null()) return okStatus();
+        if (obj[key].is_number_unsigned() && obj[key].get<uint64_t>() > static_cast<uint64_t>(hi))
+            return makeError(ErrorCode::InvalidArgument, source + ": \"" + at + key + "\" is " + obj[key].dump(), hint);
+        const int64_t v = obj[key].get<int64_t>();
+        if ((v < lo || v > hi) && !(minusOneIsDefault && v == -1))
+            return makeError(ErrorCode::InvalidArgument, source + ": \"" + at + key + "\" is " + std::to_string(v), hint);
+        return okStatus();
+    };
+    using T = nlohmann::json::value_t;
+    constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+    for (const char* key : {"model_file", "loss", "load_weights", "save_weights"}) TS_TRY(kindAt(j, "", key, T::string, "a string"));
+    for (const char* key : {"data", "strategy", "backup"}) TS_TRY(kindAt(j, "", key, T::object, "an object"));
+    TS_TRY(intIn(j, "", "epochs", 1, 1000000, true, "use 1 or more epochs (or leave it out for the model's)"));
+    TS_TRY(intIn(j, "", "max_steps", 0, kMax, false, "use 0 (no limit) or a step count"));
+    TS_TRY(intIn(j, "", "batch_size", 1, int64_t{1} << 31, true, "use a global batch of 1 or more (or leave it out for the model's)"));
+    TS_TRY(intIn(j, "", "seed", 0, kMax, false, "use a seed of 0 or more"));
+    if (j.contains("data") && j["data"].is_object()) {
+        const auto& d = j["data"];
+        TS_TRY(checkJsonKeys(d, {"source", "dir", "limit", "validation_limit", "shuffle", "validate"}, source + ": data"));
+        for (const char* key : {"source", "dir"}) TS_TRY(kindAt(d, "data.", key, T::string, "a string"));
+        for (const char* key : {"shuffle", "validate"}) TS_TRY(kindAt(d, "data.", key, T::boolean, "true or false"));
+        TS_TRY(intIn(d, "data.", "limit", 0, kMax, false, "use 0 (all examples) or a count"));
+        TS_TRY(intIn(d, "data.", "validation_limit", 0, kMax, false, "use 0 (all examples) or a count"));
+    }
+    if (j.contains("strategy") && j["strategy"].is_object()) {
+        const auto& st = j["strategy"];
+        TS_TRY(checkJsonKeys(st, {"type", "devices", "threads", "backend", "partition"}, source + ": strategy"));
+        for (const char* key : {"type", "backend"}) TS_TRY(kindAt(st, "strategy.", key, T::string, "a string"));
+        TS_TRY(kindAt(st, "strategy.", "devices", T::array, "a list of device names like \"cpu:0\""));
+        TS_TRY(intIn(st, "strategy.", "threads", 0, kMaxThreads, false, "use 0 (all cores) or a thread count up to 1024"));
+        if (st.contains("type") && st["type"].is_string()) {
+            const std::string t = st["type"].get<std::string>();
+            if (t != "one-device" && t != "mirrored" && t != "multi-worker-mirrored" && t != "parameter-server")
+                return makeError(ErrorCode::InvalidArgument, source + ": strategy.type '" + t + "' is not a strategy",
+                                 "use one-device, mirrored, multi-worker-mirrored or parameter-server");
+        }
+        if (st.contains("devices") && st["devices"].is_array())
+            for (const auto& d : st["devices"])
+                if (!d.is_string())
+                    return makeError(ErrorCode::ParseError, source + ": strategy.devices holds " + d.dump(), "write devices as strings like \"cpu:0\"");
+    }
     try {
         if (j.contains("model_file")) c.modelFile = j["model_file"].get<std::string>();
         if (j.contains("model")) {
@@ -234,6 +301,16 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
     if (analysis.inputNodes.size() != 1)
         return makeError(ErrorCode::Unsupported, "the model needs exactly one Input node");
     const Shape inShape = analysis.nodes[static_cast<std::size_t>(analysis.inputNodes[0])].outputShape;
+    if (cfg.strategy.crossProcess) {
+        // Before any data loads or weights move: every process must run the same settings, or
+        // the run fails far from the cause (a broadcast of the wrong size) or, with only the
+        // learning rate different, finishes with weights no single configuration gives.
+        RunConfig fp = cfg;
+        fp.modelFile.clear();
+        fp.model = run.model;
+        if (fp.loss.empty()) fp.loss = run.model.compile.loss;
+        TS_TRY(agreeOnSettings(*cfg.strategy.crossProcess, cfg.strategy.processRank, cfg.strategy.processNames, fp.clusterFingerprint()));
+    }
 
     TrainConfig tc;
     tc.epochs = cfg.epochs;

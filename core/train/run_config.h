@@ -57,6 +57,11 @@ struct RunConfig {
     // The settings a backup must have been made with to be resumed by this run: everything that
     // shapes the training trajectory (not epochs, max_steps, save_weights or the backup itself).
     nlohmann::json backupFingerprint() const;
+    // The settings every process of a multi-worker run must share (agreeOnSettings): what
+    // shapes the trajectory and how long it runs; not what may differ between machines (data
+    // folder, weight files, backups, devices, threads, backend: the chief's initial weights
+    // reach every worker anyway, and replica counts are agreed on separately).
+    nlohmann::json clusterFingerprint() const;
     static Result<RunConfig> fromJson(const nlohmann::json& j, const std::string& source);
 };
 

@@ -79,6 +79,23 @@ void TestCli::initTestCase()
     writeFile(m_dir.filePath("bad_idx/train-labels-idx1-ubyte"), labels + QByteArray(10, '\1'));
     writeFile(m_dir.filePath("bad_idx/t10k-images-idx3-ubyte"), header + QByteArray(7840, '\0'));
     writeFile(m_dir.filePath("bad_idx/t10k-labels-idx1-ubyte"), labels + QByteArray(10, '\1'));
+    // A header that claims 2^40 images of one byte: refused as truncated, not allocated.
+    QDir().mkpath(m_dir.filePath("huge_idx"));
+    writeFile(m_dir.filePath("huge_idx/train-images-idx3-ubyte"), QByteArray("\x00\x00\x08\x03\x00\x00\x00\x01\x00\x10\x00\x00\x00\x10\x00\x00", 16) + QByteArray(64, '\0'));
+    writeFile(m_dir.filePath("huge_idx/train-labels-idx1-ubyte"), labels + QByteArray(10, '\1'));
+    writeFile(m_dir.filePath("huge_idx/t10k-images-idx3-ubyte"), header + QByteArray(7840, '\0'));
+    writeFile(m_dir.filePath("huge_idx/t10k-labels-idx1-ubyte"), labels + QByteArray(10, '\1'));
+    // Run configurations with bad values: each must be refused naming the key.
+    const QString seed = QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json");
+    writeFile(m_dir.filePath("neg_epochs.json"), QStringLiteral(R"({"model_file": "%1", "epochs": -5})").arg(seed).toUtf8());
+    writeFile(m_dir.filePath("string_strategy.json"), QStringLiteral(R"({"model_file": "%1", "strategy": "mirrored"})").arg(seed).toUtf8());
+    writeFile(m_dir.filePath("bad_strategy.json"), QStringLiteral(R"({"model_file": "%1", "strategy": {"type": "bogus"}})").arg(seed).toUtf8());
+    writeFile(m_dir.filePath("text_epochs.json"), QStringLiteral(R"({"model_file": "%1", "epochs": "3"})").arg(seed).toUtf8());
+    QDir().mkpath(m_dir.filePath("config_dir"));
+    writeFile(m_dir.filePath("huge_number.json"),
+              R"({"format": "trainstudio-model", "layers": [{"id": "input", "type": "Input", "attrs": {"shape": [1e999]}}]})");
+    writeFile(m_dir.filePath("deep.json"), QByteArray(100000, '[') + QByteArray(100000, ']'));
+    writeFile(m_dir.filePath("records.db"), QByteArray());
 }
 
 void TestCli::validatePrintsTable()
@@ -106,6 +123,26 @@ void TestCli::badInput_data()
     QTest::newRow("bad device") << QStringList{"train", "--strategy", "mirrored", "--devices", "cpu:0,tpu:1"} << QStringList{"tpu:1"};
     QTest::newRow("unknown optimizer") << QStringList{"train", "--optimizer", "adagradx", "--max-steps", "1"} << QStringList{"adagradx"};
     QTest::newRow("unknown strategy") << QStringList{"train", "--strategy", "tpu"} << QStringList{"tpu"};
+    // Out-of-range flags are refused, not replaced by defaults.
+    QTest::newRow("negative epochs") << QStringList{"train", "--epochs", "-5"} << QStringList{"--epochs"};
+    QTest::newRow("negative limit") << QStringList{"train", "--limit", "-5"} << QStringList{"--limit"};
+    QTest::newRow("nan learning rate") << QStringList{"train", "--learning-rate", "nan"} << QStringList{"--learning-rate", "finite"};
+    QTest::newRow("too many threads") << QStringList{"train", "--threads", "100000"} << QStringList{"--threads", "1024"};
+    // Configurations: the key and the file are named.
+    QTest::newRow("config epochs -5") << QStringList{"train", "--config", m_dir.filePath("neg_epochs.json")} << QStringList{"neg_epochs.json", "\"epochs\" is -5"};
+    QTest::newRow("config strategy text") << QStringList{"train", "--config", m_dir.filePath("string_strategy.json")} << QStringList{"\"strategy\" must be an object"};
+    QTest::newRow("config unknown strategy") << QStringList{"train", "--config", m_dir.filePath("bad_strategy.json")} << QStringList{"bogus", "one-device"};
+    QTest::newRow("config epochs as text") << QStringList{"train", "--config", m_dir.filePath("text_epochs.json")} << QStringList{"\"epochs\" must be a whole number"};
+    QTest::newRow("config is a folder") << QStringList{"train", "--config", m_dir.filePath("config_dir")} << QStringList{"config_dir", "folder"};
+    QTest::newRow("number beyond double") << QStringList{"validate", m_dir.filePath("huge_number.json")} << QStringList{"huge_number.json", "1e999"};
+    QTest::newRow("nesting too deep") << QStringList{"validate", m_dir.filePath("deep.json")} << QStringList{"deep.json", "nested more than 512"};
+    QTest::newRow("idx claims 2^40 bytes") << QStringList{"train", "--data", m_dir.filePath("huge_idx")} << QStringList{"huge_idx", "truncated"};
+    // Outputs never overwrite the run's inputs or the store.
+    QTest::newRow("weights over the database") << QStringList{"train", "--db", m_dir.filePath("records.db"), "--save-weights", m_dir.filePath("records.db")}
+                                               << QStringList{"--save-weights", "run database"};
+    QTest::newRow("trace over the model") << QStringList{"train", "--no-record", "--model", m_dir.filePath("five_classes.json"), "--trace", m_dir.filePath("five_classes.json")}
+                                          << QStringList{"--trace", "model file"};
+    QTest::newRow("trace into a folder") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("config_dir")} << QStringList{"--trace", "folder"};
     if (m_haveData) {
         QTest::newRow("output does not fit labels") << QStringList{"train", "--model", m_dir.filePath("five_classes.json")} << QStringList{"head", "10"};
         QTest::newRow("input does not fit data") << QStringList{"train", "--model", m_dir.filePath("wrong_input.json")} << QStringList{"784", "Input"};

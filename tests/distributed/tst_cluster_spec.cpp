@@ -157,7 +157,7 @@ void TestClusterSpec::rejectsMalformed_data()
 {
     QTest::addColumn<QString>("json");
     QTest::addColumn<QString>("expected");
-    QTest::newRow("not json") << "{cluster:" << "src: not valid JSON";
+    QTest::newRow("not json") << "{cluster:" << "src:1:2: JSON syntax error";
     QTest::newRow("not an object") << "[1]" << "must be a JSON object";
     QTest::newRow("no cluster") << R"({"task": {"type": "worker", "index": 0}})" << "\"cluster\" is missing";
     QTest::newRow("unknown top key") << R"({"cluster": {"worker": ["a:1"]}, "tsak": {}})" << "unknown key \"tsak\"";

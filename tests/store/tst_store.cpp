@@ -440,6 +440,17 @@ void TestStore::resolveAndEdit()
     QVERIFY(store->setTags(id, {"x", "y"}).ok());
     QCOMPARE(store->run(id)->tags, (std::vector<std::string>{"x", "y"}));
     QVERIFY(!store->renameRun("no-such-run", "x").ok());
+    // Names and tags end up in JSON exports: bytes that are not UTF-8 are refused, and the run
+    // keeps its name.
+    const ts::Status badName = store->renameRun(id, "bad\xff");
+    QVERIFY(!badName.ok());
+    QVERIFY2(badName.error().message.find("UTF-8") != std::string::npos, badName.error().message.c_str());
+    QVERIFY(!store->addTag(id, "\xc3\x28").ok());
+    QVERIFY(!store->setTags(id, {"ok", "\xed\xa0\x80"}).ok());  // an encoded surrogate
+    QVERIFY(store->renameRun(id, "alpha v2 \xc3\xa9").ok());   // é is fine
+    QCOMPARE(store->run(id)->name, std::string("alpha v2 \xc3\xa9"));
+    QCOMPARE(store->run(id)->tags, (std::vector<std::string>{"x", "y"}));
+    QVERIFY(store->renameRun(id, "alpha v2").ok());
     // A failed task leaves the batch's other work alone.
     store->record(stepEvent(id, 1, 1.0));
     QVERIFY(!store->setRunStatus("no-such-run", st::RunState::Completed).ok());

@@ -1,0 +1,52 @@
+#pragma once
+// Outputs the CLI writes (weights, traces, CSV exports) must never land on what a run reads or
+// the store keeps: writing a CSV over the run database, or weights over the model file, would
+// destroy them. Checked before any work, with the file named.
+
+#include <filesystem>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/result.h"
+
+namespace tscli {
+
+struct Protected {
+    std::string what;  // "the run database", "the model file"
+    std::string path;  // a file (its SQLite -wal/-shm companions are covered for a database)
+};
+
+// `flag` names the option in messages ("--save-weights"). "-" (standard output) and paths that
+// do not exist yet are fine unless they lie inside one of `dirs` (folders the store owns).
+inline ts::Status checkOutputPath(const std::string& out, const std::string& flag, const std::vector<Protected>& files,
+                                  const std::vector<Protected>& dirs = {})
+{
+    namespace fs = std::filesystem;
+    if (out.empty() || out == "-") return ts::okStatus();
+    std::error_code ec;
+    if (fs::is_directory(out, ec))
+        return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + " is a folder", "name a file (inside it, if you like)");
+    for (const Protected& p : files) {
+        if (p.path.empty()) continue;
+        for (const std::string& suffix : {std::string(), std::string("-wal"), std::string("-shm")}) {
+            const std::string candidate = p.path + suffix;
+            if (fs::exists(out, ec) && fs::exists(candidate, ec) && fs::equivalent(out, candidate, ec))
+                return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + " is " + p.what + (suffix.empty() ? "" : " (" + suffix.substr(1) + " file)") +
+                                         ": writing there would destroy it",
+                                     "choose another file name");
+        }
+    }
+    const fs::path target = fs::weakly_canonical(fs::absolute(out, ec), ec);
+    for (const Protected& d : dirs) {
+        if (d.path.empty()) continue;
+        const fs::path root = fs::weakly_canonical(fs::absolute(d.path, ec), ec);
+        auto [r, t] = std::mismatch(root.begin(), root.end(), target.begin(), target.end());
+        if (r == root.end())
+            return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + " lies in " + d.what + " (" + d.path + ")",
+                                 "the store keeps its checkpoints there; write somewhere else");
+    }
+    return ts::okStatus();
+}
+
+} // namespace tscli
