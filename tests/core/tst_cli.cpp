@@ -19,6 +19,7 @@ private slots:
     void badInput();
     void jsonOutputAndWeights();
     void configWithPipeline();
+    void configStrategyAndSeedApply();
     void corruptInputFailsRun();
     void periodicCheckpoints();
     void seedMlpReachesAccuracy();
@@ -188,6 +189,32 @@ void TestCli::jsonOutputAndWeights()
     r = cli({"train", "--model", "cnn", "--load-weights", weights, "--max-steps", "1"});
     QVERIFY(r.code != 0);
     QVERIFY2(r.err.contains("conv2d") || r.err.contains("dense"), qPrintable(r.err));
+}
+
+// A configuration's strategy and seed are used unless a flag overrides them (the CLI's defaults
+// once replaced them silently).
+void TestCli::configStrategyAndSeedApply()
+{
+    if (!m_haveData) QSKIP("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const QString config = m_dir.filePath("mirrored_seed7.json");
+    writeFile(config, QStringLiteral(R"({"model_file": "%1", "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:1"]}, "seed": 7})")
+                          .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"))
+                          .toUtf8());
+    const QStringList common{"--json", "--epochs", "1", "--limit", "1024", "--no-validation", "--no-record"};
+    auto final = [](const Run& r) { return QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object(); };
+    const Run fromConfig = cli(QStringList{"train", "--config", config} + common);
+    QVERIFY2(fromConfig.code == 0, qPrintable(fromConfig.err));
+    QCOMPARE(final(fromConfig).value("strategy").toString(), QString("mirrored"));
+    QCOMPARE(final(fromConfig).value("replicas").toInt(), 2);
+    const Run flags = cli(QStringList{"train", "--strategy", "mirrored", "--devices", "cpu:0,cpu:1", "--seed", "7"} + common);
+    QVERIFY2(flags.code == 0, qPrintable(flags.err));
+    QCOMPARE(final(fromConfig).value("loss").toDouble(), final(flags).value("loss").toDouble());
+    const Run seed0 = cli(QStringList{"train", "--config", config, "--seed", "0"} + common);
+    QVERIFY2(seed0.code == 0, qPrintable(seed0.err));
+    QVERIFY(final(seed0).value("loss").toDouble() != final(flags).value("loss").toDouble());
+    const Run oneDevice = cli(QStringList{"train", "--config", config, "--strategy", "one-device", "--devices", "cpu:0"} + common);
+    QVERIFY2(oneDevice.code == 0, qPrintable(oneDevice.err));
+    QCOMPARE(final(oneDevice).value("strategy").toString(), QString("one-device"));
 }
 
 void TestCli::configWithPipeline()
