@@ -51,6 +51,11 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         printError(token.error());
         return 2;
     }
+    // TensorFlow's evaluator is a side job that reads checkpoints; the coordinator validates on
+    // the test split itself, so evaluator tasks are not started. Say so rather than skip quietly.
+    if (const auto evaluators = spec->addresses("evaluator"); !evaluators.empty() && !o.quiet)
+        std::fprintf(stderr, "note: %s: %zu evaluator task(s) are not started; the coordinator validates each epoch itself\n",
+                     o.cluster.c_str(), evaluators.size());
     if (!cfg.modelFile.empty()) {
         auto m = ts::loadModelFile(cfg.modelFile);
         if (!m.ok()) {

@@ -55,9 +55,22 @@ int main(int argc, char** argv)
         return 2;
     }
     if (!portFile.empty()) {
+        // A script waits for this file: failing to write it must end the daemon, not leave the
+        // script waiting.
         const std::string tmp = portFile + ".tmp";
-        std::ofstream(tmp) << (*daemon)->port() << "\n";
-        std::rename(tmp.c_str(), portFile.c_str());  // readers never see a half-written file
+        bool written = false;
+        {
+            std::ofstream out(tmp);
+            out << (*daemon)->port() << "\n";
+            out.close();
+            written = static_cast<bool>(out);
+        }
+        if (!written || std::rename(tmp.c_str(), portFile.c_str()) != 0) {  // readers never see a half-written file
+            std::remove(tmp.c_str());
+            std::cerr << "error: cannot write the port file " << portFile << "\n  hint: check that its folder exists and is writable\n";
+            (*daemon)->shutdown();
+            return 2;
+        }
     }
     std::printf("trainstudio-worker listening on port %d\n", (*daemon)->port());
     std::fflush(stdout);

@@ -21,11 +21,14 @@ bool isRole(const std::string& r)
     return false;
 }
 
-// Normalised form of an address for duplicate detection: hosts compare case-insensitively.
+// Normalised form of an address for duplicate detection: hosts compare case-insensitively, and
+// the names of this machine's loopback interface are one host (localhost:7070 and
+// 127.0.0.1:7070 are the same port on the same machine).
 std::string addressKey(const HostPort& hp)
 {
     std::string h = hp.host;
     for (char& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    if (h == "localhost" || h == "127.0.0.1" || h == "::1" || h == "[::1]" || h == "localhost.localdomain") h = "loopback";
     return h + ":" + std::to_string(hp.port);
 }
 

@@ -1,5 +1,7 @@
 #include "remote/auth.h"
 
+#include "common/json_document.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -11,11 +13,17 @@ namespace {
 
 Result<std::string> readFile(const std::string& path, const std::string& what)
 {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) return makeError(ErrorCode::NotFound, "cannot read " + what + " " + path, "check the path and its permissions");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
+    return readTextFile(path, what);  // names a missing file, a folder, an unreadable one
+}
+
+// gRPC reports a file that is not PEM only as a failed listen or an empty address list.
+Result<std::string> readPem(const std::string& path, const std::string& what, const char* marker)
+{
+    TS_ASSIGN(std::string pem, readFile(path, what));
+    if (pem.find("-----BEGIN ") == std::string::npos || pem.find(marker) == std::string::npos)
+        return makeError(ErrorCode::InvalidArgument, path + " is not a PEM " + what + " (no \"-----BEGIN ..." + marker + "\" block)",
+                         "pass the PEM file (openssl x509 -in ... -outform PEM converts a DER one)");
+    return pem;
 }
 
 std::string trim(std::string s)
@@ -86,8 +94,8 @@ Result<std::shared_ptr<grpc::ServerCredentials>> serverCredentials(const TlsFile
     if (tls.certificate.empty() && tls.privateKey.empty()) return grpc::InsecureServerCredentials();
     if (tls.certificate.empty() || tls.privateKey.empty())
         return makeError(ErrorCode::InvalidArgument, "TLS needs both a certificate and a private key", "pass --tls-cert and --tls-key together");
-    TS_ASSIGN(std::string cert, readFile(tls.certificate, "TLS certificate"));
-    TS_ASSIGN(std::string key, readFile(tls.privateKey, "TLS private key"));
+    TS_ASSIGN(std::string cert, readPem(tls.certificate, "TLS certificate", "CERTIFICATE-----"));
+    TS_ASSIGN(std::string key, readPem(tls.privateKey, "TLS private key", "PRIVATE KEY-----"));
     grpc::SslServerCredentialsOptions opts;
     opts.pem_key_cert_pairs.push_back({key, cert});
     return grpc::SslServerCredentials(opts);
@@ -96,7 +104,7 @@ Result<std::shared_ptr<grpc::ServerCredentials>> serverCredentials(const TlsFile
 Result<std::shared_ptr<grpc::ChannelCredentials>> channelCredentials(const TlsFiles& tls)
 {
     if (tls.rootCa.empty()) return grpc::InsecureChannelCredentials();
-    TS_ASSIGN(std::string ca, readFile(tls.rootCa, "TLS CA certificate"));
+    TS_ASSIGN(std::string ca, readPem(tls.rootCa, "TLS CA certificate", "CERTIFICATE-----"));
     grpc::SslCredentialsOptions opts;
     opts.pem_root_certs = ca;
     return grpc::SslCredentials(opts);

@@ -79,6 +79,7 @@ Result<ClusterConnection> connectCluster(const ClusterSpec& spec, const ClusterO
             if (auto hp = HostPort::parse(a); hp.ok()) go.servicePorts.push_back(hp->port);
     go.timeout = options.timeout;
     go.heartbeat = options.heartbeat;
+    go.cancelled = options.cancelled;
     go.tls = options.tls;
     auto comm = makeGlooCommunicator(go);
     if (!comm.ok()) return comm.takeError();

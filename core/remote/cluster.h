@@ -11,6 +11,7 @@
 //  - Thread-safety: see GlooCommunicator.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,6 +32,7 @@ struct ClusterOptions {
     // The coordinator's rendezvous is already served (by trainstudio-worker, next to its control
     // service at the task's address): do not start another.
     bool rendezvousAlreadyServed = false;
+    std::function<bool()> cancelled;  // GlooOptions::cancelled
 };
 
 struct ClusterConnection {

@@ -38,8 +38,8 @@ namespace {
 // reports failures by throwing; the communicator catches them at its boundary.
 class GrpcStore final : public gloo::rendezvous::Store {
 public:
-    GrpcStore(RendezvousClient& client, std::string prefix, std::chrono::milliseconds timeout)
-        : m_client(client), m_prefix(std::move(prefix)), m_timeout(timeout) {}
+    GrpcStore(RendezvousClient& client, std::string prefix, std::chrono::milliseconds timeout, std::function<bool()> cancelled = {})
+        : m_client(client), m_prefix(std::move(prefix)), m_timeout(timeout), m_cancelled(std::move(cancelled)) {}
 
     void set(const std::string& key, const std::vector<char>& data) override
     {
@@ -56,13 +56,29 @@ public:
     {
         std::vector<std::string> full;
         for (const auto& k : keys) full.push_back(m_prefix + k);
-        if (Status st = m_client.wait(full, timeout); !st.ok()) throw gloo::IoException(st.error().toString());
+        if (!m_cancelled) {
+            if (Status st = m_client.wait(full, timeout); !st.ok()) throw gloo::IoException(st.error().toString());
+            return;
+        }
+        // In slices, asking in between whether to give up.
+        const auto deadline = std::chrono::steady_clock::now() + timeout;
+        for (;;) {
+            if (m_cancelled()) throw gloo::IoException(kCancelledWait);
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+            const auto slice = std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(500));
+            Status st = m_client.wait(full, std::max<std::chrono::milliseconds>(slice, std::chrono::milliseconds(1)));
+            if (st.ok()) return;
+            if (left <= std::chrono::milliseconds(500)) throw gloo::IoException(st.error().toString());
+        }
     }
+
+    static constexpr const char* kCancelledWait = "cancelled while waiting for the other tasks to join";
 
 private:
     RendezvousClient& m_client;
     std::string m_prefix;
     std::chrono::milliseconds m_timeout;
+    std::function<bool()> m_cancelled;
 };
 
 // This process's sockets, by inode (fd numbers are reused; a socket's inode is not while it lives).
@@ -156,7 +172,7 @@ public:
             m_device = gloo::transport::tcp::CreateDevice(attr);
             m_context = std::make_shared<gloo::rendezvous::Context>(m_opt.rank, m_opt.size);
             m_context->setTimeout(m_opt.timeout);
-            GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout);
+            GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout, m_opt.cancelled);
             const auto before = socketInodes();
             m_context->connectFullMesh(store, m_device);
             // Synchronous pairs (blocking socket reads and writes on the calling thread, no busy
@@ -200,6 +216,8 @@ public:
             }
             m_connected = true;
         } catch (const std::exception& e) {
+            if (std::string(e.what()).find(GrpcStore::kCancelledWait) != std::string::npos)
+                return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + GrpcStore::kCancelledWait);
             // Name the ranks that never showed up: every rank heartbeats from the start, so a
             // silent one was not started, has another token (the rendezvous refuses it) or cannot
             // reach the rendezvous.

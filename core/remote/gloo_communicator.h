@@ -22,6 +22,7 @@
 //    dead peer may have closed; the default action would kill the process).
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,6 +46,9 @@ struct GlooOptions {
     std::vector<int> servicePorts;
     std::chrono::milliseconds timeout{30000};
     std::chrono::milliseconds heartbeat{1000};
+    // Polled while waiting for the other ranks to join: true ends the wait (Cancelled), so a
+    // task cancelled before its peers arrive does not sit out the whole timeout.
+    std::function<bool()> cancelled;
     TlsFiles tls;
 };
 

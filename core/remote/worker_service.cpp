@@ -3,6 +3,8 @@
 
 #include <filesystem>
 
+#include <netdb.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -338,8 +340,12 @@ private:
             co.group = m_runId;
             co.tls = m_tls;  // the rendezvous is served by a daemon like this one, with the same TLS
             co.rendezvousAlreadyServed = spec.task() == spec.coordinator();  // served by this daemon
+            co.cancelled = [this] { return m_cancelRequested.load(); };
             auto joined = connectCluster(spec, co);
-            if (!joined.ok()) return finish("failed", joined.error().message, joined.error().hint);
+            if (!joined.ok()) {
+                if (joined.error().code == ErrorCode::Cancelled && m_cancelRequested) return finish("cancelled", {});
+                return finish("failed", joined.error().message, joined.error().hint);
+            }
             cfg.strategy.kind = "multi-worker-mirrored";
             cfg.strategy.crossProcess = joined->communicator;
             cfg.strategy.processRank = joined->rank;
@@ -352,7 +358,7 @@ private:
         auto dropStore = [&] {
             std::lock_guard lock(m_mutex);
             m_store = nullptr;
-            return m_cancelRequested;
+            return m_cancelRequested.load();
         };
         if (!prepared.ok()) {
             const bool cancelled = dropStore();
@@ -431,7 +437,7 @@ private:
     std::vector<Event> m_events;
     int64_t m_step = 0;
     Trainer* m_trainer = nullptr;
-    bool m_cancelRequested = false;
+    std::atomic<bool> m_cancelRequested{false};
     bool m_shutdown = false;
     std::thread m_thread;
 };
@@ -474,6 +480,18 @@ void WorkerDaemon::wait() { m_impl->server->Wait(); }
 Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& options)
 {
     TS_ASSIGN(HostPort hp, HostPort::parse(options.listen, true));
+    {
+        // An address that is neither an IP nor a name this machine resolves is a typo, whatever
+        // --allow-remote says.
+        addrinfo hints{};
+        hints.ai_socktype = SOCK_STREAM;
+        addrinfo* found = nullptr;
+        const int rc = ::getaddrinfo(hp.host.c_str(), nullptr, &hints, &found);
+        if (found) ::freeaddrinfo(found);
+        if (rc != 0)
+            return makeError(ErrorCode::InvalidArgument, "cannot listen on " + options.listen + ": '" + hp.host + "' is not an address (" + ::gai_strerror(rc) + ")",
+                             "use 127.0.0.1:PORT (this machine only), or with --allow-remote one of this machine's addresses");
+    }
     if (!options.allowRemote && !isLoopbackHost(hp.host))
         return makeError(ErrorCode::InvalidArgument, "refusing to listen on " + options.listen + ": not a loopback address",
                          "other machines can reach a non-loopback address; pass --allow-remote to mean it (and use TLS)");

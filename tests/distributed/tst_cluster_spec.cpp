@@ -166,6 +166,8 @@ void TestClusterSpec::rejectsMalformed_data()
     QTest::newRow("entry not a string") << R"({"cluster": {"worker": ["a:1", 7]}})" << "cluster.worker[1] must be a \"host:port\" string";
     QTest::newRow("bad address") << R"({"cluster": {"worker": ["a:1", "b"]}})" << "cluster.worker[1]: bad address \"b\": no :port";
     QTest::newRow("duplicate") << R"({"cluster": {"chief": ["h:1"], "worker": ["h:2", "H:1"]}})" << "address H:1 is used twice, by cluster.chief[0] and cluster.worker[1]";
+    QTest::newRow("loopback alias") << R"({"cluster": {"worker": ["127.0.0.1:7170", "localhost:7170"]}})"
+                                    << "address localhost:7170 is used twice, by cluster.worker[0] and cluster.worker[1]";
     QTest::newRow("two chiefs") << R"({"cluster": {"chief": ["a:1", "b:1"]}})" << "at most one chief";
     QTest::newRow("empty cluster") << R"({"cluster": {}})" << "lists no tasks";
     QTest::newRow("task type") << R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "master", "index": 0}})" << "task.type \"master\" is not a role";

@@ -10,6 +10,7 @@
 #include <thread>
 
 #include <algorithm>
+#include <atomic>
 
 #include "distribute/agreement.h"
 #include "remote/gloo_communicator.h"
@@ -457,6 +458,20 @@ void TestGloo::absentRanksAreNamed()
     QVERIFY2(lone.error().message.find("rank 1 (worker:1) did not join the cluster within 1 s") != std::string::npos,
              lone.error().message.c_str());
     QVERIFY2(lone.error().hint.find("token") != std::string::npos, lone.error().hint.c_str());
+
+    // Cancelled while waiting for its peer: ends at once, not at the 20 s timeout.
+    std::atomic<bool> cancel{false};
+    GlooOptions waiting = options(server->port(), 0, 2, "cancel-wait");
+    waiting.cancelled = [&] { return cancel.load(); };
+    const auto t0 = std::chrono::steady_clock::now();
+    auto pending = std::async(std::launch::async, [&] { return makeGlooCommunicator(waiting); });
+    std::this_thread::sleep_for(300ms);
+    cancel = true;
+    auto cancelled = pending.get();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    QVERIFY(!cancelled.ok());
+    QCOMPARE(cancelled.error().code, ErrorCode::Cancelled);
+    QVERIFY2(secs < 3, qPrintable(QString::number(secs)));
 
     const int closed = server->port();
     server.reset();  // nobody serves the rendezvous now

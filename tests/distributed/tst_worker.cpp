@@ -190,6 +190,18 @@ void TestWorker::bindsLoopbackUnlessAllowed()
     o.token.clear();
     QVERIFY(!WorkerDaemon::start(o).ok());
     QVERIFY(isLoopbackHost("127.0.0.1") && isLoopbackHost("::1") && isLoopbackHost("localhost") && !isLoopbackHost("10.0.0.1"));
+    // A typo is not an address, whatever --allow-remote says; a taken port is not shared.
+    o.token = kToken;
+    o.listen = "999.1.1.1:7171";
+    auto typo = WorkerDaemon::start(o);
+    QVERIFY(!typo.ok());
+    QVERIFY2(typo.error().message.find("'999.1.1.1' is not an address") != std::string::npos, typo.error().message.c_str());
+    o.listen = "127.0.0.1:0";
+    auto first = std::move(WorkerDaemon::start(o)).value();
+    o.listen = "127.0.0.1:" + std::to_string(first->port());
+    auto second = WorkerDaemon::start(o);
+    QVERIFY(!second.ok());
+    QVERIFY2(second.error().hint.find("in use") != std::string::npos, second.error().hint.c_str());
 }
 
 void TestWorker::servesTls()
@@ -214,6 +226,16 @@ void TestWorker::servesTls()
     // A certificate without its key is a configuration error, said before listening.
     o.tls.privateKey.clear();
     QVERIFY(!WorkerDaemon::start(o).ok());
+    // Files that are not PEM are named as such (gRPC would only fail to listen, or connect).
+    o.tls.privateKey = std::string(TS_SOURCE_DIR) + "/README.md";
+    auto notPem = WorkerDaemon::start(o);
+    QVERIFY(!notPem.ok());
+    QVERIFY2(notPem.error().message.find("README.md is not a PEM TLS private key") != std::string::npos, notPem.error().message.c_str());
+    TlsFiles badCa;
+    badCa.rootCa = dir;  // a folder
+    auto folder = WorkerClient::connect("worker:0 at " + addr, addr, kToken, badCa);
+    QVERIFY(!folder.ok());
+    QVERIFY2(folder.error().message.find("is a folder, not a TLS CA certificate") != std::string::npos, folder.error().message.c_str());
 }
 
 void TestWorker::coordinatedRunIsRecorded()
