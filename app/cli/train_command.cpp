@@ -26,6 +26,8 @@
 #include "telemetry/bus.h"
 #include "telemetry/trace_sink.h"
 #include "telemetry/tracer.h"
+#include "nn/program.h"
+#include "optim/optimizer.h"
 #include "train/run_config.h"
 
 namespace tscli {
@@ -586,7 +588,25 @@ int runValidate(const std::string& file, bool json)
         printError(model.error());
         return 1;
     }
-    const ts::GraphAnalysis a = ts::analyzeModel(*model);
+    ts::GraphAnalysis a = ts::analyzeModel(*model);
+    // What `train` would refuse beyond the graph: the compile settings and the one Input and one
+    // output training needs. Reported like the graph's problems, so validate says all of it.
+    auto trainingProblem = [&](const std::string& message, const std::string& hint) {
+        ts::Problem p;
+        p.message = message;
+        p.hint = hint;
+        a.problems.push_back(std::move(p));
+    };
+    if (auto loss = ts::parseLoss(model->compile.loss, model->compile.fromLogits); !loss.ok())
+        trainingProblem("compile.loss: " + loss.error().message, loss.error().hint);
+    if (auto opt = ts::Optimizer::create(model->compile.optimizer); !opt.ok())
+        trainingProblem("compile.optimizer: " + opt.error().message, opt.error().hint);
+    if (a.inputNodes.size() > 1)
+        trainingProblem("the model has " + std::to_string(a.inputNodes.size()) + " Input nodes; training needs exactly one",
+                        "merge the inputs into one Input layer");
+    if (a.outputNodes.size() > 1)
+        trainingProblem("the model has " + std::to_string(a.outputNodes.size()) + " outputs; training needs exactly one",
+                        "set \"outputs\" to the node the loss applies to");
     if (json) {
         nlohmann::json nodes = nlohmann::json::array();
         for (const auto& n : a.nodes)

@@ -757,6 +757,9 @@ Result<Trace> readChromeTrace(const std::string& path)
 {
     if (!std::filesystem::exists(path))
         return makeError(ErrorCode::NotFound, "trace file " + path + " does not exist");
+    if (std::filesystem::is_directory(path))
+        return makeError(ErrorCode::InvalidArgument, path + " is a folder, not a trace file",
+                         "name the .json or .json.gz file inside it (a TensorBoard profile keeps it under plugins/profile/<run>/)");
     // gzread reads plain files unchanged, so .json and .json.gz take the same path.
     gzFile f = gzopen(path.c_str(), "rb");
     if (!f) return makeError(ErrorCode::IoError, "cannot open the trace file " + path);

@@ -93,6 +93,11 @@ void TestCli::initTestCase()
     writeFile(m_dir.filePath("bad_strategy.json"), QStringLiteral(R"({"model_file": "%1", "strategy": {"type": "bogus"}})").arg(seed).toUtf8());
     writeFile(m_dir.filePath("text_epochs.json"), QStringLiteral(R"({"model_file": "%1", "epochs": "3"})").arg(seed).toUtf8());
     QDir().mkpath(m_dir.filePath("config_dir"));
+    writeFile(m_dir.filePath("bad_compile.json"),
+              R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
+                 {"id": "input", "type": "Input", "attrs": {"shape": [784]}},
+                 {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 10}}],
+                 "compile": {"loss": "mse2"}})");
     writeFile(m_dir.filePath("huge_number.json"),
               R"({"format": "trainstudio-model", "layers": [{"id": "input", "type": "Input", "attrs": {"shape": [1e999]}}]})");
     writeFile(m_dir.filePath("deep.json"), QByteArray(100000, '[') + QByteArray(100000, ']'));
@@ -136,6 +141,7 @@ void TestCli::badInput_data()
     QTest::newRow("config epochs as text") << QStringList{"train", "--config", m_dir.filePath("text_epochs.json")} << QStringList{"\"epochs\" must be a whole number"};
     QTest::newRow("config is a folder") << QStringList{"train", "--config", m_dir.filePath("config_dir")} << QStringList{"config_dir", "folder"};
     QTest::newRow("number beyond double") << QStringList{"validate", m_dir.filePath("huge_number.json")} << QStringList{"huge_number.json", "1e999"};
+    QTest::newRow("validate checks compile") << QStringList{"validate", m_dir.filePath("bad_compile.json")} << QStringList{"compile.loss", "mse2"};
     QTest::newRow("nesting too deep") << QStringList{"validate", m_dir.filePath("deep.json")} << QStringList{"deep.json", "nested more than 512"};
     QTest::newRow("idx claims 2^40 bytes") << QStringList{"train", "--data", m_dir.filePath("huge_idx")} << QStringList{"huge_idx", "truncated"};
     // Outputs never overwrite the run's inputs or the store.
