@@ -122,6 +122,13 @@ ts::Result<st::RunStore> openStore(const RunsOptions& o, bool write)
     return st::RunStore::open(path, opts);
 }
 
+// JSON for --json output. Names and tags stored before the store checked them may hold bytes
+// that are not UTF-8: they are replaced rather than thrown on.
+std::string jsonText(const nlohmann::json& j, int indent)
+{
+    return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 int fail(const ts::Error& e)
 {
     printError(e);
@@ -150,7 +157,7 @@ int list(st::RunStore& store, const RunsOptions& o)
     if (o.json) {
         nlohmann::json a = nlohmann::json::array();
         for (const auto& r : *runs) a.push_back(runJson(r));
-        std::cout << a.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+        std::cout << jsonText(a, 2) << "\n";
         return 0;
     }
     if (runs->empty()) {
@@ -255,7 +262,7 @@ int show(st::RunStore& store, const RunsOptions& o)
         j["records"] = {{"steps", n.steps}, {"epochs", n.epochs}, {"step_breakdowns", n.breakdowns},
                         {"device_samples", n.deviceSamples}, {"pipeline_samples", n.pipelineSamples}, {"spans", n.spans},
                         {"findings", n.findings}, {"logs", n.logs}, {"checkpoints", n.checkpoints}, {"files", n.files}};
-        std::cout << j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+        std::cout << jsonText(j, 2) << "\n";
         return 0;
     }
     std::printf("Run %s\n", r.id.c_str());
@@ -372,7 +379,7 @@ int compare(st::RunStore& store, const RunsOptions& o)
                         fmtNum(last).c_str());
         }
     }
-    if (o.json) std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (o.json) std::cout << jsonText(out, 2) << "\n";
     else if (!series->empty()) std::printf("(metric %s, steps %lld-%lld)\n", o.metric.c_str(), static_cast<long long>((*series)[0].step0),
                                             static_cast<long long>((*series)[0].step1));
     return 0;
@@ -406,7 +413,7 @@ int remove(st::RunStore& store, const RunsOptions& o)
             for (const auto& k : report->keptFiles) std::printf("  kept %s\n", k.c_str());
         }
     }
-    if (o.json) std::cout << out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (o.json) std::cout << jsonText(out, 2) << "\n";
     return 0;
 }
 
@@ -426,9 +433,8 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
     if (!id.ok()) return fail(id.error());
     {
         // Never over the database or the files the store keeps (checkpoints).
-        const std::filesystem::path db(store.path());
         const std::vector<tscli::Protected> files = {{"the run database", store.path()}};
-        const std::vector<tscli::Protected> dirs = {{"the run store's files", (db.parent_path() / (db.stem().string() + "-files")).string()}};
+        const std::vector<tscli::Protected> dirs = {{"the run store's files", st::RunStore::filesRoot(store.path())}};
         for (const auto& [out, flag] : {std::pair{o.csv, std::string("--csv")}, std::pair{o.epochsCsv, std::string("--epochs-csv")},
                                         std::pair{o.trace, std::string("--trace")}, std::pair{o.weights, std::string("--weights")}})
             if (ts::Status st = tscli::checkOutputPath(out, flag, files, dirs); !st.ok()) return fail(st.error());
@@ -480,7 +486,7 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
         if (c.ok()) note("weights", o.weights, " (" + c->kind + " checkpoint at step " + std::to_string(c->step) + ")");
         else code = fail(c.error());
     }
-    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"written", written}}.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (o.json) std::cout << jsonText(nlohmann::json{{"id", *id}, {"written", written}}, 2) << "\n";
     return code;
 }
 
@@ -494,7 +500,7 @@ int rename(st::RunStore& store, const RunsOptions& o)
     if (!id.ok()) return fail(id.error());
     ts::Status s = store.renameRun(*id, o.newName);
     if (!s.ok()) return fail(s.error());
-    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"name", o.newName}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (o.json) std::cout << jsonText(nlohmann::json{{"id", *id}, {"name", o.newName}}, -1) << "\n";
     else std::printf("Renamed run %s to '%s'\n", id->c_str(), o.newName.c_str());
     return 0;
 }
@@ -517,7 +523,7 @@ int tag(st::RunStore& store, const RunsOptions& o)
     }
     auto info = store.run(*id);
     if (!info.ok()) return fail(info.error());
-    if (o.json) std::cout << nlohmann::json{{"id", *id}, {"tags", info->tags}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (o.json) std::cout << jsonText(nlohmann::json{{"id", *id}, {"tags", info->tags}}, -1) << "\n";
     else std::printf("Run %s tags: %s\n", id->c_str(), info->tags.empty() ? "(none)" : joined(info->tags, ", ").c_str());
     return 0;
 }

@@ -269,16 +269,12 @@ int runTrain(const TrainOptions& options)
     TrainOptions o = options;
     std::optional<ts::remote::ClusterConnection> cluster;
     // The recorded run's name and tags go into JSON: refuse what is not UTF-8 text up front.
-    for (const std::string& text : [&] {
-             std::vector<std::string> all = o.tags;
-             all.push_back(o.runName);
-             return all;
-         }())
-        if (!ts::isValidUtf8(text)) {
-            printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--run-name and --tag take UTF-8 text; one has other bytes",
-                                     "type it again, or set the terminal's locale to UTF-8"));
-            return 2;
-        }
+    const bool textOk = ts::isValidUtf8(o.runName) && std::all_of(o.tags.begin(), o.tags.end(), [](const std::string& t) { return ts::isValidUtf8(t); });
+    if (!textOk) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--run-name and --tag take UTF-8 text; one has other bytes",
+                                 "type it again, or set the terminal's locale to UTF-8"));
+        return 2;
+    }
     // The run configuration first: its strategy decides whether this process joins a cluster.
     ts::RunConfig cfg;
     if (!o.config.empty()) {
@@ -399,10 +395,7 @@ int runTrain(const TrainOptions& options)
                                                       {"the TF_CONFIG file", o.tfConfig},
                                                       {"the cluster file", o.cluster}};
         std::vector<tscli::Protected> dirs;
-        if (!db.empty()) {
-            const std::filesystem::path p(db);
-            dirs.push_back({"the run store's files", (p.parent_path() / (p.stem().string() + "-files")).string()});
-        }
+        if (!db.empty()) dirs.push_back({"the run store's files", ts::store::RunStore::filesRoot(db)});
         for (const auto& [out, flag] : {std::pair{cfg.saveWeights, std::string("--save-weights")}, std::pair{o.trace, std::string("--trace")}})
             if (ts::Status st = tscli::checkOutputPath(out, flag, inputs, dirs); !st.ok()) {
                 printError(st.error());

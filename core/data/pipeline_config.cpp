@@ -2,6 +2,7 @@
 
 #include <set>
 
+#include "common/limits.h"
 #include "common/json_keys.h"
 #include "data/transforms.h"
 
@@ -334,8 +335,7 @@ Status PipelineSpec::validate(const std::string& where) const
     for (std::size_t i = 0; i < ops.size(); ++i) {
         const TransformSpec& o = ops[i];
         const std::string at = where + ".transformations[" + std::to_string(i) + "] (" + transformKindName(o.kind) + ")";
-        // At most 1024 threads per stage: more fails thread creation (and never helps).
-        auto parallelOk = [](int64_t p) { return (p >= 1 && p <= 1024) || p == kAutotune; };
+        auto parallelOk = [](int64_t p) { return (p >= 1 && p <= kMaxThreads) || p == kAutotune; };
         switch (o.kind) {
         case TransformKind::Map:
             if (!o.fn.fn) return bad(at + ": no function", "name a built-in (normalise, one_hot, random_flip, ...)");

@@ -4,8 +4,6 @@
 
 #include <cctype>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 #include "common/json_keys.h"
 

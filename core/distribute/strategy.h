@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
+#include "common/limits.h"
 #include "data/source.h"
 #include "distribute/partitioner.h"
 #include "nn/program.h"
@@ -27,9 +28,6 @@ namespace ts {
 
 class Communicator;
 class ParameterStore;
-
-// The most CPU threads a run may ask for (more fails thread creation deep inside OpenMP).
-inline constexpr int kMaxThreads = 1024;
 
 struct StrategyConfig {
     std::string kind = "one-device";  // "one-device" | "mirrored" | "multi-worker-mirrored" | "parameter-server"

@@ -33,7 +33,6 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 
 #include "model/attrs.h"
 #include "model/spec.h"

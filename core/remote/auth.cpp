@@ -5,21 +5,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 
 namespace ts::remote {
 namespace {
 
-Result<std::string> readFile(const std::string& path, const std::string& what)
-{
-    return readTextFile(path, what);  // names a missing file, a folder, an unreadable one
-}
-
 // gRPC reports a file that is not PEM only as a failed listen or an empty address list.
 Result<std::string> readPem(const std::string& path, const std::string& what, const char* marker)
 {
-    TS_ASSIGN(std::string pem, readFile(path, what));
+    TS_ASSIGN(std::string pem, readTextFile(path, what));
     if (pem.find("-----BEGIN ") == std::string::npos || pem.find(marker) == std::string::npos)
         return makeError(ErrorCode::InvalidArgument, path + " is not a PEM " + what + " (no \"-----BEGIN ..." + marker + "\" block)",
                          "pass the PEM file (openssl x509 -in ... -outform PEM converts a DER one)");
@@ -54,7 +47,7 @@ Result<std::string> loadToken(const std::string& file)
     std::string token;
     std::string from;
     if (!file.empty()) {
-        TS_ASSIGN(token, readFile(file, "token file"));
+        TS_ASSIGN(token, readTextFile(file, "token file"));
         from = "token file " + file;
     } else if (const char* env = std::getenv(kTokenEnv)) {
         token = env;

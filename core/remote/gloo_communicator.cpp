@@ -63,7 +63,7 @@ public:
         // In slices, asking in between whether to give up.
         const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
-            if (m_cancelled()) throw gloo::IoException(kCancelledWait);
+            if (m_cancelled()) throw gloo::IoException("cancelled while waiting for the other tasks to join");
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
             const auto slice = std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(500));
             Status st = m_client.wait(full, std::max<std::chrono::milliseconds>(slice, std::chrono::milliseconds(1)));
@@ -71,8 +71,6 @@ public:
             if (left <= std::chrono::milliseconds(500)) throw gloo::IoException(st.error().toString());
         }
     }
-
-    static constexpr const char* kCancelledWait = "cancelled while waiting for the other tasks to join";
 
 private:
     RendezvousClient& m_client;
@@ -216,8 +214,8 @@ public:
             }
             m_connected = true;
         } catch (const std::exception& e) {
-            if (std::string(e.what()).find(GrpcStore::kCancelledWait) != std::string::npos)
-                return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + GrpcStore::kCancelledWait);
+            if (m_opt.cancelled && m_opt.cancelled())
+                return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": cancelled while waiting for the other tasks to join");
             // Name the ranks that never showed up: every rank heartbeats from the start, so a
             // silent one was not started, has another token (the rendezvous refuses it) or cannot
             // reach the rendezvous.

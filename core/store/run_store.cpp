@@ -1412,10 +1412,15 @@ Result<int> RunStore::markInterruptedRuns()
     return n;
 }
 
+std::string RunStore::filesRoot(const std::string& dbPath)
+{
+    const fs::path db(dbPath);
+    return (db.parent_path() / (db.stem().string() + "-files")).string();
+}
+
 std::string RunStore::runFilesDir(const std::string& runId) const
 {
-    const fs::path db(m->path);
-    return (db.parent_path() / (db.stem().string() + "-files") / runId).string();
+    return (fs::path(filesRoot(m->path)) / runId).string();
 }
 
 // --- reading ---------------------------------------------------------------------------------

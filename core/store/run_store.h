@@ -210,6 +210,9 @@ public:
     // Where the store keeps files it writes for a run (final weights): "<db folder>/<db name
     // without extension>-files/<run id>".
     std::string runFilesDir(const std::string& runId) const;
+    // The folder holding every run's files for the database at `dbPath`: "<db folder>/<db name
+    // without extension>-files" (what writers of other files must keep out of).
+    static std::string filesRoot(const std::string& dbPath);
 
     // --- reading ---------------------------------------------------------------------------
     // Full id, a unique prefix of one (>= 4 characters), or a unique run name.

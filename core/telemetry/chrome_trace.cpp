@@ -473,20 +473,6 @@ std::string where(const std::string& source, std::size_t index, const std::strin
     return source + ": event " + std::to_string(index) + (ph.empty() ? "" : " (ph \"" + ph + "\")");
 }
 
-std::pair<std::size_t, std::size_t> lineColumn(const std::string& text, std::size_t byte)
-{
-    std::size_t line = 1, col = 1;
-    for (std::size_t i = 0; i < byte && i < text.size(); ++i) {
-        if (text[i] == '\n') {
-            ++line;
-            col = 1;
-        } else {
-            ++col;
-        }
-    }
-    return {line, col};
-}
-
 } // namespace
 
 Result<Trace> parseChromeTrace(const nlohmann::json& doc, const std::string& source)
@@ -738,7 +724,7 @@ Result<Trace> parseChromeTraceText(const std::string& text, const std::string& s
             }
         }
         if (!repaired) {
-            auto [line, col] = lineColumn(text, e.byte > 0 ? e.byte - 1 : 0);
+            auto [line, col] = jsonLineColumn(text, e.byte);
             std::string what = e.what();
             const auto p = what.find("parse error");
             if (p != std::string::npos) what = what.substr(p);

@@ -62,9 +62,7 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
                       const char* what) -> Status {
         if (!obj.contains(key) || obj[key].is_null()) return okStatus();
         const auto& v = obj[key];
-        const bool ok = want == nlohmann::json::value_t::number_integer ? v.is_number_integer()
-                      : want == nlohmann::json::value_t::number_float   ? v.is_number()
-                                                                        : v.type() == want;
+        const bool ok = want == nlohmann::json::value_t::number_integer ? v.is_number_integer() : v.type() == want;
         if (ok) return okStatus();
         return makeError(ErrorCode::ParseError, source + ": \"" + at + key + "\" must be " + what + ", not " + v.dump(),
                          std::string("write it as ") + what);

@@ -29,13 +29,9 @@ HostLoad HostLoadProbe::read()
     HostLoad h;
     auto j = telemetry::readCpuJiffies("/proc/stat");
     if (j.ok() && !j->total.empty() && !j->busy.empty()) {
-        if (!m_total.empty()) {
-            const double busy = static_cast<double>(j->busy[0] - m_busy[0]);
-            const double total = static_cast<double>(j->total[0] - m_total[0]);
-            if (total > 0) h.load = busy / total;
-        }
-        m_busy = j->busy;
-        m_total = j->total;
+        if (hasBaseline() && j->total[0] > m_total) h.load = static_cast<double>(j->busy[0] - m_busy) / static_cast<double>(j->total[0] - m_total);
+        m_busy = j->busy[0];
+        m_total = j->total[0];
     }
     // readKbField converts "kB" lines to bytes.
     auto total = telemetry::readKbField("/proc/meminfo", "MemTotal");

@@ -9,7 +9,6 @@
 #include <QString>
 
 #include <cstdint>
-#include <vector>
 
 namespace ts {
 
@@ -34,10 +33,10 @@ struct HostLoad {
 class HostLoadProbe {
 public:
     HostLoad read();
-    bool hasBaseline() const { return !m_busy.empty(); }
+    bool hasBaseline() const { return m_total > 0; }
 
 private:
-    std::vector<uint64_t> m_busy, m_total;  // the previous /proc/stat counters (index 0: all cores)
+    uint64_t m_busy = 0, m_total = 0;  // the previous /proc/stat counters of all cores together
 };
 
 } // namespace ts
