@@ -11,6 +11,7 @@
 #include <iostream>
 
 #include "commands.h"
+#include "interrupt.h"
 #include "distribute/cluster_spec.h"
 #include "io/safetensors.h"
 #include "store/recording.h"
@@ -86,6 +87,9 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         return 2;
     }
     auto& c = **coordinator;
+    // Ctrl-C cancels every task (each stops at its next step) and the run is recorded as cancelled.
+    tscli::InterruptScope interrupt;
+    interrupt.setAction([&c] { c.cancel(); });
     // Pre-flight: every task's worker answers with our version before anything starts.
     for (const auto& p : c.probe(3s)) {
         if (!p.ok) {
@@ -136,6 +140,14 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         return 1;
     }
     const ts::FitResult& fit = *result;
+    if (fit.cancelled) {
+        if (o.json) std::cout << nlohmann::json{{"final", true}, {"cancelled", true}, {"steps", fit.steps}, {"run_id", runId}}.dump() << "\n";
+        else if (!o.quiet) {
+            std::printf("Cancelled after %lld step(s); every task was stopped\n", static_cast<long long>(fit.steps));
+            if (recording) std::printf("Recorded as cancelled run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
+        }
+        return tscli::kInterruptedExitCode;
+    }
     if (o.json) {
         nlohmann::json j = {{"final", true}, {"epochs", fit.epochs}, {"steps", fit.steps}, {"loss", fit.last.loss},
                             {"accuracy", fit.last.accuracy}, {"samples_per_sec", fit.samplesPerSec}, {"seconds", fit.seconds},

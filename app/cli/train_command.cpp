@@ -19,6 +19,7 @@
 #include "common/utf8.h"
 #include "distribute/cluster_spec.h"
 #include "embedded_models.h"
+#include "interrupt.h"
 #include "store/recording.h"
 #include "remote/auth.h"
 #include "remote/cluster.h"
@@ -445,7 +446,12 @@ int runTrain(const TrainOptions& options)
     ts::Result<ts::FitResult> result = ts::makeError(ts::ErrorCode::Internal, "the run was not started");
     std::unique_ptr<ConsoleListener> listener;
     std::string traceRunId;
+    // Ctrl-C stops the run at its next step, recorded as cancelled (after `prepared`: destroyed
+    // first, so the action never sees a destroyed trainer).
+    tscli::InterruptScope interrupt;
     for (int attempt = 0;; ++attempt) {
+        if (attempt > 0 && interrupt.interrupted()) break;  // no restart after Ctrl-C: keep the failure
+        interrupt.setAction(nullptr);
         if (attempt > 0 && cluster) {
             // Re-join: the old Gloo group is broken. The peers that failed must be started again
             // (by their supervisor); connecting waits for them up to --collective-timeout.
@@ -475,6 +481,7 @@ int runTrain(const TrainOptions& options)
         }
         prepared.emplace(std::move(made).value());
         ts::PreparedRun& run = *prepared;
+        interrupt.setAction([trainer = run.trainer.get()] { trainer->cancel(); });
         listener = std::make_unique<ConsoleListener>(o.json, o.quiet, run.config.epochs);
         if (recording && o.checkpointEvery > 0)
             listener->epochHook = [&](const ts::EpochEvent& e) {
@@ -545,6 +552,8 @@ int runTrain(const TrainOptions& options)
         printError(result.error());
         return 1;
     }
+    // A cancelled run keeps its weights so far too (as the studio's Stop does); the exit status
+    // and the message say it did not finish.
     if (!run.config.saveWeights.empty()) {
         ts::Status st = run.trainer->saveWeights(run.config.saveWeights);
         if (!st.ok()) {
@@ -554,6 +563,18 @@ int runTrain(const TrainOptions& options)
     }
     if (recording) recording->keepWeights(run, run.config.saveWeights, result->steps);
     const ts::FitResult& r = *result;
+    if (r.cancelled) {
+        if (o.json) {
+            nlohmann::json j = {{"final", true}, {"cancelled", true}, {"epochs", r.epochs}, {"steps", r.steps}};
+            if (recording) j["run_id"] = recording->runId();
+            std::cout << j.dump() << "\n";
+        } else if (!o.quiet) {
+            std::printf("Cancelled after %lld step(s)\n", static_cast<long long>(r.steps));
+            if (!run.config.saveWeights.empty()) std::printf("Weights so far written to %s\n", run.config.saveWeights.c_str());
+            if (recording) std::printf("Recorded as cancelled run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
+        }
+        return tscli::kInterruptedExitCode;
+    }
     if (o.json) {
         nlohmann::json j = {{"final", true}, {"epochs", r.epochs}, {"steps", r.steps}, {"loss", num(r.last.loss)},
                             {"accuracy", num(r.last.accuracy)}, {"val_loss", num(r.last.valLoss)},

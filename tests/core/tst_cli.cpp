@@ -8,6 +8,8 @@
 #include <QJsonObject>
 #include <QProcess>
 
+#include <csignal>
+
 #include "data/dataset.h"
 
 class TestCli : public QObject {
@@ -22,6 +24,8 @@ private slots:
     void configStrategyAndSeedApply();
     void corruptInputFailsRun();
     void periodicCheckpoints();
+    void interruptRecordsCancelled();
+    void secondInterruptEndsAtOnce();
     void seedMlpReachesAccuracy();
 
 private:
@@ -306,6 +310,72 @@ void TestCli::periodicCheckpoints()
     r = cli({"train", "--checkpoint-every", "1", "--no-record", "--max-steps", "1"});
     QCOMPARE(r.code, 2);
     QVERIFY2(r.err.contains("--checkpoint-every"), qPrintable(r.err));
+}
+
+// Starts a long training run recorded in `db` and returns once its first epoch is printed.
+static std::unique_ptr<QProcess> startLongRun(const QString& db, const QStringList& extra = {})
+{
+    auto p = std::make_unique<QProcess>();
+    p->start(QStringLiteral(TS_CLI_PATH), QStringList{"train", "--json", "--epochs", "100000", "--limit", "1024", "--no-validation",
+                                                      "--db", db} + extra);
+    QByteArray seen;
+    QElapsedTimer t;
+    t.start();
+    while (!seen.contains("\"epoch\"") && t.elapsed() < 60000 && p->state() != QProcess::NotRunning) {
+        p->waitForReadyRead(100);
+        seen += p->readAllStandardOutput();
+    }
+    if (!seen.contains("\"epoch\"")) qWarning("no epoch printed: %s %s", seen.constData(), p->readAllStandardError().constData());
+    return p;
+}
+
+// Ctrl-C: the run stops at its next step, is recorded as cancelled with its weights so far, and
+// the command says so and exits with 130 (as a shell expects of an interrupted command).
+void TestCli::interruptRecordsCancelled()
+{
+    if (!m_haveData) QSKIP("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const QString db = m_dir.filePath("interrupted.db");
+    const QString weights = m_dir.filePath("interrupted.safetensors");
+    auto p = startLongRun(db, {"--save-weights", weights});
+    QVERIFY(p->state() == QProcess::Running);
+    ::kill(static_cast<pid_t>(p->processId()), SIGINT);
+    QVERIFY(p->waitForFinished(30000));
+    const QString out = QString::fromUtf8(p->readAllStandardOutput());
+    const QString err = QString::fromUtf8(p->readAllStandardError());
+    QCOMPARE(p->exitStatus(), QProcess::NormalExit);
+    QVERIFY2(p->exitCode() == 130, qPrintable(out + err));
+    QVERIFY2(err.contains("interrupted: stopping at the next step"), qPrintable(err));
+    const QJsonObject last = QJsonDocument::fromJson(out.trimmed().split('\n').last().toUtf8()).object();
+    QVERIFY2(last.value("cancelled").toBool(), qPrintable(out));
+    QVERIFY(QFile::exists(weights));
+    const Run r = cli({"runs", "show", last.value("run_id").toString(), "--json", "--db", db});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    const QJsonObject run = QJsonDocument::fromJson(r.out.toUtf8()).object();
+    QCOMPARE(run.value("status").toString(), QStringLiteral("cancelled"));
+    QVERIFY(run.value("last_step").toInt() > 0);
+}
+
+// A second signal while the first is being handled ends the process at once; the run left
+// behind is found as interrupted, and the runs recorded before it are untouched.
+void TestCli::secondInterruptEndsAtOnce()
+{
+    if (!m_haveData) QSKIP("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const QString db = m_dir.filePath("killed.db");
+    Run r = cli({"train", "--max-steps", "5", "--limit", "1024", "--no-validation", "--db", db});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    auto p = startLongRun(db);
+    QVERIFY(p->state() == QProcess::Running);
+    // Different signals so the kernel cannot merge them: SIGINT is taken first, SIGTERM next.
+    ::kill(static_cast<pid_t>(p->processId()), SIGINT);
+    ::kill(static_cast<pid_t>(p->processId()), SIGTERM);
+    QVERIFY(p->waitForFinished(30000));
+    QCOMPARE(p->exitStatus(), QProcess::CrashExit);
+    r = cli({"runs", "list", "--json", "--db", db});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    QStringList statuses;
+    for (const auto& v : QJsonDocument::fromJson(r.out.toUtf8()).array()) statuses << v.toObject().value("status").toString();
+    statuses.sort();
+    QCOMPARE(statuses, (QStringList{"completed", "interrupted"}));
 }
 
 void TestCli::seedMlpReachesAccuracy()

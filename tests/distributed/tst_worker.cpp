@@ -92,6 +92,7 @@ private slots:
     void killedWorkerIsNamed();
     void restartedRunResumesFromBackup();
     void killedCoordinatorCancelsTasks();
+    void interruptedCoordinatorRecordsCancelled();
 };
 
 void TestWorker::refusesUnauthenticated()
@@ -440,6 +441,44 @@ void TestWorker::killedCoordinatorCancelsTasks()
         }
         qInfo("daemon on port %d: %s after %.1f s", port, state.c_str(), t.elapsed() / 1000.0);
         QVERIFY2(state == "cancelled" || state == "failed", state.c_str());
+    }
+}
+
+// Ctrl-C on the coordinator: every task stops at its next step, the run is recorded as
+// cancelled (not left running for the next open to call interrupted), exit status 130.
+void TestWorker::interruptedCoordinatorRecordsCancelled()
+{
+    QTemporaryDir dir;
+    auto chief = spawnWorker(dir.path(), "chief");
+    auto worker = spawnWorker(dir.path(), "worker");
+    QVERIFY(chief->port > 0 && worker->port > 0);
+    const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
+    const QString db = dir.filePath("runs.db");
+    auto coord = startCoordinator(coordinatorArgs(cluster, 1000000) + QStringList{"--db", db});
+    QString seen;
+    QVERIFY2(tstest::readUntil(*coord, seen, "Epoch 2:"), qPrintable(seen));
+    ::kill(static_cast<pid_t>(coord->processId()), SIGINT);
+    QVERIFY(coord->waitForFinished(30000));
+    seen += QString::fromUtf8(coord->readAllStandardOutput());
+    const QString err = QString::fromUtf8(coord->readAllStandardError());
+    QCOMPARE(coord->exitStatus(), QProcess::NormalExit);
+    QVERIFY2(coord->exitCode() == 130, qPrintable(seen + err));
+    QVERIFY2(seen.contains("Cancelled after"), qPrintable(seen + err));
+    QProcess list;
+    list.start(QStringLiteral(TS_CLI_PATH), {"runs", "list", "--db", db, "--json"});
+    QVERIFY(list.waitForFinished(30000));
+    const auto runs = nlohmann::json::parse(list.readAllStandardOutput().toStdString(), nullptr, false);
+    QVERIFY2(runs.is_array() && runs.size() == 1, runs.dump().c_str());
+    QCOMPARE(runs[0].value("status", std::string()), std::string("cancelled"));
+    QVERIFY(runs[0].value("last_step", 0) > 0);
+    // The daemons stopped their tasks as cancelled and stay up for the next run.
+    for (int port : {chief->port, worker->port}) {
+        auto stub = stubFor(port);
+        grpc::ClientContext ctx;
+        withToken(ctx, kToken);
+        ts::remote::HeartbeatPong pong;
+        QVERIFY(stub->Heartbeat(&ctx, ts::remote::HeartbeatPing(), &pong).ok());
+        QVERIFY2(pong.state() == "cancelled", pong.state().c_str());
     }
 }
 

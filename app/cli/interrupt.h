@@ -1,0 +1,36 @@
+#pragma once
+// Ctrl-C and SIGTERM for the CLI.
+// Contract:
+//  - installInterruptHandling() runs first thing in main(), before any thread exists: it blocks
+//    SIGINT/SIGTERM in every thread and takes them on one watcher thread (sigwait), so the work
+//    done on a signal runs outside a signal handler.
+//  - While an InterruptScope is alive, the first signal runs its action on the watcher thread
+//    (e.g. Trainer::cancel) and the command finishes cleanly: a training run stops at its next
+//    step and is recorded as cancelled. A second signal, or any signal while no scope is alive,
+//    ends the process at once with the signal's default action.
+//  - The action runs under the scope's lock: it never runs after setAction() replaced it or the
+//    scope was destroyed, so it may use objects that live as long as it is set. It must be quick.
+//  - Scopes do not nest; one is alive at a time (asserted).
+
+#include <functional>
+
+namespace tscli {
+
+void installInterruptHandling();
+
+class InterruptScope {
+public:
+    InterruptScope();
+    ~InterruptScope();
+    // What an interrupt does from now on; run at once when one came already (while preparing).
+    void setAction(std::function<void()> action);
+    InterruptScope(const InterruptScope&) = delete;
+    InterruptScope& operator=(const InterruptScope&) = delete;
+    // True once a signal reached this scope.
+    bool interrupted() const;
+};
+
+// The shell's exit status for a command stopped by an interrupt (128 + SIGINT).
+inline constexpr int kInterruptedExitCode = 130;
+
+} // namespace tscli
