@@ -394,6 +394,8 @@ int64_t Pipeline::batchesPerEpoch() const
     return n >= 0 ? n : -1;
 }
 
+bool Pipeline::endless() const { return m_stages.back()->cardinality() == kInfiniteCardinality; }
+
 int64_t Pipeline::examplesPerEpoch() const
 {
     for (auto it = m_stages.rbegin(); it != m_stages.rend(); ++it)

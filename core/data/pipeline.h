@@ -91,6 +91,8 @@ public:
     // Batches per epoch when known (after the source has been read once), else -1.
     int64_t batchesPerEpoch() const override;
     int64_t examplesPerEpoch() const override;
+    // True when a repeat without a count makes the pipeline endless: an epoch never ends.
+    bool endless() const;
     void cancel() override;
 
     // Where window events go, and the run id they carry; for a pipeline built before its run

@@ -184,8 +184,11 @@ namespace {
 
 // A pipeline for training or validation: batch(batchSize) appended (before trailing prefetches)
 // when it has none, built, and its first batch checked against the model.
+// `stepLimited`: the run stops after max_steps, so an endless (repeat without a count) training
+// pipeline is fine; Keras likewise refuses an infinite dataset without steps_per_epoch.
 Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batchSize, const GraphAnalysis& analysis,
-                                                const Shape& inShape, const PipelineOptions& options, const std::string& what)
+                                                const Shape& inShape, const PipelineOptions& options, const std::string& what,
+                                                bool stepLimited)
 {
     if (spec.batchSize() == 0) {
         std::size_t at = spec.ops.size();
@@ -195,6 +198,14 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     PipelineOptions po = options;
     po.featureShape = inShape;
     TS_ASSIGN(std::unique_ptr<Pipeline> p, Pipeline::create(spec, po));
+    if (p->endless() && !stepLimited)
+        return makeError(ErrorCode::InvalidArgument,
+                         what + ": repeat() without a count makes it endless, so " +
+                             (what.rfind("validation", 0) == 0 ? std::string("validation would never finish")
+                                                               : std::string("the first epoch would never end")),
+                         what.rfind("validation", 0) == 0
+                             ? "give repeat a count (or drop it) in the validation pipeline"
+                             : "give repeat a count, or stop the run after a number of steps with max_steps (--max-steps)");
     // Read the first batch now: a missing file, a wrong shape or out-of-range labels are reported
     // before any training, naming the pipeline.
     auto first = p->peek();
@@ -252,12 +263,12 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
     PipelineSpec& spec = *cfg.pipeline;
     if (spec.batchSize() > 0) cfg.batchSize = spec.batchSize();
     TS_TRY(checkModelFitsLabels(analysis, loss, 0, "the input pipeline"));
-    TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, inShape, options, "training pipeline"));
+    TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, inShape, options, "training pipeline", cfg.maxSteps > 0));
     if (cfg.validationPipeline) {
         PipelineOptions vo = options;
         vo.lane.thread = "validation input";
         TS_ASSIGN(run.validationPipeline, buildPipeline(*cfg.validationPipeline, std::max<int64_t>(cfg.batchSize, 1000),
-                                                        analysis, inShape, vo, "validation pipeline"));
+                                                        analysis, inShape, vo, "validation pipeline", false));
     } else if (cfg.validate && spec.source.kind == SourceKind::Idx && spec.source.paths.empty()) {
         // The idx folder's test split, scaled to [0, 1] like normalise's default.
         const std::string& dir = spec.source.dir;
