@@ -4,7 +4,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
 
 namespace ts {
 namespace {
@@ -96,10 +95,18 @@ Result<std::string> readTextFile(const std::string& path, const std::string& wha
         return makeError(ErrorCode::InvalidArgument, path + " is a folder, not a " + what, "name the file inside it");
     std::ifstream in(path, std::ios::binary);
     if (!in) return makeError(ErrorCode::IoError, path + ": cannot open: " + std::strerror(errno), "check that the file is readable");
-    std::ostringstream buffer;
-    buffer << in.rdbuf();
+    // Read in chunks up to the cap: a device or pipe (/dev/zero) must not fill memory.
+    std::string text;
+    char chunk[1 << 16];
+    while (in.read(chunk, sizeof chunk) || in.gcount() > 0) {
+        text.append(chunk, static_cast<std::size_t>(in.gcount()));
+        if (text.size() > kMaxTextFileBytes)
+            return makeError(ErrorCode::InvalidArgument,
+                             path + ": larger than " + std::to_string(kMaxTextFileBytes >> 20) + " MiB, too large for a " + what,
+                             "check that this is the right file");
+    }
     if (in.bad()) return makeError(ErrorCode::IoError, path + ": read failed: " + std::strerror(errno), "check the disk and the file");
-    return buffer.str();
+    return text;
 }
 
 Result<nlohmann::json> readJsonFile(const std::string& path, const std::string& what)

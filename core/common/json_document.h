@@ -25,7 +25,11 @@ Status checkJsonDepth(const std::string& text, const std::string& source);
 // Reads and parses a file: NotFound / IoError name the path (a directory is refused as such).
 Result<nlohmann::json> readJsonFile(const std::string& path, const std::string& what = "file");
 
-// The file's bytes; the same errors as readJsonFile for a missing, unreadable or directory path.
+// Larger than any model, configuration, TF_CONFIG, token or certificate we read this way.
+inline constexpr std::size_t kMaxTextFileBytes = std::size_t{64} << 20;
+
+// The file's bytes; the same errors as readJsonFile for a missing, unreadable or directory path,
+// and InvalidArgument for more than kMaxTextFileBytes (a device like /dev/zero never ends).
 Result<std::string> readTextFile(const std::string& path, const std::string& what = "file");
 
 // Line and column (1-based) of the character before byte offset `byte` (nlohmann's error offset).

@@ -147,6 +147,8 @@ void TestCli::badInput_data()
     QTest::newRow("number beyond double") << QStringList{"validate", m_dir.filePath("huge_number.json")} << QStringList{"huge_number.json", "1e999"};
     QTest::newRow("validate checks compile") << QStringList{"validate", m_dir.filePath("bad_compile.json")} << QStringList{"compile.loss", "mse2"};
     QTest::newRow("nesting too deep") << QStringList{"validate", m_dir.filePath("deep.json")} << QStringList{"deep.json", "nested more than 512"};
+    QTest::newRow("model from a device") << QStringList{"validate", "/dev/zero"} << QStringList{"/dev/zero", "64 MiB"};
+    QTest::newRow("config from a device") << QStringList{"train", "--config", "/dev/zero"} << QStringList{"/dev/zero", "run configuration"};
     QTest::newRow("idx claims 2^40 bytes") << QStringList{"train", "--data", m_dir.filePath("huge_idx")} << QStringList{"huge_idx", "truncated"};
     // Outputs never overwrite the run's inputs or the store.
     QTest::newRow("weights over the database") << QStringList{"train", "--db", m_dir.filePath("records.db"), "--save-weights", m_dir.filePath("records.db")}
@@ -258,6 +260,17 @@ void TestCli::configWithPipeline()
     r = cli({"train", "--config", m_dir.filePath("typo.json"), "--no-record"});
     QCOMPARE(r.code, 2);
     QVERIFY2(r.err.contains("pipeline.transformations[0]"), qPrintable(r.err));
+
+    // repeat() without a count: an epoch would never end, so the run needs max_steps (as Keras
+    // needs steps_per_epoch for an infinite dataset).
+    writeFile(m_dir.filePath("endless.json"),
+              QString(run).replace(R"({"op": "take", "count": 2048},)", R"({"op": "take", "count": 2048}, {"op": "repeat"},)").toUtf8());
+    r = cli({"train", "--config", m_dir.filePath("endless.json"), "--no-record"});
+    QVERIFY2(r.code > 0, qPrintable(r.out));
+    QVERIFY2(r.err.contains("training pipeline") && r.err.contains("repeat") && r.err.contains("--max-steps"), qPrintable(r.err));
+    r = cli({"train", "--config", m_dir.filePath("endless.json"), "--no-record", "--json", "--max-steps", "20"});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    QCOMPARE(QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object().value("steps").toInt(), 20);
 }
 
 void TestCli::corruptInputFailsRun()
