@@ -419,7 +419,9 @@ private:
             if (!m_file) return makeError(ErrorCode::IoError, "cannot open cache file '" + m_path + "': " + std::strerror(errno));
             char magic[8];
             if (!readBytes(magic, 8) || std::memcmp(magic, kCacheMagic, 8) != 0)
-                return corrupt("not a TrainStudio cache file (wrong magic)");
+                // Someone else's file (perhaps the data itself): never suggest deleting it.
+                return makeError(ErrorCode::InvalidArgument, "cache file '" + m_path + "' exists and is not a TrainStudio cache file",
+                                 "name a new file for cache (an existing file is read as the cache, never overwritten)");
         }
         uint8_t tag = 0;
         if (!readBytes(&tag, 1)) return corrupt("truncated: the end marker is missing");
@@ -464,6 +466,9 @@ public:
         std::unique_lock<std::mutex> lock(m_mutex);
         if (m_file.empty() && m_memory) return IteratorPtr(new ReplayIterator(m_memory, *this, ctx));
         std::error_code ec;
+        if (!m_file.empty() && fs::is_directory(m_file, ec))
+            return makeError(ErrorCode::InvalidArgument, "cache file '" + m_file + "' is a folder",
+                             "name a file inside it for cache, e.g. '" + (fs::path(m_file) / "train.cache").string() + "'");
         if (!m_file.empty() && fs::exists(m_file, ec)) return IteratorPtr(new FileReplayIterator(m_file, *this, ctx));
         const bool record = !m_writing;
         if (record) m_writing = true;

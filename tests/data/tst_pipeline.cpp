@@ -769,6 +769,17 @@ private slots:
         std::string err;
         drain(*make(PipelineSpec(rows(6)).cache(tmp("damaged.bin"))), 0, &err);
         VERIFY_MSG(err, "cache file '" + tmp("damaged.bin") + "' is corrupt at byte");
+        // Someone else's file is named as such and left alone; a folder is named as a folder.
+        writeBytes(tmp("data.csv"), "v,label\n1,0\n");
+        err.clear();
+        drain(*make(PipelineSpec(rows(6)).cache(tmp("data.csv"))), 0, &err);
+        VERIFY_MSG(err, "'" + tmp("data.csv") + "' exists and is not a TrainStudio cache file");
+        QVERIFY(err.find("delete") == std::string::npos);
+        QCOMPARE(readBytes(tmp("data.csv")), std::string("v,label\n1,0\n"));
+        fs::create_directories(tmp("cache_dir"));
+        err.clear();
+        drain(*make(PipelineSpec(rows(6)).cache(tmp("cache_dir"))), 0, &err);
+        VERIFY_MSG(err, "'" + tmp("cache_dir") + "' is a folder");
     }
 
     void interleaveFiles()
