@@ -713,13 +713,19 @@ Status Program::importParameters(const std::vector<std::pair<std::string, Tensor
             continue;
         }
         const Tensor& t = *it->second;
-        if (t.dtype() != DType::F32 || t.shape() != s.spec.shape)
+        if (t.shape() != s.spec.shape)
             return makeError(ErrorCode::ShapeMismatch,
-                             source + ": tensor '" + s.name + "' has shape " + t.shape().toString() + " " +
-                                 dtypeName(t.dtype()) + ", the model expects " + s.spec.shape.toString() + " f32",
+                             source + ": tensor '" + s.name + "' has shape " + t.shape().toString() + ", the model expects " +
+                                 s.spec.shape.toString(),
                              "the weights belong to a different model (Keras layouts: Dense kernel (in, out), "
                              "Conv2D kernel (kh, kw, in, out))");
-        TS_TRY(m_backend.copyFromHost(t.raw(), s.value));
+        // Half-precision weights (saved for size, or from mixed-precision training) widen exactly.
+        if (t.dtype() != DType::F32 && t.dtype() != DType::F16 && t.dtype() != DType::BF16)
+            return makeError(ErrorCode::InvalidArgument,
+                             source + ": tensor '" + s.name + "' holds " + dtypeName(t.dtype()) + " values; weights must be floating point",
+                             "save the weights as F32, F16 or BF16");
+        TS_ASSIGN(Tensor value, t.widenedToF32());
+        TS_TRY(m_backend.copyFromHost(value.raw(), s.value));
         byName.erase(it);
     }
     if (!missing.empty() && !partial)

@@ -1,5 +1,6 @@
 #include "tensor/tensor.h"
 
+#include <cassert>
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -208,6 +209,54 @@ std::vector<float> Tensor::toVector() const
         for (std::size_t i = 0; i < v.size(); ++i) v[i] = p[i];
     }
     return v;
+}
+
+namespace {
+
+// IEEE 754 binary16 to binary32, subnormals, infinities and NaN included.
+float halfToFloat(uint16_t h)
+{
+    const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+    const uint32_t exp = (h >> 10) & 0x1fu;
+    uint32_t mant = h & 0x3ffu;
+    uint32_t bits;
+    if (exp == 0x1f) bits = sign | 0x7f800000u | (mant << 13);
+    else if (exp != 0) bits = sign | ((exp + 112u) << 23) | (mant << 13);
+    else if (mant == 0) bits = sign;
+    else {  // subnormal: normalise the mantissa
+        int e = -1;
+        do {
+            ++e;
+            mant <<= 1;
+        } while ((mant & 0x400u) == 0);
+        bits = sign | (static_cast<uint32_t>(112 - e) << 23) | ((mant & 0x3ffu) << 13);
+    }
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+} // namespace
+
+Result<Tensor> Tensor::widenedToF32() const
+{
+    assert(hostAccessible());
+    if (m_dtype == DType::F32) return *this;
+    if (m_dtype != DType::F16 && m_dtype != DType::BF16)
+        return makeError(ErrorCode::InvalidArgument, std::string("cannot widen ") + dtypeName(m_dtype) + " to f32");
+    TS_ASSIGN(Tensor out, Tensor::create(m_shape, DType::F32));
+    const uint16_t* in = data<uint16_t>();
+    float* o = out.data<float>();
+    const int64_t n = numel();
+    if (m_dtype == DType::BF16) {
+        for (int64_t i = 0; i < n; ++i) {
+            const uint32_t bits = static_cast<uint32_t>(in[i]) << 16;  // bf16 is float's upper half
+            std::memcpy(&o[i], &bits, sizeof(float));
+        }
+    } else {
+        for (int64_t i = 0; i < n; ++i) o[i] = halfToFloat(in[i]);
+    }
+    return out;
 }
 
 } // namespace ts

@@ -115,6 +115,9 @@ public:
     // Host-only helpers (assert hostAccessible()).
     void fill(float value);
     std::vector<float> toVector() const;
+    // Host-only: an F32 copy of an F16 or BF16 tensor (exact: every half value is a float);
+    // F32 is returned as is. An error for other dtypes or when memory runs out.
+    Result<Tensor> widenedToF32() const;
 
     std::shared_ptr<Storage> storage() const { return m_storage; }
 

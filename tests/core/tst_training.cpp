@@ -8,6 +8,7 @@
 #include "backend/registry.h"
 #include "data/dataset.h"
 #include "distribute/strategy.h"
+#include "io/safetensors.h"
 #include "nn/program.h"
 #include "train/trainer.h"
 #include "train_util.h"
@@ -32,6 +33,7 @@ private slots:
     void unknownStrategyAndDuplicateDevices();
     void cancelStopsPromptly();
     void weightsRoundTrip();
+    void halfPrecisionWeightsWiden();
     void resumeEqualsContinuous_data();
     void resumeEqualsContinuous();
     void backupRefusesOtherSettingsAndDamagedFiles();
@@ -424,6 +426,66 @@ void TestTraining::weightsRoundTrip()
     Status st = (*c)->loadWeights(path);
     QVERIFY(!st.ok());
     QVERIFY(QString::fromStdString(st.error().message).contains("dense/kernel"));
+}
+
+// F16 and BF16 weights (saved for size, or by mixed-precision training) load as the exact f32
+// values they stand for; integer weights are refused as such, not as "a different model".
+void TestTraining::halfPrecisionWeightsWiden()
+{
+    auto bits = [](DType dt, std::vector<uint16_t> v) {
+        Tensor t = Tensor::empty(Shape{int64_t(v.size())}, dt);
+        std::memcpy(t.raw(), v.data(), v.size() * 2);
+        return t;
+    };
+    auto f16 = bits(DType::F16, {0x3C00, 0xC000, 0x7BFF, 0x0001, 0x03FF, 0x7C00, 0x8000, 0x3555}).widenedToF32();
+    QVERIFY(f16.ok());
+    const std::vector<float> want{1.0f, -2.0f, 65504.0f, std::ldexp(1.0f, -24), std::ldexp(1023.0f, -24),
+                                  std::numeric_limits<float>::infinity(), -0.0f, 0.333251953125f};
+    QCOMPARE(f16->toVector(), want);
+    QVERIFY(std::signbit(f16->toVector()[6]));
+    QVERIFY(std::isnan(bits(DType::F16, {0x7E00}).widenedToF32()->toVector()[0]));
+    QCOMPARE(bits(DType::BF16, {0x3F80, 0xC040}).widenedToF32()->toVector(), (std::vector<float>{1.0f, -3.0f}));
+
+    QTemporaryDir dir;
+    TrainConfig tc;
+    tc.seed = 1;
+    auto a = Trainer::create(mlp(), tc);
+    QVERIFY((*a)->initialise().ok());
+    auto pa = (*a)->strategy().exportParameters();
+    QVERIFY(pa.ok());
+    std::vector<std::pair<std::string, Tensor>> half;
+    std::vector<std::vector<float>> expected;
+    for (const auto& [name, t] : *pa) {
+        Tensor h = Tensor::empty(t.shape(), DType::BF16);
+        std::vector<float> e(static_cast<std::size_t>(t.numel()));
+        for (int64_t i = 0; i < t.numel(); ++i) {
+            uint32_t b;
+            std::memcpy(&b, t.data<float>() + i, 4);
+            h.data<uint16_t>()[i] = static_cast<uint16_t>(b >> 16);  // truncate: exactly representable
+            b &= 0xffff0000u;
+            std::memcpy(&e[static_cast<std::size_t>(i)], &b, 4);
+        }
+        half.emplace_back(name, h);
+        expected.push_back(std::move(e));
+    }
+    const std::string path = (dir.path() + "/bf16.safetensors").toStdString();
+    QVERIFY(writeSafetensors(path, half, {}).ok());
+    tc.seed = 2;
+    auto b = Trainer::create(mlp(), tc);
+    QVERIFY((*b)->initialise().ok());
+    Status loaded = (*b)->loadWeights(path);
+    QVERIFY2(loaded.ok(), loaded.ok() ? "" : loaded.error().toString().c_str());
+    auto pb = (*b)->strategy().exportParameters();
+    for (std::size_t i = 0; i < pb->size(); ++i) QCOMPARE(pb->at(i).second.toVector(), expected[i]);
+
+    // Integer tensors of the right shape: named as the wrong kind of values.
+    std::vector<std::pair<std::string, Tensor>> ints;
+    for (const auto& [name, t] : *pa) ints.emplace_back(name, Tensor::zeros(t.shape(), DType::I32));
+    const std::string intPath = (dir.path() + "/i32.safetensors").toStdString();
+    QVERIFY(writeSafetensors(intPath, ints, {}).ok());
+    Status st = (*b)->loadWeights(intPath);
+    QVERIFY(!st.ok());
+    QVERIFY2(QString::fromStdString(st.error().message).contains("i32 values"), st.error().message.c_str());
 }
 
 namespace {
