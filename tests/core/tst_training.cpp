@@ -648,6 +648,22 @@ void TestTraining::backupRefusesOtherSettingsAndDamagedFiles()
     QVERIFY(!psRun.fit.ok());
     QVERIFY2(psRun.fit.error().message.find("parameter-server") != std::string::npos, psRun.fit.error().toString().c_str());
 
+    // Bytes flipped inside the tensor data (the header still parses): the checksum refuses it
+    // rather than resuming from garbage weights; the file is kept.
+    {
+        QFile f(file);
+        QVERIFY(f.open(QIODevice::ReadWrite));
+        QVERIFY(f.seek(f.size() - 64));
+        QVERIFY(f.write(QByteArray(16, '\xff')) == 16);
+    }
+    const BackupRun flipped = runWithBackup(sc, adam, backup, 0);
+    QVERIFY(!flipped.fit.ok());
+    const QString flippedMsg = QString::fromStdString(flipped.fit.error().toString());
+    QVERIFY2(flippedMsg.contains(file) && flippedMsg.contains("damaged") && flippedMsg.contains("checksum") &&
+                 flippedMsg.contains("start the run from the beginning"),
+             qPrintable(flippedMsg));
+    QVERIFY(QFile::exists(file));
+
     // A truncated backup: a clear error naming it, not a crash.
     {
         QFile f(file);
@@ -656,7 +672,9 @@ void TestTraining::backupRefusesOtherSettingsAndDamagedFiles()
     }
     const BackupRun damaged = runWithBackup(sc, adam, backup, 0);
     QVERIFY(!damaged.fit.ok());
-    QVERIFY2(QString::fromStdString(damaged.fit.error().toString()).contains(file), damaged.fit.error().toString().c_str());
+    const QString damagedMsg = QString::fromStdString(damaged.fit.error().toString());
+    QVERIFY2(damagedMsg.contains(file) && damagedMsg.contains("the backup is damaged") && damagedMsg.contains("delete it"),
+             qPrintable(damagedMsg));
 
     // A folder that cannot be created.
     QFile blocker(dir.path() + "/file");
