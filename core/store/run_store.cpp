@@ -1147,6 +1147,20 @@ Status checkText(const std::string& text, const char* what)
                      "type it again, or set the terminal's locale to UTF-8");
 }
 
+// Runs are found by id, unique id prefix (4+ characters) or name, in that order: a name that is
+// another run's id or the start of one would find that run instead. `self`: the renamed run's rid.
+Status checkNameIsNotAnId(const sql::Db& db, const std::string& name, int64_t self)
+{
+    TS_ASSIGN(sql::Stmt s, db.prepare("SELECT id FROM runs WHERE rid != ?1 AND (id = ?2 OR (length(?2) >= 4 AND "
+                                 "substr(id, 1, length(?2)) = ?2)) LIMIT 1"));
+    s.bind(1, self).bind(2, name);
+    TS_ASSIGN(bool row, s.step());
+    if (!row) return okStatus();
+    return makeError(ErrorCode::InvalidArgument,
+                     "the name '" + name + "' is the start of run " + s.text(0) + "'s id, so looking it up would find that run",
+                     "choose a name that is not a run id or the start of one");
+}
+
 } // namespace
 
 Result<RunInfo> RunStore::createRun(const NewRun& spec)
@@ -1171,6 +1185,7 @@ Result<RunInfo> RunStore::createRun(const NewRun& spec)
     info.devices = spec.devices;
     Impl* d = m.get();
     TS_TRY(m->submit([&]() -> Status {
+        if (!spec.name.empty()) TS_TRY(checkNameIsNotAnId(d->writer, spec.name, -1));
         TS_ASSIGN(sql::Stmt s, d->writer.prepare(
                                    "INSERT INTO runs (id, name, project, model_json, config_json, config_hash, seed, strategy, "
                                    "devices_json, status, created_us, model_name, writer_host, writer_pid, writer_start) "
@@ -1231,6 +1246,7 @@ Status RunStore::renameRun(const std::string& runId, const std::string& name)
     Impl* d = m.get();
     return m->submit([=]() -> Status {
         TS_ASSIGN(int64_t r, d->rid(runId, false));
+        TS_TRY(checkNameIsNotAnId(d->writer, name, r));
         TS_ASSIGN(sql::Stmt s, d->writer.prepare("UPDATE runs SET name = ? WHERE rid = ?"));
         s.bind(1, name).bind(2, r);
         return s.run();

@@ -451,6 +451,17 @@ void TestStore::resolveAndEdit()
     QCOMPARE(store->run(id)->name, std::string("alpha v2 \xc3\xa9"));
     QCOMPARE(store->run(id)->tags, (std::vector<std::string>{"x", "y"}));
     QVERIFY(store->renameRun(id, "alpha v2").ok());
+    // A name that starts another run's id would make that run the one found by it: refused.
+    const ts::Status idName = store->renameRun(id, "abcd5");
+    QVERIFY(!idName.ok());
+    QVERIFY2(idName.error().message.find("abcd5678-0000-4000-8000-000000000002") != std::string::npos, idName.error().message.c_str());
+    QCOMPARE(store->run(id)->name, std::string("alpha v2"));
+    QVERIFY(store->renameRun(id, "abcd1").ok());  // its own id: found either way
+    QVERIFY(store->renameRun(id, "abc").ok());    // shorter than an id prefix lookup
+    QVERIFY(store->renameRun(id, "alpha v2").ok());
+    st::NewRun clash;
+    clash.name = "abcd5678-0000-4000-8000-000000000002";
+    QVERIFY(!store->createRun(clash).ok());
     // A failed task leaves the batch's other work alone.
     store->record(stepEvent(id, 1, 1.0));
     QVERIFY(!store->setRunStatus("no-such-run", st::RunState::Completed).ok());
