@@ -43,7 +43,7 @@ void watch(sigset_t set)
         if (sigwait(&set, &sig) != 0) continue;
         std::lock_guard lock(g_mutex);
         if (!g_scopeAlive || g_interrupted.exchange(true)) dieBy(sig);
-        static const char msg[] = "\ninterrupted: stopping at the next step (interrupt again to quit at once)\n";
+        static const char msg[] = "\ninterrupted: stopping (interrupt again to quit at once)\n";
         [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
         if (g_action) g_action();
     }

@@ -234,9 +234,9 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
 
 namespace {
 
-// multi-worker-mirrored: read the cluster, check it, and join the other tasks (blocks until all
-// have joined). Non-coordinator tasks neither record the run nor keep checkpoints: the chief does.
-ts::Result<ts::remote::ClusterConnection> joinCluster(const TrainOptions& o)
+// multi-worker-mirrored: the cluster this task belongs to (TF_CONFIG or --tf-config, --task),
+// validated; no network yet.
+ts::Result<ts::ClusterSpec> clusterOfThisTask(const TrainOptions& o)
 {
     auto spec = o.tfConfig.empty() ? ts::ClusterSpec::fromEnvironment() : ts::ClusterSpec::fromFile(o.tfConfig);
     if (!spec.ok()) return spec.takeError();
@@ -256,8 +256,16 @@ ts::Result<ts::remote::ClusterConnection> joinCluster(const TrainOptions& o)
         TS_ASSIGN(cluster, cluster.withTask(t));
     }
     TS_TRY(cluster.validateFor("multi-worker-mirrored"));
+    return cluster;
+}
+
+// Connects to the other tasks: waits up to --collective-timeout for them to join.
+ts::Result<ts::remote::ClusterConnection> joinCluster(const ts::ClusterSpec& cluster, const TrainOptions& o,
+                                                     std::function<bool()> cancelled)
+{
     TS_ASSIGN(std::string token, ts::remote::loadToken(o.tokenFile));
     ts::remote::ClusterOptions co;
+    co.cancelled = std::move(cancelled);
     co.token = token;
     co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
     return ts::remote::connectCluster(cluster, co);
@@ -294,21 +302,20 @@ int runTrain(const TrainOptions& options)
                                  "use one or the other"));
         return 2;
     }
+    // A task of a multi-worker run: its cluster is checked now, but it joins the others only once
+    // its own settings are known to be good (a typo fails at once, not after the peers gathered).
+    std::optional<ts::ClusterSpec> clusterSpec;
     if (o.strategy == "multi-worker-mirrored" && o.cluster.empty()) {
-        auto joined = joinCluster(o);
-        if (!joined.ok()) {
-            printError(joined.error());
+        auto spec = clusterOfThisTask(o);
+        if (!spec.ok()) {
+            printError(spec.error());
             return 2;
         }
-        cluster = std::move(joined).value();
-        if (!cluster->coordinator) {
+        clusterSpec = std::move(spec).value();
+        if (!(clusterSpec->task() == clusterSpec->coordinator())) {  // only the coordinating task records the run
             o.noRecord = true;
             o.checkpointEvery = 0;
         }
-        if (!o.quiet && !o.json)
-            std::printf("Joined the cluster as %s, rank %d of %d%s\n", cluster->taskName.c_str(), cluster->rank, cluster->size,
-                        cluster->coordinator ? " (coordinator: records the run)" : "");
-        std::fflush(stdout);
     } else if (o.strategy == "parameter-server" && o.cluster.empty()) {
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "parameter-server runs on a cluster of trainstudio-worker daemons",
                                  "pass --cluster FILE listing \"ps\" and \"worker\" tasks"));
@@ -348,12 +355,6 @@ int runTrain(const TrainOptions& options)
         cfg.optimizer = opt;
     }
     cfg.strategy.kind = o.strategy;
-    if (cluster) {
-        cfg.strategy.crossProcess = cluster->communicator;
-        cfg.strategy.processRank = cluster->rank;
-        cfg.strategy.processNames = cluster->rankNames;
-        cfg.strategy.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
-    }
     if (!o.devices.empty()) {
         cfg.strategy.devices.clear();
         std::stringstream ss(o.devices);
@@ -440,15 +441,38 @@ int runTrain(const TrainOptions& options)
         }
         traceSink = std::move(sink).value();
     }
+    auto useCluster = [&] {
+        cfg.strategy.crossProcess = cluster->communicator;
+        cfg.strategy.processRank = cluster->rank;
+        cfg.strategy.processNames = cluster->rankNames;
+        cfg.strategy.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    };
+    // Ctrl-C stops the run at its next step, recorded as cancelled; while this task waits for
+    // its peers, it stops waiting.
+    tscli::InterruptScope interrupt;
+    auto interrupted = [&interrupt] { return interrupt.interrupted(); };
+    if (clusterSpec) {
+        auto joined = joinCluster(*clusterSpec, o, interrupted);
+        if (!joined.ok() && interrupt.interrupted()) return tscli::kInterruptedExitCode;  // nothing started, nothing to record
+        if (!joined.ok()) {
+            // The coordinating task records the attempt: the history shows which task never came.
+            if (recording) recording->prepareFailed(cfg, joined.error());
+            printError(joined.error());
+            return 2;
+        }
+        cluster = std::move(joined).value();
+        useCluster();
+        if (!o.quiet && !o.json)
+            std::printf("Joined the cluster as %s, rank %d of %d%s\n", cluster->taskName.c_str(), cluster->rank, cluster->size,
+                        cluster->coordinator ? " (coordinator: records the run)" : "");
+        std::fflush(stdout);
+    }
     // One attempt, or with --restarts several: a failed fit() is started again from the backup,
     // into the same recorded run (replayed steps overwrite their metrics).
     std::optional<ts::PreparedRun> prepared;
     ts::Result<ts::FitResult> result = ts::makeError(ts::ErrorCode::Internal, "the run was not started");
     std::unique_ptr<ConsoleListener> listener;
     std::string traceRunId;
-    // Ctrl-C stops the run at its next step, recorded as cancelled (after `prepared`: destroyed
-    // first, so the action never sees a destroyed trainer).
-    tscli::InterruptScope interrupt;
     for (int attempt = 0;; ++attempt) {
         if (attempt > 0 && interrupt.interrupted()) break;  // no restart after Ctrl-C: keep the failure
         interrupt.setAction(nullptr);
@@ -458,16 +482,13 @@ int runTrain(const TrainOptions& options)
             prepared.reset();
             cfg.strategy.crossProcess.reset();
             cluster.reset();
-            auto joined = joinCluster(o);
+            auto joined = joinCluster(*clusterSpec, o, interrupted);
             if (!joined.ok()) {
                 result = joined.takeError();
                 break;
             }
             cluster = std::move(joined).value();
-            cfg.strategy.crossProcess = cluster->communicator;
-            cfg.strategy.processRank = cluster->rank;
-            cfg.strategy.processNames = cluster->rankNames;
-        cfg.strategy.collectiveTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+            useCluster();
         }
         auto made = ts::prepareRun(cfg);
         if (!made.ok()) {
@@ -516,6 +537,7 @@ int runTrain(const TrainOptions& options)
                     " of " + std::to_string(cfg.backup.restarts) + ")";
         bus.publish(ts::telemetry::Event(std::move(e)));
     }
+    interrupt.setAction(nullptr);  // the trainer is destroyed before the scope
     if (!prepared) {
         // A restart could not even be prepared (e.g. the cluster could not be re-joined).
         if (recording) recording->fitDone(result);

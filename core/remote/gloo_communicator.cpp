@@ -43,36 +43,50 @@ public:
 
     void set(const std::string& key, const std::vector<char>& data) override
     {
-        if (Status st = m_client.set(m_prefix + key, data, m_timeout); !st.ok()) throw gloo::IoException(st.error().toString());
+        // Idempotent, so a slice that timed out (the rendezvous not up yet) is simply repeated.
+        sliced(m_timeout, [&](std::chrono::milliseconds t) { return m_client.set(m_prefix + key, data, t); });
     }
     std::vector<char> get(const std::string& key) override
     {
-        auto r = m_client.get(m_prefix + key, m_timeout);
-        if (!r.ok()) throw gloo::IoException(r.error().toString());
-        return std::move(r).value();
+        std::vector<char> value;
+        sliced(m_timeout, [&](std::chrono::milliseconds t) -> Status {
+            TS_ASSIGN(value, m_client.get(m_prefix + key, t));
+            return okStatus();
+        });
+        return value;
     }
     void wait(const std::vector<std::string>& keys) override { wait(keys, m_timeout); }
     void wait(const std::vector<std::string>& keys, const std::chrono::milliseconds& timeout) override
     {
         std::vector<std::string> full;
         for (const auto& k : keys) full.push_back(m_prefix + k);
+        sliced(timeout, [&](std::chrono::milliseconds t) { return m_client.wait(full, t); });
+    }
+
+private:
+    // Runs call(timeout) once, or with a cancel predicate in slices of at most 0.5 s until the
+    // timeout, asking in between whether to give up (Ctrl-C, the studio's Stop). Throws Gloo's
+    // exception with the last error.
+    template <typename Call>
+    void sliced(std::chrono::milliseconds timeout, Call&& call)
+    {
         if (!m_cancelled) {
-            if (Status st = m_client.wait(full, timeout); !st.ok()) throw gloo::IoException(st.error().toString());
+            if (Status st = call(timeout); !st.ok()) throw gloo::IoException(st.error().toString());
             return;
         }
-        // In slices, asking in between whether to give up.
+        constexpr std::chrono::milliseconds kSlice{500};
         const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
             if (m_cancelled()) throw gloo::IoException("cancelled while waiting for the other tasks to join");
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-            const auto slice = std::min<std::chrono::milliseconds>(left, std::chrono::milliseconds(500));
-            Status st = m_client.wait(full, std::max<std::chrono::milliseconds>(slice, std::chrono::milliseconds(1)));
+            Status st = call(std::max(std::min(left, kSlice), std::chrono::milliseconds(1)));
             if (st.ok()) return;
-            if (left <= std::chrono::milliseconds(500)) throw gloo::IoException(st.error().toString());
+            // Only a slice that ran out is repeated (the rendezvous reports its deadlines as
+            // Cancelled); a refused token or a broken connection is final at once.
+            if (left <= kSlice || st.error().code != ErrorCode::Cancelled) throw gloo::IoException(st.error().toString());
         }
     }
 
-private:
     RendezvousClient& m_client;
     std::string m_prefix;
     std::chrono::milliseconds m_timeout;
@@ -221,7 +235,11 @@ public:
             // reach the rendezvous.
             std::string absent;
             const std::string waited = std::to_string(std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout).count()) + " s";
-            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat);
+            // Silent for 3 heartbeats, or for half the wait when that is shorter (a short
+            // --collective-timeout), but always longer than one heartbeat of a live rank.
+            const auto silence = std::max<std::chrono::milliseconds>(std::min<std::chrono::milliseconds>(3 * m_opt.heartbeat, m_opt.timeout / 2),
+                                                                     m_opt.heartbeat + std::chrono::milliseconds(250));
+            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence);
             if (silent.ok())
                 for (int r : *silent) absent += (absent.empty() ? "" : ", ") + rankName(r);
             else if (m_opt.rank != 0)

@@ -357,7 +357,7 @@ void TestCli::interruptRecordsCancelled()
     const QString err = QString::fromUtf8(p->readAllStandardError());
     QCOMPARE(p->exitStatus(), QProcess::NormalExit);
     QVERIFY2(p->exitCode() == 130, qPrintable(out + err));
-    QVERIFY2(err.contains("interrupted: stopping at the next step"), qPrintable(err));
+    QVERIFY2(err.contains("interrupted: stopping (interrupt again"), qPrintable(err));
     const QJsonObject last = QJsonDocument::fromJson(out.trimmed().split('\n').last().toUtf8()).object();
     QVERIFY2(last.value("cancelled").toBool(), qPrintable(out));
     QVERIFY(QFile::exists(weights));

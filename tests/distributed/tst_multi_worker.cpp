@@ -3,6 +3,9 @@
 // with SIGKILL mid-run stops the others with an error naming it; bad setups are refused clearly.
 
 #include <QtTest>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -364,6 +367,41 @@ void TestMultiWorker::refusedSetups()
     QCOMPARE(f.code, 2);
     QVERIFY2(f.out.contains("rendezvous at 127.0.0.1:"), qPrintable(f.out));
     QVERIFY2(timer.elapsed() < 20000, "gave up after the timeout");
+    // A local mistake fails at once, before waiting for the peers (nobody else is started here).
+    timer.restart();
+    QStringList badModel = args;
+    badModel[badModel.indexOf("--model") + 1] = "no_such_model.json";
+    f = finish(*startCli(badModel + QStringList{"--task", "worker:0"}, one));
+    QVERIFY2(f.code == 2, qPrintable(f.out));
+    QVERIFY2(f.out.contains("no_such_model.json"), qPrintable(f.out));
+    QVERIFY2(timer.elapsed() < 10000, "waited for the peers before reading its own model");
+    // The chief records a run whose worker never came, naming the worker.
+    {
+        QTemporaryDir dir;
+        const QString db = dir.filePath("runs.db");
+        QStringList chiefArgs = trainArgs();
+        chiefArgs << "--strategy" << "multi-worker-mirrored" << "--db" << db << "--task" << "chief:0" << "--collective-timeout" << "2";
+        f = finish(*startCli(chiefArgs, one));
+        QVERIFY2(f.code == 2, qPrintable(f.out));
+        QProcess list;
+        list.start(QStringLiteral(TS_CLI_PATH), {"runs", "list", "--json", "--db", db});
+        QVERIFY(list.waitForFinished(30000));
+        const QJsonArray runs = QJsonDocument::fromJson(list.readAllStandardOutput()).array();
+        QCOMPARE(runs.size(), 1);
+        QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("failed"));
+        QVERIFY2(runs[0].toObject().value("error").toString().contains("worker:0"), qPrintable(runs[0].toObject().value("error").toString()));
+    }
+    // Ctrl-C while waiting for the peers: stops at once, nothing recorded.
+    {
+        auto waiting = startCli(args + QStringList{"--task", "worker:0", "--collective-timeout", "60"}, one);
+        QVERIFY(waiting->waitForStarted());
+        QTest::qWait(1000);
+        timer.restart();
+        ::kill(static_cast<pid_t>(waiting->processId()), SIGINT);
+        f = finish(*waiting, 20000);
+        QCOMPARE(f.code, 130);
+        QVERIFY2(timer.elapsed() < 5000, "kept waiting for the peers after Ctrl-C");
+    }
     // Tasks with different numbers of local replicas: both refuse, before any training step.
     {
         const QString cluster = clusterJson({freePort(), freePort()});
