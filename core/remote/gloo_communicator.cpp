@@ -427,8 +427,10 @@ private:
         // (up to five heartbeat periods).
         if (m_connected) shutdownSockets(m_meshSockets);
         const std::string culprit = findCulprit();
-        Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + culprit + " (gloo: " + detail + ")",
-                              "the run stops; restart the failed task and resume from the last checkpoint");
+        const std::string suspended = suspensionNote();
+        Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + suspended + culprit + " (gloo: " + detail + ")",
+                              suspended.empty() ? "the run stops; restart the failed task and resume from the last checkpoint"
+                                                : "do not stop a task during a run; start the tasks again (a backup resumes the run)");
         std::lock_guard lock(m_abortMutex);
         if (!m_failed) m_failed = err;  // the watchdog may have decided meanwhile
         return *m_failed;
@@ -463,12 +465,36 @@ private:
         {
             std::lock_guard lock(m_abortMutex);
             if (m_aborted || m_failed) return;
+            const std::string suspended = suspensionNote();
             m_failed = makeError(ErrorCode::IoError,
-                                 rankName(m_opt.rank) + ": " + names + " stopped responding (" +
+                                 rankName(m_opt.rank) + ": " + suspended + names + " stopped responding (" +
                                      (how.empty() ? "no heartbeat for " + std::to_string((3 * m_opt.heartbeat).count()) + " ms" : how) + ")",
-                                 "the run stops; restart the failed task and resume from the last checkpoint");
+                                 suspended.empty() ? "the run stops; restart the failed task and resume from the last checkpoint"
+                                                   : "do not stop a task during a run; start the tasks again (a backup resumes the run)");
         }
         if (m_connected) shutdownSockets(m_meshSockets);
+    }
+
+    // When this process itself was not running (SIGSTOP or Ctrl-Z, a paused VM, a sleeping
+    // laptop), its heartbeats stopped too and its peers rightly gave up on it: its own error must
+    // say so rather than blame them. Two signs, as either may be seen first on waking: the
+    // heartbeat thread's wait overshot by more than two periods, or it has not run for longer than
+    // its longest possible loop (a period plus the heartbeat call's 2 s deadline) plus two periods.
+    std::string suspensionNote() const
+    {
+        const auto now = std::chrono::steady_clock::now().time_since_epoch();
+        const int64_t nowMs = std::chrono::duration_cast<std::chrono::milliseconds>(now).count();
+        const int64_t beat = m_opt.heartbeat.count();
+        const int64_t lastWake = m_lastWakeMs.load();
+        // A suspension long enough for the peers to give up fails the run within seconds of
+        // waking; an older one is not what went wrong now.
+        int64_t gone = nowMs - m_suspensionSeenMs.load() < 30000 ? m_suspendedMs.load() : 0;
+        if (lastWake > 0 && nowMs - lastWake > 3 * beat + 2000) gone = std::max(gone, nowMs - lastWake - beat);
+        if (gone <= 0) return {};
+        char secs[32];
+        std::snprintf(secs, sizeof secs, "%.1f", static_cast<double>(gone) / 1000.0);
+        return "this process, " + rankName(m_opt.rank) + ", was not running for " + secs +
+               " s (stopped, or its machine paused), so its peers stopped waiting for it: ";
     }
 
     void startHeartbeat()
@@ -476,6 +502,10 @@ private:
         m_heartbeat = std::thread([this] {
             std::unique_lock lock(m_hbMutex);
             auto answered = std::chrono::steady_clock::now();
+            auto markAwake = [this] {
+                m_lastWakeMs = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+            };
+            markAwake();
             while (!m_stopHeartbeat) {
                 lock.unlock();
                 auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat);
@@ -491,7 +521,14 @@ private:
                     watchdog({0}, "its rendezvous service at " + m_opt.rendezvousAddress + " has not answered for " +
                                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - answered).count()) + " ms");
                 lock.lock();
+                const auto asleep = std::chrono::steady_clock::now();
                 m_hbCv.wait_for(lock, m_opt.heartbeat, [&] { return m_stopHeartbeat; });
+                const auto overshoot = std::chrono::steady_clock::now() - asleep - m_opt.heartbeat;
+                markAwake();
+                if (overshoot > 2 * m_opt.heartbeat) {
+                    m_suspendedMs = std::chrono::duration_cast<std::chrono::milliseconds>(overshoot).count();
+                    m_suspensionSeenMs = m_lastWakeMs.load();
+                }
             }
         });
     }
@@ -517,6 +554,9 @@ private:
     std::mutex m_hbMutex;
     std::condition_variable m_hbCv;
     bool m_stopHeartbeat = false;
+    std::atomic<int64_t> m_lastWakeMs{0};    // steady clock, when the heartbeat thread last ran
+    std::atomic<int64_t> m_suspendedMs{0};       // how long this process was last seen not running
+    std::atomic<int64_t> m_suspensionSeenMs{0};  // steady clock, when that was noticed
 };
 
 } // namespace

@@ -111,6 +111,7 @@ private slots:
     void sameWeightsAsOneProcess_data();
     void sameWeightsAsOneProcess();
     void killedWorkerIsNamed();
+    void suspendedChiefSaysSo();
     void restartFromBackupEqualsContinuous();
     void separateNetworkNamespaces_data();
     void separateNetworkNamespaces();
@@ -221,6 +222,26 @@ void TestMultiWorker::killedWorkerIsNamed()
 // (as its supervisor would), and both continue from the chief's backup. The worker's own backup
 // folder stays empty: it gets the chief's state over the collective. Both end with exactly the
 // weights of an uninterrupted 2-process run.
+// The chief stopped (SIGSTOP) mid-run: the worker names the chief; the chief, continued after
+// the worker gave up, says that it was the one not running instead of blaming the worker.
+void TestMultiWorker::suspendedChiefSaysSo()
+{
+    const QString cluster = clusterJson({freePort(), freePort()});
+    QStringList args = trainArgs(1000000);
+    args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--epochs" << "100000";
+    auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
+    auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+    QTest::qWait(3000);  // joined and training (each epoch is 20 steps)
+    QCOMPARE(chief->state(), QProcess::Running);
+    QCOMPARE(worker->state(), QProcess::Running);
+    ::kill(static_cast<pid_t>(chief->processId()), SIGSTOP);
+    const Finished w = finish(*worker, 30000);
+    ::kill(static_cast<pid_t>(chief->processId()), SIGCONT);
+    const Finished c = finish(*chief, 30000);
+    QVERIFY2(w.code == 1 && w.out.contains("chief:0") && w.out.contains("stopped responding"), qPrintable(w.out));
+    QVERIFY2(c.code == 1 && c.out.contains("this process, rank 0 (chief:0") && c.out.contains("was not running"), qPrintable(c.out));
+}
+
 void TestMultiWorker::restartFromBackupEqualsContinuous()
 {
     const int steps = 300;  // 20 steps per epoch: 15 epochs
