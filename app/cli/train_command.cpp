@@ -388,6 +388,18 @@ int runTrain(const TrainOptions& options)
         return 2;
     }
 
+    // The backup folder is made now (by the task that writes backups: the chief of a multi-worker
+    // run), so a folder that cannot be made is a flag error, not a recorded failed run.
+    if (cfg.backup.enabled() && o.cluster.empty() && (!clusterSpec || clusterSpec->task() == clusterSpec->coordinator())) {
+        std::error_code ec;
+        std::filesystem::create_directories(cfg.backup.dir, ec);
+        if (ec || !std::filesystem::is_directory(cfg.backup.dir, ec)) {
+            printError(ts::makeError(ts::ErrorCode::InvalidArgument,
+                                     "--backup-dir " + cfg.backup.dir + ": cannot make the folder" + (ec ? ": " + ec.message() : std::string()),
+                                     "choose a folder this user can write"));
+            return 2;
+        }
+    }
     // Outputs must not overwrite what the run reads or the store keeps.
     {
         const std::string db = o.noRecord ? std::string() : o.db.empty() ? ts::store::defaultDatabasePath() : o.db;

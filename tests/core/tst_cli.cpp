@@ -155,6 +155,8 @@ void TestCli::badInput_data()
                                                << QStringList{"--save-weights", "run database"};
     QTest::newRow("trace over the model") << QStringList{"train", "--no-record", "--model", m_dir.filePath("five_classes.json"), "--trace", m_dir.filePath("five_classes.json")}
                                           << QStringList{"--trace", "model file"};
+    QTest::newRow("backup folder under a file") << QStringList{"train", "--db", m_dir.filePath("records.db"), "--backup-dir", m_dir.filePath("broken.json/backup")}
+                                                << QStringList{"--backup-dir", "broken.json/backup", "cannot make the folder"};
     QTest::newRow("trace into a folder") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("config_dir")} << QStringList{"--trace", "folder"};
     if (m_haveData) {
         QTest::newRow("output does not fit labels") << QStringList{"train", "--model", m_dir.filePath("five_classes.json")} << QStringList{"head", "10"};
