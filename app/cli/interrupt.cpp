@@ -2,7 +2,9 @@
 
 #include <atomic>
 #include <cassert>
+#include <cerrno>
 #include <csignal>
+#include <fcntl.h>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
@@ -14,37 +16,50 @@ std::mutex g_mutex;
 std::function<void()> g_action;     // guarded by g_mutex
 bool g_scopeAlive = false;          // guarded by g_mutex
 std::atomic<bool> g_interrupted{false};
+int g_pipe[2] = {-1, -1};           // the handler writes the signal number, the watcher reads it
 
-sigset_t interruptSignals()
+void onSignal(int sig)
 {
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    return set;
+    const int saved = errno;  // async-signal-safe: one write()
+    const unsigned char b = static_cast<unsigned char>(sig);
+    [[maybe_unused]] auto n = ::write(g_pipe[1], &b, 1);
+    errno = saved;
+}
+
+constexpr int kSignals[] = {SIGINT, SIGTERM};
+struct sigaction g_previous[2];     // the dispositions before the scope, guarded by g_mutex
+
+void setDisposition(void (*handler)(int))
+{
+    struct sigaction sa {};
+    sa.sa_handler = handler;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = handler == SIG_DFL ? 0 : SA_RESTART;  // most system calls resume after the handler
+    for (int sig : kSignals) sigaction(sig, &sa, nullptr);
 }
 
 [[noreturn]] void dieBy(int sig)
 {
     // The default action, so the shell sees "killed by SIGINT" (status 130) as it expects.
-    std::signal(sig, SIG_DFL);
-    sigset_t one;
-    sigemptyset(&one);
-    sigaddset(&one, sig);
-    pthread_sigmask(SIG_UNBLOCK, &one, nullptr);
+    setDisposition(SIG_DFL);
     raise(sig);
     _exit(128 + sig);  // not reached
 }
 
-void watch(sigset_t set)
+void watch()
 {
     for (;;) {
-        int sig = 0;
-        if (sigwait(&set, &sig) != 0) continue;
+        unsigned char b = 0;
+        const ssize_t n = ::read(g_pipe[0], &b, 1);
+        if (n != 1) {
+            if (n < 0 && errno == EINTR) continue;
+            return;
+        }
+        const int sig = b;
         std::lock_guard lock(g_mutex);
         if (!g_scopeAlive || g_interrupted.exchange(true)) dieBy(sig);
         static const char msg[] = "\ninterrupted: stopping (interrupt again to quit at once)\n";
-        [[maybe_unused]] auto n = ::write(STDERR_FILENO, msg, sizeof msg - 1);
+        [[maybe_unused]] auto w = ::write(STDERR_FILENO, msg, sizeof msg - 1);
         if (g_action) g_action();
     }
 }
@@ -53,9 +68,8 @@ void watch(sigset_t set)
 
 void installInterruptHandling()
 {
-    sigset_t set = interruptSignals();
-    pthread_sigmask(SIG_BLOCK, &set, nullptr);  // inherited by every thread created from here on
-    std::thread(watch, set).detach();
+    if (::pipe2(g_pipe, O_CLOEXEC) != 0) return;  // no pipe: signals keep their default action
+    std::thread(watch).detach();
 }
 
 InterruptScope::InterruptScope()
@@ -65,6 +79,16 @@ InterruptScope::InterruptScope()
     g_action = nullptr;
     g_scopeAlive = true;
     g_interrupted = false;
+    if (g_pipe[1] < 0) return;
+    struct sigaction sa {};
+    sa.sa_handler = onSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;  // most system calls resume after the handler
+    for (int i = 0; i < 2; ++i) {
+        sigaction(kSignals[i], nullptr, &g_previous[i]);
+        // A signal the parent made us ignore (a background job of a script, nohup) stays ignored.
+        if (g_previous[i].sa_handler != SIG_IGN) sigaction(kSignals[i], &sa, nullptr);
+    }
 }
 
 void InterruptScope::setAction(std::function<void()> action)
@@ -79,6 +103,9 @@ InterruptScope::~InterruptScope()
     std::lock_guard lock(g_mutex);
     g_scopeAlive = false;
     g_action = nullptr;
+    // From here on a signal does what it did before the scope (usually: end the process).
+    if (g_pipe[1] >= 0)
+        for (int i = 0; i < 2; ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
 }
 
 bool InterruptScope::interrupted() const { return g_interrupted.load(); }

@@ -1,9 +1,10 @@
 #pragma once
 // Ctrl-C and SIGTERM for the CLI.
 // Contract:
-//  - installInterruptHandling() runs first thing in main(), before any thread exists: it blocks
-//    SIGINT/SIGTERM in every thread and takes them on one watcher thread (sigwait), so the work
-//    done on a signal runs outside a signal handler.
+//  - installInterruptHandling() runs once in main(): it starts a watcher thread. Only while an
+//    InterruptScope is alive do SIGINT/SIGTERM get a handler, which just hands the signal to that
+//    thread (a pipe), so the work done on a signal runs outside the handler. Signals are never
+//    blocked: processes the CLI starts (PyTorch for bench) get them as usual.
 //  - While an InterruptScope is alive, the first signal runs its action on the watcher thread
 //    (e.g. Trainer::cancel) and the command finishes cleanly: a training run stops at its next
 //    step and is recorded as cancelled. A second signal, or any signal while no scope is alive,

@@ -44,7 +44,7 @@ void ensureThreadingEnvironment(char** argv)
 int main(int argc, char** argv)
 {
     ensureThreadingEnvironment(argv);
-    tscli::installInterruptHandling();  // before any thread starts: they inherit the blocked signals
+    tscli::installInterruptHandling();
     CLI::App app{"TrainStudio command line: train models, inspect them, benchmark the engine"};
     app.require_subcommand(1);
     app.set_version_flag("--version", std::string("trainstudio-cli 0.1.0"));

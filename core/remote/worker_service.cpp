@@ -412,6 +412,12 @@ private:
             final["staleness_mean"] = st.pushes > 0 ? st.sum / static_cast<double>(st.pushes) : 0.0;
         }
         dropStore();
+        if (!result.ok() && m_cancelRequested) {
+            // Told to cancel, the tasks stop at their own next step: one still in a collective
+            // sees its peers leave. That is the cancel, not a failure.
+            logLine("run " + m_runId + " cancelled (" + result.error().message + ")");
+            return finish("cancelled", {});
+        }
         if (!result.ok()) return finish("failed", result.error().message, result.error().hint);
         if (result->cancelled) return finish("cancelled", {});
         final["epochs"] = result->epochs;
