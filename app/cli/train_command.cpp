@@ -305,6 +305,7 @@ int runTrain(const TrainOptions& options)
     // A task of a multi-worker run: its cluster is checked now, but it joins the others only once
     // its own settings are known to be good (a typo fails at once, not after the peers gathered).
     std::optional<ts::ClusterSpec> clusterSpec;
+    bool coordinatingTask = true;  // records the run and writes backups: the chief of a multi-worker run
     if (o.strategy == "multi-worker-mirrored" && o.cluster.empty()) {
         auto spec = clusterOfThisTask(o);
         if (!spec.ok()) {
@@ -312,7 +313,8 @@ int runTrain(const TrainOptions& options)
             return 2;
         }
         clusterSpec = std::move(spec).value();
-        if (!(clusterSpec->task() == clusterSpec->coordinator())) {  // only the coordinating task records the run
+        coordinatingTask = clusterSpec->task() == clusterSpec->coordinator();
+        if (!coordinatingTask) {
             o.noRecord = true;
             o.checkpointEvery = 0;
         }
@@ -388,9 +390,9 @@ int runTrain(const TrainOptions& options)
         return 2;
     }
 
-    // The backup folder is made now (by the task that writes backups: the chief of a multi-worker
-    // run), so a folder that cannot be made is a flag error, not a recorded failed run.
-    if (cfg.backup.enabled() && o.cluster.empty() && (!clusterSpec || clusterSpec->task() == clusterSpec->coordinator())) {
+    // The backup folder is made now (by the task that writes backups), so a folder that cannot
+    // be made is a flag error, not a recorded failed run.
+    if (cfg.backup.enabled() && o.cluster.empty() && coordinatingTask) {
         std::error_code ec;
         std::filesystem::create_directories(cfg.backup.dir, ec);
         if (ec || !std::filesystem::is_directory(cfg.backup.dir, ec)) {
