@@ -41,6 +41,9 @@ public:
     virtual void releaseBuffer(int rank, const Tensor& t) = 0;
     // Unblocks everyone with an error (a replica failed or the run was cancelled).
     virtual void abort(const std::string& reason) = 0;
+    // The reason a cancelled run (Ctrl-C, the studio's Stop) aborts with: peers that see it
+    // report a stop elsewhere, not a failure to restart from.
+    static constexpr const char* kCancelledReason = "the run was cancelled";
 };
 
 // Ranks as threads of one process, tensors in host memory. The all-reduce is a

@@ -123,7 +123,7 @@ public:
     void cancel() override
     {
         m_cancelled = true;
-        if (m_comm) m_comm->abort("the run was cancelled");
+        if (m_comm) m_comm->abort(Communicator::kCancelledReason);
     }
 
     // Runs fn(r) for every replica concurrently and returns the first error.

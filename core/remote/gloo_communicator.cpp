@@ -428,9 +428,13 @@ private:
         if (m_connected) shutdownSockets(m_meshSockets);
         const std::string culprit = findCulprit();
         const std::string suspended = suspensionNote();
+        const std::string cancelled = std::string(": ") + Communicator::kCancelledReason;
+        const bool stoppedThere = culprit.size() > cancelled.size() && culprit.compare(culprit.size() - cancelled.size(), cancelled.size(), cancelled) == 0;
         Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + suspended + culprit + " (gloo: " + detail + ")",
-                              suspended.empty() ? "the run stops; restart the failed task and resume from the last checkpoint"
-                                                : "do not stop a task during a run; start the tasks again (a backup resumes the run)");
+                              stoppedThere ? "the run was stopped on that task (Ctrl-C or Stop), so every task ends; start them all again "
+                                             "to train again (with a backup folder it resumes)"
+                              : suspended.empty() ? "the run stops; restart the failed task and resume from the last checkpoint"
+                                                  : "do not stop a task during a run; start the tasks again (a backup resumes the run)");
         std::lock_guard lock(m_abortMutex);
         if (!m_failed) m_failed = err;  // the watchdog may have decided meanwhile
         return *m_failed;

@@ -112,6 +112,7 @@ private slots:
     void sameWeightsAsOneProcess();
     void killedWorkerIsNamed();
     void suspendedChiefSaysSo();
+    void interruptedChiefStopsTheCluster();
     void restartFromBackupEqualsContinuous();
     void separateNetworkNamespaces_data();
     void separateNetworkNamespaces();
@@ -240,6 +241,34 @@ void TestMultiWorker::suspendedChiefSaysSo()
     const Finished c = finish(*chief, 30000);
     QVERIFY2(w.code == 1 && w.out.contains("chief:0") && w.out.contains("stopped responding"), qPrintable(w.out));
     QVERIFY2(c.code == 1 && c.out.contains("this process, rank 0 (chief:0") && c.out.contains("was not running"), qPrintable(c.out));
+}
+
+// Ctrl-C on the chief of a TF_CONFIG cluster: the chief records the run as cancelled and exits
+// 130; the worker ends too, saying the run was stopped on the chief (not "restart the failed task").
+void TestMultiWorker::interruptedChiefStopsTheCluster()
+{
+    QTemporaryDir dir;
+    const QString db = dir.filePath("runs.db");
+    const QString cluster = clusterJson({freePort(), freePort()});
+    QStringList args = trainArgs(1000000);
+    args << "--strategy" << "multi-worker-mirrored" << "--epochs" << "100000";
+    auto chief = startCli(args + QStringList{"--task", "chief:0", "--db", db}, cluster);
+    auto worker = startCli(args + QStringList{"--task", "worker:0", "--no-record"}, cluster);
+    QTest::qWait(3000);
+    QCOMPARE(chief->state(), QProcess::Running);
+    ::kill(static_cast<pid_t>(chief->processId()), SIGINT);
+    const Finished c = finish(*chief, 30000);
+    const Finished w = finish(*worker, 30000);
+    QVERIFY2(c.code == 130, qPrintable(c.out));
+    QVERIFY2(w.code == 1 && w.out.contains("chief:0") && w.out.contains("the run was cancelled") &&
+                 w.out.contains("stopped on that task"),
+             qPrintable(w.out));
+    QProcess list;
+    list.start(QStringLiteral(TS_CLI_PATH), {"runs", "list", "--json", "--db", db});
+    QVERIFY(list.waitForFinished(30000));
+    const QJsonArray runs = QJsonDocument::fromJson(list.readAllStandardOutput()).array();
+    QCOMPARE(runs.size(), 1);
+    QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
 }
 
 void TestMultiWorker::restartFromBackupEqualsContinuous()
