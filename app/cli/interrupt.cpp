@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <csignal>
 #include <fcntl.h>
+#include <iterator>
 #include <mutex>
 #include <thread>
 #include <unistd.h>
@@ -27,7 +28,7 @@ void onSignal(int sig)
 }
 
 constexpr int kSignals[] = {SIGINT, SIGTERM};
-struct sigaction g_previous[2];     // the dispositions before the scope, guarded by g_mutex
+struct sigaction g_previous[std::size(kSignals)];  // the dispositions before the scope, guarded by g_mutex
 
 void setDisposition(void (*handler)(int))
 {
@@ -64,16 +65,22 @@ void watch()
     }
 }
 
-} // namespace
-
-void installInterruptHandling()
+// The pipe and its watcher thread, made by the first scope: commands that never stop a run
+// (runs, validate, bench) start nothing.
+void startWatcher()
 {
-    if (::pipe2(g_pipe, O_CLOEXEC) != 0) return;  // no pipe: signals keep their default action
-    std::thread(watch).detach();
+    static std::once_flag once;
+    std::call_once(once, [] {
+        if (::pipe2(g_pipe, O_CLOEXEC) != 0) return;  // no pipe: signals keep their default action
+        std::thread(watch).detach();
+    });
 }
+
+} // namespace
 
 InterruptScope::InterruptScope()
 {
+    startWatcher();
     std::lock_guard lock(g_mutex);
     assert(!g_scopeAlive && "interrupt scopes do not nest");
     g_action = nullptr;
@@ -84,7 +91,7 @@ InterruptScope::InterruptScope()
     sa.sa_handler = onSignal;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = SA_RESTART;  // most system calls resume after the handler
-    for (int i = 0; i < 2; ++i) {
+    for (std::size_t i = 0; i < std::size(kSignals); ++i) {
         sigaction(kSignals[i], nullptr, &g_previous[i]);
         // A signal the parent made us ignore (a background job of a script, nohup) stays ignored.
         if (g_previous[i].sa_handler != SIG_IGN) sigaction(kSignals[i], &sa, nullptr);
@@ -105,7 +112,7 @@ InterruptScope::~InterruptScope()
     g_action = nullptr;
     // From here on a signal does what it did before the scope (usually: end the process).
     if (g_pipe[1] >= 0)
-        for (int i = 0; i < 2; ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
+        for (std::size_t i = 0; i < std::size(kSignals); ++i) sigaction(kSignals[i], &g_previous[i], nullptr);
 }
 
 bool InterruptScope::interrupted() const { return g_interrupted.load(); }

@@ -1,10 +1,10 @@
 #pragma once
 // Ctrl-C and SIGTERM for the CLI.
 // Contract:
-//  - installInterruptHandling() runs once in main(): it starts a watcher thread. Only while an
-//    InterruptScope is alive do SIGINT/SIGTERM get a handler, which just hands the signal to that
-//    thread (a pipe), so the work done on a signal runs outside the handler. Signals are never
-//    blocked: processes the CLI starts (PyTorch for bench) get them as usual.
+//  - Only while an InterruptScope is alive do SIGINT/SIGTERM get a handler, which just hands the
+//    signal to a watcher thread (through a pipe; both made by the first scope), so the work done
+//    on a signal runs outside the handler. Signals are never blocked: processes the CLI starts
+//    (PyTorch for bench) get them as usual. Scopes are made on the main thread.
 //  - While an InterruptScope is alive, the first signal runs its action on the watcher thread
 //    (e.g. Trainer::cancel) and the command finishes cleanly: a training run stops at its next
 //    step and is recorded as cancelled. A second signal, or any signal while no scope is alive,
@@ -16,8 +16,6 @@
 #include <functional>
 
 namespace tscli {
-
-void installInterruptHandling();
 
 class InterruptScope {
 public:

@@ -19,7 +19,6 @@
 #include <CLI/CLI.hpp>
 
 #include "commands.h"
-#include "interrupt.h"
 
 namespace {
 
@@ -44,7 +43,6 @@ void ensureThreadingEnvironment(char** argv)
 int main(int argc, char** argv)
 {
     ensureThreadingEnvironment(argv);
-    tscli::installInterruptHandling();
     CLI::App app{"TrainStudio command line: train models, inspect them, benchmark the engine"};
     app.require_subcommand(1);
     app.set_version_flag("--version", std::string("trainstudio-cli 0.1.0"));

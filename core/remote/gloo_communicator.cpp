@@ -36,6 +36,8 @@ namespace {
 
 // gloo::rendezvous::Store over the coordinator's gRPC key-value service. Gloo's store interface
 // reports failures by throwing; the communicator catches them at its boundary.
+constexpr const char* kCancelledWhileJoining = "cancelled while waiting for the other tasks to join";
+
 class GrpcStore final : public gloo::rendezvous::Store {
 public:
     GrpcStore(RendezvousClient& client, std::string prefix, std::chrono::milliseconds timeout, std::function<bool()> cancelled = {})
@@ -77,7 +79,7 @@ private:
         constexpr std::chrono::milliseconds kSlice{500};
         const auto deadline = std::chrono::steady_clock::now() + timeout;
         for (;;) {
-            if (m_cancelled()) throw gloo::IoException("cancelled while waiting for the other tasks to join");
+            if (m_cancelled()) throw gloo::IoException(kCancelledWhileJoining);
             const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
             Status st = call(std::max(std::min(left, kSlice), std::chrono::milliseconds(1)));
             if (st.ok()) return;
@@ -229,7 +231,7 @@ public:
             m_connected = true;
         } catch (const std::exception& e) {
             if (m_opt.cancelled && m_opt.cancelled())
-                return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": cancelled while waiting for the other tasks to join");
+                return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
             // Name the ranks that never showed up: every rank heartbeats from the start, so a
             // silent one was not started, has another token (the rendezvous refuses it) or cannot
             // reach the rendezvous.
@@ -428,13 +430,10 @@ private:
         if (m_connected) shutdownSockets(m_meshSockets);
         const std::string culprit = findCulprit();
         const std::string suspended = suspensionNote();
-        const std::string cancelled = std::string(": ") + Communicator::kCancelledReason;
-        const bool stoppedThere = culprit.size() > cancelled.size() && culprit.compare(culprit.size() - cancelled.size(), cancelled.size(), cancelled) == 0;
+        // A peer's abort reason is "<its rank name>: <reason>".
+        const bool stoppedThere = culprit.ends_with(std::string(": ") + Communicator::kCancelledReason);
         Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + suspended + culprit + " (gloo: " + detail + ")",
-                              stoppedThere ? "the run was stopped on that task (Ctrl-C or Stop), so every task ends; start them all again "
-                                             "to train again (with a backup folder it resumes)"
-                              : suspended.empty() ? "the run stops; restart the failed task and resume from the last checkpoint"
-                                                  : "do not stop a task during a run; start the tasks again (a backup resumes the run)");
+                              failureHint(!suspended.empty(), stoppedThere));
         std::lock_guard lock(m_abortMutex);
         if (!m_failed) m_failed = err;  // the watchdog may have decided meanwhile
         return *m_failed;
@@ -473,10 +472,20 @@ private:
             m_failed = makeError(ErrorCode::IoError,
                                  rankName(m_opt.rank) + ": " + suspended + names + " stopped responding (" +
                                      (how.empty() ? "no heartbeat for " + std::to_string((3 * m_opt.heartbeat).count()) + " ms" : how) + ")",
-                                 suspended.empty() ? "the run stops; restart the failed task and resume from the last checkpoint"
-                                                   : "do not stop a task during a run; start the tasks again (a backup resumes the run)");
+                                 failureHint(!suspended.empty(), false));
         }
         if (m_connected) shutdownSockets(m_meshSockets);
+    }
+
+    // What to do after a failed collective: `suspended`, this process was the one not running;
+    // `stoppedThere`, a peer's run was cancelled (Ctrl-C, Stop) and took the others down with it.
+    static std::string failureHint(bool suspended, bool stoppedThere)
+    {
+        if (stoppedThere)
+            return "the run was stopped on that task (Ctrl-C or Stop), so every task ends; start them all again to train again "
+                   "(with a backup folder it resumes)";
+        if (suspended) return "do not stop a task during a run; start the tasks again (a backup resumes the run)";
+        return "the run stops; restart the failed task and resume from the last checkpoint";
     }
 
     // When this process itself was not running (SIGSTOP or Ctrl-Z, a paused VM, a sleeping

@@ -263,10 +263,7 @@ void TestMultiWorker::interruptedChiefStopsTheCluster()
     QVERIFY2(w.code == 1 && w.out.contains("chief:0") && w.out.contains("the run was cancelled") &&
                  w.out.contains("stopped on that task"),
              qPrintable(w.out));
-    QProcess list;
-    list.start(QStringLiteral(TS_CLI_PATH), {"runs", "list", "--json", "--db", db});
-    QVERIFY(list.waitForFinished(30000));
-    const QJsonArray runs = QJsonDocument::fromJson(list.readAllStandardOutput()).array();
+    const QJsonArray runs = tstest::recordedRuns(db);
     QCOMPARE(runs.size(), 1);
     QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
 }
@@ -433,10 +430,7 @@ void TestMultiWorker::refusedSetups()
         chiefArgs << "--strategy" << "multi-worker-mirrored" << "--db" << db << "--task" << "chief:0" << "--collective-timeout" << "2";
         f = finish(*startCli(chiefArgs, one));
         QVERIFY2(f.code == 2, qPrintable(f.out));
-        QProcess list;
-        list.start(QStringLiteral(TS_CLI_PATH), {"runs", "list", "--json", "--db", db});
-        QVERIFY(list.waitForFinished(30000));
-        const QJsonArray runs = QJsonDocument::fromJson(list.readAllStandardOutput()).array();
+        const QJsonArray runs = tstest::recordedRuns(db);
         QCOMPARE(runs.size(), 1);
         QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("failed"));
         QVERIFY2(runs[0].toObject().value("error").toString().contains("worker:0"), qPrintable(runs[0].toObject().value("error").toString()));

@@ -61,6 +61,27 @@ QString writeCluster(const QString& dir, const std::vector<int>& ports)
     return path;
 }
 
+// The chief and worker daemons of a two-task cluster, and its cluster file (empty when a daemon
+// did not start).
+QString startDaemonPair(const QString& dir, std::unique_ptr<WorkerProcess>& chief, std::unique_ptr<WorkerProcess>& worker)
+{
+    chief = spawnWorker(dir, "chief");
+    worker = spawnWorker(dir, "worker");
+    if (chief->port <= 0 || worker->port <= 0) return {};
+    return writeCluster(dir, {chief->port, worker->port});
+}
+
+// The state a daemon reports in its heartbeat ("idle", "running", "cancelled", ...), or "" when
+// it does not answer.
+std::string daemonState(int port)
+{
+    auto client = stubFor(port);
+    grpc::ClientContext ctx;
+    withToken(ctx, kToken);
+    ts::remote::HeartbeatPong pong;
+    return client->Heartbeat(&ctx, ts::remote::HeartbeatPing(), &pong).ok() ? pong.state() : std::string();
+}
+
 std::unique_ptr<QProcess> startCoordinator(const QStringList& args)
 {
     auto p = std::make_unique<QProcess>();
@@ -242,10 +263,9 @@ void TestWorker::servesTls()
 void TestWorker::coordinatedRunIsRecorded()
 {
     QTemporaryDir dir;
-    auto chief = spawnWorker(dir.path(), "chief");
-    auto worker = spawnWorker(dir.path(), "worker");
-    QVERIFY(chief->port > 0 && worker->port > 0);
-    const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
     const QString db = dir.filePath("runs.db");
     // 300 steps (~0.5 s): long enough for the workers' 10 Hz device samplers to report.
     auto coord = startCoordinator(coordinatorArgs(cluster, 300) + QStringList{"--db", db, "--json"});
@@ -366,10 +386,9 @@ void TestWorker::preflightNamesUnreachableWorker()
 void TestWorker::killedWorkerIsNamed()
 {
     QTemporaryDir dir;
-    auto chief = spawnWorker(dir.path(), "chief");
-    auto worker = spawnWorker(dir.path(), "worker");
-    QVERIFY(chief->port > 0 && worker->port > 0);
-    const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
     auto coord = startCoordinator(coordinatorArgs(cluster, 1000000) + QStringList{"--no-record"});
     QElapsedTimer wait;
     wait.start();
@@ -411,10 +430,9 @@ void TestWorker::killedWorkerIsNamed()
 void TestWorker::killedCoordinatorCancelsTasks()
 {
     QTemporaryDir dir;
-    auto chief = spawnWorker(dir.path(), "chief");
-    auto worker = spawnWorker(dir.path(), "worker");
-    QVERIFY(chief->port > 0 && worker->port > 0);
-    const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
     auto coord = startCoordinator(coordinatorArgs(cluster, 1000000) + QStringList{"--no-record"});
     QElapsedTimer wait;
     wait.start();
@@ -428,16 +446,12 @@ void TestWorker::killedCoordinatorCancelsTasks()
     coord->waitForFinished();
     // Both daemons stop the orphaned tasks (they would otherwise train for nobody) and stay up.
     for (int port : {chief->port, worker->port}) {
-        auto stub = stubFor(port);
         QElapsedTimer t;
         t.start();
         std::string state = "running";
         while (state == "running" && t.elapsed() < 10000) {
             QTest::qWait(100);
-            grpc::ClientContext ctx;
-            withToken(ctx, kToken);
-            ts::remote::HeartbeatPong pong;
-            if (stub->Heartbeat(&ctx, ts::remote::HeartbeatPing(), &pong).ok()) state = pong.state();
+            if (const std::string now = daemonState(port); !now.empty()) state = now;
         }
         qInfo("daemon on port %d: %s after %.1f s", port, state.c_str(), t.elapsed() / 1000.0);
         QVERIFY2(state == "cancelled" || state == "failed", state.c_str());
@@ -449,10 +463,9 @@ void TestWorker::killedCoordinatorCancelsTasks()
 void TestWorker::interruptedCoordinatorRecordsCancelled()
 {
     QTemporaryDir dir;
-    auto chief = spawnWorker(dir.path(), "chief");
-    auto worker = spawnWorker(dir.path(), "worker");
-    QVERIFY(chief->port > 0 && worker->port > 0);
-    const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
     const QString db = dir.filePath("runs.db");
     auto coord = startCoordinator(coordinatorArgs(cluster, 1000000) + QStringList{"--db", db});
     QString seen;
@@ -464,21 +477,14 @@ void TestWorker::interruptedCoordinatorRecordsCancelled()
     QCOMPARE(coord->exitStatus(), QProcess::NormalExit);
     QVERIFY2(coord->exitCode() == 130, qPrintable(seen + err));
     QVERIFY2(seen.contains("Cancelled after"), qPrintable(seen + err));
-    QProcess list;
-    list.start(QStringLiteral(TS_CLI_PATH), {"runs", "list", "--db", db, "--json"});
-    QVERIFY(list.waitForFinished(30000));
-    const auto runs = nlohmann::json::parse(list.readAllStandardOutput().toStdString(), nullptr, false);
-    QVERIFY2(runs.is_array() && runs.size() == 1, runs.dump().c_str());
-    QCOMPARE(runs[0].value("status", std::string()), std::string("cancelled"));
-    QVERIFY(runs[0].value("last_step", 0) > 0);
+    const QJsonArray runs = tstest::recordedRuns(db);
+    QCOMPARE(runs.size(), 1);
+    QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
+    QVERIFY(runs[0].toObject().value("last_step").toInt() > 0);
     // The daemons stopped their tasks as cancelled and stay up for the next run.
     for (int port : {chief->port, worker->port}) {
-        auto stub = stubFor(port);
-        grpc::ClientContext ctx;
-        withToken(ctx, kToken);
-        ts::remote::HeartbeatPong pong;
-        QVERIFY(stub->Heartbeat(&ctx, ts::remote::HeartbeatPing(), &pong).ok());
-        QVERIFY2(pong.state() == "cancelled", pong.state().c_str());
+        const std::string state = daemonState(port);
+        QVERIFY2(state == "cancelled", state.c_str());
     }
 }
 

@@ -5,6 +5,9 @@
 
 #include <QElapsedTimer>
 #include <QFile>
+#include <QJsonArray>
+#include <QJsonDocument>
+#include <QJsonObject>
 #include <QProcess>
 #include <QtTest>
 
@@ -67,6 +70,15 @@ inline bool readUntil(QProcess& p, QString& seen, const QString& needle, int ms 
         seen += QString::fromUtf8(p.readAllStandardOutput());
     }
     return seen.contains(needle) && p.state() == QProcess::Running;
+}
+
+// The runs recorded in `db`, as `trainstudio-cli runs list --json` prints them (TS_CLI_PATH).
+inline QJsonArray recordedRuns(const QString& db)
+{
+    QProcess list;
+    list.start(QStringLiteral(TS_CLI_PATH), {"runs", "list", "--json", "--db", db});
+    if (!list.waitForFinished(30000)) return {};
+    return QJsonDocument::fromJson(list.readAllStandardOutput()).array();
 }
 
 } // namespace tstest
