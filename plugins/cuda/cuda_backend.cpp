@@ -1,5 +1,6 @@
 #include "cuda_backend.h"
 
+#include <algorithm>
 #include <climits>
 #include <cmath>
 #include <cstdio>
@@ -206,7 +207,8 @@ Status CudaBackend::gemm(const Tensor& a, bool transA, const Tensor& b, bool tra
     const int64_t K = transA ? a.shape()[0] : a.shape()[1];
     if (M == 0 || N == 0) return okStatus();
     // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T: swap the operands.
-    const int lda = int(transA ? M : K), ldb = int(transB ? K : N);
+    // cuBLAS checks leading dimensions (>= 1) even when K == 0 leaves them unused.
+    const int lda = int(std::max<int64_t>(1, transA ? M : K)), ldb = int(std::max<int64_t>(1, transB ? K : N));
     return check(cublasSgemm(m_cublas, transB ? CUBLAS_OP_T : CUBLAS_OP_N, transA ? CUBLAS_OP_T : CUBLAS_OP_N, int(N),
                              int(M), int(K), &alpha, b.data<float>(), ldb, a.data<float>(), lda, &beta,
                              c.data<float>(), int(N)),
@@ -689,6 +691,9 @@ Status CudaBackend::loss(const LossParams& p, const Tensor& pred, const Tensor& 
     const int64_t nGlobal = p.globalBatch > 0 ? p.globalBatch : N;
     const double gscale = nGlobal > 0 ? double(p.gradScale) / double(nGlobal) : 0.0;
     if (dpred.defined()) TS_ASSERT(isGpuF32(dpred) && dpred.numel() == pred.numel());
+    // The kernel reads sparse labels as int32 and dense targets as float: the reference's checks.
+    TS_ASSERT(p.kind == LossKind::SparseCategoricalCrossentropy ? (target.dtype() == DType::I32 && target.numel() == N)
+                                                               : (target.dtype() == DType::F32 && target.numel() == pred.numel()));
     if (N == 0) {
         if (loss) *loss = 0.0f;
         return okStatus();

@@ -76,7 +76,8 @@ extern "C" __attribute__((visibility("default"))) const char* ts_plugin_status()
 
 // The caching allocator's counters of `device` for tests and diagnostics: out[0] bytes in use,
 // [1] bytes cached, [2] peak in use, [3] cudaMalloc calls, [4] cache hits, [5] cache releases.
-// Returns 0, or -1 when the device has no context (never used, or not a usable device).
+// Returns 0, or -1 when `device` is not a usable device (a usable one gets its context made here,
+// so a device never used reads as all zeros).
 extern "C" __attribute__((visibility("default"))) int ts_cuda_allocator_stats(int device, uint64_t* out)
 {
     auto ctx = ts::cuda::deviceContext(device);

@@ -121,6 +121,8 @@ public:
             m_streams[i] = ctx->stream;
             TS_TRY(cudaCheck(cudaSetDevice(ctx->index), "cudaSetDevice", ctx->index));
             TS_TRY(cudaCheck(cudaMalloc(&m_scratch[i], sizeof(float)), "cudaMalloc (barrier scratch)", ctx->index));
+            // Defined contents, so the barrier's sum reads no uninitialised memory (initcheck).
+            TS_TRY(cudaCheck(cudaMemset(m_scratch[i], 0, sizeof(float)), "cudaMemset (barrier scratch)", ctx->index));
             TS_TRY(cudaCheck(cudaEventCreateWithFlags(&m_started[i], cudaEventDisableTiming), "cudaEventCreate", ctx->index));
         }
         // All of this process's ranks join in one group (NCCL needs every local rank's init
@@ -128,28 +130,36 @@ public:
         ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
         config.blocking = 0;
         ncclResult_t rc = ncclGroupStart();
-        std::string failure;
-        int failedRank = 0;
+        std::string failure, where;
+        if (rc != ncclSuccess) failure = ncclText(rc, nullptr);
         for (int r = 0; r < n && rc == ncclSuccess; ++r) {
-            cudaSetDevice(m_devices[static_cast<std::size_t>(r)]);
+            if (cudaError_t e = cudaSetDevice(m_devices[static_cast<std::size_t>(r)]); e != cudaSuccess) {
+                failure = std::string("CUDA error ") + cudaGetErrorString(e);
+                where = deviceName(r);
+                break;
+            }
             rc = ncclCommInitRankConfig(&m_comms[static_cast<std::size_t>(r)], size(), id, globalRank(r), &config);
             if (rc == ncclInProgress) rc = ncclSuccess;
             if (rc != ncclSuccess) {
                 failure = ncclText(rc, nullptr);
-                failedRank = r;
+                where = deviceName(r);
             }
         }
         const ncclResult_t end = ncclGroupEnd();
         if (failure.empty() && end != ncclSuccess && end != ncclInProgress) failure = ncclText(end, nullptr);
         if (!failure.empty()) {
+            // A failure of the group as a whole (start or end) belongs to no one device.
+            if (where.empty()) where = n == 1 ? deviceName(0) : "this process's " + std::to_string(n) + " GPUs";
             // Every communicator of a failed group is aborted (the destructor does it).
-            Error e = makeError(ErrorCode::IoError, "NCCL could not start its communicator on " + deviceName(failedRank) + ": " + failure,
+            Error e = makeError(ErrorCode::IoError, "NCCL could not start its communicator on " + where + ": " + failure,
                                 "check that every task runs the same build and can reach process 0's host");
             std::lock_guard lock(m_mutex);
             m_failed = e;
             return e;
         }
-        for (int r = 0; r < n; ++r) TS_TRY(settle(r, "connecting to the other " + std::to_string(size() - 1) + " GPU replica(s)"));
+        // One deadline for all of them: the inits run together, so n waits must not add up.
+        const auto deadline = Clock::now() + m_timeout;
+        for (int r = 0; r < n; ++r) TS_TRY(settle(r, "connecting to the other " + std::to_string(size() - 1) + " GPU replica(s)", deadline));
         return okStatus();
     }
 
@@ -228,7 +238,8 @@ private:
         if (t.hostAccessible() || t.device().kind != DeviceKind::Cuda || t.device().index != dev)
             return makeError(ErrorCode::Unsupported, "the NCCL communicator of " + deviceName(rank) + " was given a tensor on " + t.device().toString(),
                              "pass the replica's own device tensors");
-        if (f32 && t.dtype() != DType::F32) return makeError(ErrorCode::Unsupported, "the NCCL all-reduce takes F32 tensors");
+        if (f32 && t.dtype() != DType::F32)
+            return makeError(ErrorCode::Unsupported, "the NCCL all-reduce of " + deviceName(rank) + " takes F32 tensors, not " + dtypeName(t.dtype()));
         return okStatus();
     }
 
@@ -237,32 +248,42 @@ private:
     Status collective(int rank, const std::string& what, Fn&& enqueue)
     {
         const std::size_t r = static_cast<std::size_t>(rank);
-        cudaSetDevice(m_devices[r]);
+        // A no-op on the rank's own (bound) thread; checked so that a failure is reported here
+        // rather than left as the thread's last error for the next kernel launch to find.
+        if (cudaError_t e = cudaSetDevice(m_devices[r]); e != cudaSuccess)
+            return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(e));
         // Marks where the stream reaches the collective: the timeout counts from there, not
         // while this replica's own kernels queued before it still run.
         if (cudaError_t e = cudaEventRecord(m_started[r], m_streams[r]); e != cudaSuccess)
             return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(e));
         const ncclResult_t rc = enqueue(m_comms[r], m_streams[r]);
         if (rc != ncclSuccess && rc != ncclInProgress) return fail(rank, what, ncclText(rc, m_comms[r]));
-        TS_TRY(settle(rank, what));
+        TS_TRY(settle(rank, what, Clock::now() + m_timeout));
         // Wait for the stream, still watching for peers' failures (a dead peer leaves the
-        // kernel waiting forever).
+        // kernel waiting forever). A query that answers cudaErrorNotReady also leaves it as the
+        // thread's last error, which the next kernel launch's cudaGetLastError() would report as
+        // its own failure ("device not ready" in the optimizer): each such answer is cleared.
         auto deadline = Clock::time_point::max();
         int spins = 0;
         while (true) {
             const cudaError_t q = cudaStreamQuery(m_streams[r]);
             if (q == cudaSuccess) return okStatus();
             if (q != cudaErrorNotReady) return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(q));
-            if (deadline == Clock::time_point::max() && cudaEventQuery(m_started[r]) == cudaSuccess) deadline = Clock::now() + m_timeout;
+            (void)cudaGetLastError();
+            if (deadline == Clock::time_point::max()) {
+                const cudaError_t ev = cudaEventQuery(m_started[r]);
+                if (ev == cudaSuccess) deadline = Clock::now() + m_timeout;
+                else if (ev == cudaErrorNotReady) (void)cudaGetLastError();
+                else return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(ev));
+            }
             TS_TRY(poll(rank, what, deadline));
             if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));
         }
     }
 
     // Waits until the rank's communicator has no call in progress (non-blocking mode).
-    Status settle(int rank, const std::string& what)
+    Status settle(int rank, const std::string& what, Clock::time_point deadline)
     {
-        const auto deadline = Clock::now() + m_timeout;
         while (true) {
             ncclResult_t st = ncclSuccess;
             const ncclResult_t rc = ncclCommGetAsyncError(m_comms[static_cast<std::size_t>(rank)], &st);
@@ -277,7 +298,8 @@ private:
     Status poll(int rank, const std::string& what, Clock::time_point deadline)
     {
         ncclResult_t st = ncclSuccess;
-        ncclCommGetAsyncError(m_comms[static_cast<std::size_t>(rank)], &st);
+        if (const ncclResult_t rc = ncclCommGetAsyncError(m_comms[static_cast<std::size_t>(rank)], &st); rc != ncclSuccess)
+            return fail(rank, what, ncclText(rc, m_comms[static_cast<std::size_t>(rank)]));
         if (st != ncclSuccess && st != ncclInProgress) return fail(rank, what, ncclText(st, m_comms[static_cast<std::size_t>(rank)]));
         return checkAbortAndTime(rank, what, deadline);
     }

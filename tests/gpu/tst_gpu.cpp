@@ -916,6 +916,9 @@ void TstGpu::ncclCollectives()
             if (!t.ok()) return t.error().toString();
             if (Status st = be.copyFromHost(host.data(), *t); !st.ok()) return st.error().toString();
             if (Status st = comm->allReduceSum(r, *t); !st.ok()) return st.error().toString();
+            // A kernel right after the collective (the optimizer's, in training) must launch:
+            // the communicator's polling must not leave an error behind for it to find.
+            if (Status st = be.scale(1.f, *t); !st.ok()) return "kernel after the all-reduce: " + st.error().toString();
             std::vector<float> back(static_cast<std::size_t>(len));
             if (Status st = be.copyToHost(*t, back.data()); !st.ok()) return st.error().toString();
             const float factor = static_cast<float>(n * (n + 1) / 2);  // sum of (r + 1) over ranks
