@@ -3,10 +3,15 @@
 // the store keeps: writing a CSV over the run database, or weights over the model file, would
 // destroy them. Checked before any work, with the file named.
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include "common/result.h"
 
@@ -46,6 +51,22 @@ inline ts::Status checkOutputPath(const std::string& out, const std::string& fla
             return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + " lies in " + d.what + " (" + d.path + ")",
                                  "the store keeps its checkpoints there; write somewhere else");
     }
+    // Written at the end of a run: a folder that is missing or not writable would lose the result
+    // after all the work, so it is tried now (a file made and removed at once).
+    const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::current_path(ec);
+    if (!fs::exists(parent, ec))
+        return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + ": the folder " + parent.string() + " does not exist",
+                             "create it first (mkdir -p " + parent.string() + ") or choose another path");
+    if (!fs::is_directory(parent, ec))
+        return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + ": " + parent.string() + " is not a folder",
+                             "choose a path inside a folder");
+    const fs::path probe = parent / (".trainstudio-probe-" + std::to_string(::getpid()));
+    const int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0)
+        return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + ": cannot write in " + parent.string() + ": " + std::strerror(errno),
+                             "choose a folder this user can write");
+    ::close(fd);
+    ::unlink(probe.c_str());
     return ts::okStatus();
 }
 

@@ -197,8 +197,16 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--min-shard-bytes", o.minShardBytes, "parameter-server with by-size: the smallest shard of a split variable")
         ->check(CLI::PositiveNumber);
     c->add_option("--tls-ca", o.tlsCa, "with --cluster: talk TLS to the workers, verifying them with this PEM CA");
-    c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run")
-        ->check(CLI::PositiveNumber);
+    // Bounded: NaN or 1e300 seconds overflowed the millisecond count into a negative timeout.
+    c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run (0.1 to 86400)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                char* end = nullptr;
+                const double x = std::strtod(v.c_str(), &end);
+                return end && *end == '\0' && std::isfinite(x) && x >= 0.1 && x <= 86400 ? std::string()
+                                                                                       : "must be a number of seconds from 0.1 to 86400 (a day), got " + v;
+            },
+            "SECONDS"));
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
     c->add_option("--threads", o.threads, "total CPU threads (default: all cores)")->check(CLI::Range(0, ts::kMaxThreads));
     c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout; default: the configuration's, else 0)")
@@ -409,7 +417,9 @@ int runTrain(const TrainOptions& options)
                                                       {"the model file", cfg.modelFile.empty() ? o.model : cfg.modelFile},
                                                       {"the run configuration", o.config},
                                                       {"the TF_CONFIG file", o.tfConfig},
-                                                      {"the cluster file", o.cluster}};
+                                                      {"the cluster file", o.cluster},
+                                                      {"the token file", o.tokenFile},
+                                                      {"the TLS CA file", o.tlsCa}};
         std::vector<tscli::Protected> dirs;
         if (!db.empty()) dirs.push_back({"the run store's files", ts::store::RunStore::filesRoot(db)});
         for (const auto& [out, flag] : {std::pair{cfg.saveWeights, std::string("--save-weights")}, std::pair{o.trace, std::string("--trace")}})

@@ -106,9 +106,11 @@ struct PsEvaluator {
             e->test = std::make_shared<InMemoryDataset>(std::move(test));
             const GraphAnalysis& g = e->trainer->graph();
             InMemoryBatchOptions vo;
-            vo.batchSize = std::min<int64_t>(1000, e->test->size());
-            vo.shuffle = false;
             vo.limit = cfg.validationLimit;
+            // Batches of up to 1000, never more than the (limited) test set holds.
+            const int64_t examples = vo.limit > 0 ? std::min<int64_t>(vo.limit, e->test->size()) : e->test->size();
+            vo.batchSize = std::max<int64_t>(1, std::min<int64_t>(1000, examples));
+            vo.shuffle = false;
             vo.featureShape = g.nodes[static_cast<std::size_t>(g.inputNodes.at(0))].outputShape;
             TS_ASSIGN(e->validation, InMemoryBatchSource::create(*e->test, vo));
         }

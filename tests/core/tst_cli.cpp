@@ -157,6 +157,14 @@ void TestCli::badInput_data()
                                           << QStringList{"--trace", "model file"};
     QTest::newRow("backup folder under a file") << QStringList{"train", "--db", m_dir.filePath("records.db"), "--backup-dir", m_dir.filePath("broken.json/backup")}
                                                 << QStringList{"--backup-dir", "broken.json/backup", "cannot make the folder"};
+    QTest::newRow("weights into a missing folder") << QStringList{"train", "--no-record", "--save-weights", m_dir.filePath("no_such_dir/w.safetensors")}
+                                                   << QStringList{"--save-weights", "no_such_dir", "does not exist"};
+    QTest::newRow("weights under a file") << QStringList{"train", "--no-record", "--save-weights", m_dir.filePath("broken.json/w.safetensors")}
+                                          << QStringList{"broken.json", "not a folder"};
+    QTest::newRow("weights over the token file") << QStringList{"train", "--no-record", "--token-file", m_dir.filePath("broken.json"), "--save-weights", m_dir.filePath("broken.json")}
+                                                 << QStringList{"--save-weights", "token file"};
+    QTest::newRow("nan collective timeout") << QStringList{"train", "--collective-timeout", "nan"} << QStringList{"--collective-timeout", "86400"};
+    QTest::newRow("collective timeout 1e300") << QStringList{"train", "--collective-timeout", "1e300"} << QStringList{"--collective-timeout", "1e300"};
     QTest::newRow("trace into a folder") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("config_dir")} << QStringList{"--trace", "folder"};
     if (m_haveData) {
         QTest::newRow("output does not fit labels") << QStringList{"train", "--model", m_dir.filePath("five_classes.json")} << QStringList{"head", "10"};

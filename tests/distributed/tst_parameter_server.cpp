@@ -118,6 +118,7 @@ private slots:
     void killedPsIsNamed();
     void killedWorkerIsNamed();
     void silentPsIsNamed();
+    void smallValidationSet();
 
 private:
     void trainEndToEnd(int ps, const QStringList& extra);
@@ -571,6 +572,24 @@ void TestParameterServer::killedTaskIsNamed(bool killPs, int signal)
     if (signal == SIGSTOP) QVERIFY2(out.contains("stopped responding"), qPrintable(out));
     QVERIFY2(out.contains(QString("%1 at 127.0.0.1:%2").arg(killPs ? "ps:0" : "worker:1").arg(victim.port)), qPrintable(out));
     QVERIFY2(secs < 10.0, qPrintable(QString("detected after %1 s: ").arg(secs) + out));
+}
+
+// --validation-limit under 1000 (the coordinator's validation batch) used to fail the run with
+// "batch size 1000 is larger than the 300 examples" of a size the user never gave.
+void TestParameterServer::smallValidationSet()
+{
+    QTemporaryDir dir;
+    Cluster c = startCluster(dir.path(), 2, 1);
+    QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0);
+    auto coord = startCoordinator(trainArgs(c.file, 1) + QStringList{"--no-record", "--json", "--limit", "640", "--validation-limit", "300"});
+    QVERIFY(coord->waitForFinished(60000));
+    const QString out = QString::fromUtf8(coord->readAllStandardOutput());
+    const QString err = QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
+    const QStringList lines = out.trimmed().split('\n');
+    const auto last = nlohmann::json::parse(lines.last().toStdString(), nullptr, false);
+    QVERIFY2(last.is_object() && last.value("final", false), qPrintable(out));
+    QVERIFY2(last["val_accuracy"].is_number(), qPrintable(out));
 }
 
 QTEST_GUILESS_MAIN(TestParameterServer)

@@ -1050,35 +1050,41 @@ void TestStore::deleteRemovesFiles()
         return ts::writeSafetensors(path, {{"dense/kernel", ts::Tensor::fromVector(ts::Shape({2, 2}), {v, v, v, v})}});
     };
     const std::string own = (dirA / "final.safetensors").string();
-    const std::string shared = m_dir->filePath("shared.safetensors").toStdString();
-    const std::string changed = m_dir->filePath("changed.safetensors").toStdString();
+    const fs::path root = st::RunStore::filesRoot(dbPath());
+    const std::string shared = (root / "shared.safetensors").string();
+    const std::string changed = (root / "changed.safetensors").string();
+    // Files the user named (--save-weights, --trace) outside the store's folder are theirs.
     const std::string trace = m_dir->filePath("a.trace.json").toStdString();
+    const std::string exported = m_dir->filePath("exported.safetensors").toStdString();
     QVERIFY(weights(own, 1).ok());
     QVERIFY(weights(shared, 2).ok());
     QVERIFY(weights(changed, 3).ok());
+    QVERIFY(weights(exported, 5).ok());
     { std::ofstream(trace) << "{\"traceEvents\": []}"; }
     QVERIFY(store->addCheckpoint(a, own, 10, "final").ok());
     QVERIFY(store->addCheckpoint(a, shared, 5).ok());
     QVERIFY(store->addCheckpoint(b, shared, 5).ok());
     QVERIFY(store->addCheckpoint(a, changed, 7).ok());
     QVERIFY(store->addFile(a, "trace", trace).ok());
+    QVERIFY(store->addCheckpoint(a, exported, 10, "final").ok());
     QVERIFY(weights(changed, 4).ok());  // overwritten after it was recorded
 
     auto report = store->deleteRun(a);
     QVERIFY2(report.ok(), report.ok() ? "" : report.error().toString().c_str());
     QVERIFY(!fs::exists(own));
     QVERIFY(!fs::exists(dirA));  // the store's own folder for the run, now empty
-    QVERIFY(!fs::exists(trace));
+    QVERIFY(fs::exists(trace));
+    QVERIFY(fs::exists(exported));
     QVERIFY(fs::exists(shared));
     QVERIFY(fs::exists(changed));
-    QCOMPARE(report->removedFiles.size(), std::size_t(2));
-    QCOMPARE(report->keptFiles.size(), std::size_t(2));
+    QCOMPARE(report->removedFiles.size(), std::size_t(1));
+    QCOMPARE(report->keptFiles.size(), std::size_t(4));
     QVERIFY(!store->run(a).ok());
     QVERIFY(!store->series(a, "loss").ok());
     Raw raw(dbPath());
     QCOMPARE(raw.text("SELECT count(*) FROM step_metrics WHERE run NOT IN (SELECT rid FROM runs)"), QString("0"));
     QCOMPARE(raw.text("SELECT count(*) FROM step_series WHERE run NOT IN (SELECT rid FROM runs)"), QString("0"));
-    QCOMPARE(raw.text("SELECT count(*) FROM checkpoints"), QString("1"));
+    QCOMPARE(raw.text("SELECT count(*) FROM checkpoints"), QString("1"));  // b's
     // The other run is untouched and can still be deleted (its shared file goes with it now).
     QCOMPARE(store->series(b, "loss")->samples, int64_t(1));
     auto rb = store->deleteRun(b);

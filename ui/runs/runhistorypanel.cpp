@@ -487,7 +487,8 @@ void RunHistoryPanel::askDelete()
                     tr("Delete %n run(s) and everything recorded for them?", nullptr, static_cast<int>(ids.size())),
                     QMessageBox::NoButton, this);
     box.setInformativeText(labels.join(QLatin1Char('\n')) +
-                           tr("\n\nTheir checkpoint and trace files are deleted too, unless another run uses them."));
+                           tr("\n\nThe checkpoints the store keeps for them are deleted too, unless another run uses them; "
+                              "weights and traces you saved elsewhere (--save-weights, --trace) stay."));
     QPushButton* remove = box.addButton(tr("Delete"), QMessageBox::DestructiveRole);
     box.addButton(QMessageBox::Cancel);
     box.setDefaultButton(QMessageBox::Cancel);
