@@ -76,8 +76,9 @@ Status agreeOnSettings(Communicator& comm, int rank, const std::vector<std::stri
     }
     if (problems.empty()) return okStatus();
     return makeError(ErrorCode::InvalidArgument, "the tasks of this multi-worker run were started with different settings: " + problems,
-                     "start every task with the same model, batch size, optimizer, schedule, epochs, seed and data options "
-                     "(data folders, weight files, devices and threads may differ)");
+                     "start every task with the same model, batch size, optimizer, schedule, epochs, seed, data options "
+                     "and backup flags (--backup-dir on every task or on none, the same --backup-every-steps and --restarts; "
+                     "data folders, backup folders, weight files, devices and threads may differ)");
 }
 
 } // namespace ts

@@ -43,6 +43,11 @@ nlohmann::json RunConfig::clusterFingerprint() const
 {
     nlohmann::json j = toJson();
     for (const char* key : {"save_weights", "load_weights", "backup"}) j.erase(key);
+    // Each task may keep its backup where it likes, but whether there are backups, how often, and
+    // how many restarts must agree: a backup is a collective (the chief's state reaches everyone),
+    // so a task without --backup-dir left the others waiting in it until the collective timeout.
+    j["backup"] = {{"enabled", backup.enabled()}, {"every_steps", backup.enabled() ? backup.everySteps : 0},
+                   {"restarts", backup.enabled() ? backup.restarts : 0}};
     j["data"].erase("dir");
     for (const char* key : {"devices", "threads", "backend"}) j["strategy"].erase(key);
     return j;

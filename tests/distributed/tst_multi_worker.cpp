@@ -457,6 +457,21 @@ void TestMultiWorker::refusedSetups()
             QVERIFY2(f.out.contains("different numbers of local replicas"), qPrintable(f.out));
         }
     }
+    // --backup-dir on the chief only: both refuse at once, naming the setting (they waited in
+    // the first backup's collective until the timeout and blamed a slow peer).
+    {
+        QTemporaryDir dir;
+        const QString cluster = clusterJson({freePort(), freePort()});
+        timer.restart();
+        auto chief = startCli(args + QStringList{"--task", "chief:0", "--backup-dir", dir.filePath("bk")}, cluster);
+        auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+        for (auto* p : {chief.get(), worker.get()}) {
+            f = finish(*p);
+            QVERIFY2(f.code != 0, qPrintable(f.out));
+            QVERIFY2(f.out.contains("backup.enabled"), qPrintable(f.out));
+        }
+        QVERIFY2(timer.elapsed() < 20000, "the tasks only stopped at the collective timeout");
+    }
     // --task without the strategy.
     f = finish(*startCli(trainArgs() + QStringList{"--task", "worker:0", "--no-record"}, {}));
     QCOMPARE(f.code, 2);
