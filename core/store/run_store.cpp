@@ -1015,6 +1015,11 @@ Result<RunStore> RunStore::open(const std::string& path, const OpenOptions& opti
                              "name a file, e.g. " + (fs::path(path) / "runs.db").string());
     }
     TS_ASSIGN(sql::Db db, sql::Db::open(path, options.readOnly, options.create));
+    // Recording into it would fail batch by batch after the work is done (and the run be lost):
+    // say so now. Unsupported: readers fall back to opening it read-only.
+    if (!options.readOnly && db.isReadOnly())
+        return makeError(ErrorCode::Unsupported, "run database '" + path + "' is read-only for this user",
+                         "make it (and its folder) writable, or choose another --db; it can still be read");
 
     // Recognise the file before changing anything in it.
     auto version = db.queryInt("PRAGMA user_version");

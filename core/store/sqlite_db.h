@@ -118,6 +118,8 @@ public:
     void close();
 
     bool isOpen() const { return m_db != nullptr; }
+    // SQLite opens a file this user may not write read-only without saying so.
+    bool isReadOnly() const { return m_db && sqlite3_db_readonly(m_db, "main") == 1; }
     const std::string& path() const { return m_path; }
     sqlite3* handle() const { return m_db; }
 

@@ -11,6 +11,7 @@
 #include <QTemporaryDir>
 
 #include <sqlite3.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -151,6 +152,7 @@ private slots:
     void migratesVersion2Fixture();
     void rerecordedStepsKeepTheLastValue();
     void refusesNewerSchema();
+    void readOnlyFileIsSaid();
     void damagedFiles();
     void crashLeavesConsistentDatabase();
     void readersDoNotBlockWriter();
@@ -1033,6 +1035,54 @@ void TestStore::compareRuns()
     QCOMPARE(raw->at(0).points.size(), std::size_t(50));
     QCOMPARE(raw->at(1).points.size(), std::size_t(100));
     QVERIFY(!store->compare({a, "no-such-run"}, "loss", q).ok());
+}
+
+// A database file this user may not write: SQLite opens it read-only without a word, and a
+// training run then "recorded" nothing (empty run id, exit 0). Opening for writing says so; a
+// reader still gets in. Root ignores file permissions, so as root the check runs as nobody.
+void TestStore::readOnlyFileIsSaid()
+{
+    const std::string path = dbPath();
+    {
+        auto store = st::RunStore::open(path);
+        QVERIFY(store.ok());
+        QVERIFY(store->createRun({}).ok());
+    }
+    namespace fs = std::filesystem;
+    fs::permissions(path, fs::perms::owner_read | fs::perms::group_read | fs::perms::others_read);
+    // Only the file is read-only; the folder stays writable (a reader of a WAL database makes its
+    // -shm file there).
+    fs::permissions(fs::path(path).parent_path(), fs::perms::owner_all | fs::perms::group_all | fs::perms::others_all);
+    // 0: refused for writing, naming the file, and readable; 1-3: which expectation failed.
+    auto check = [&path]() -> int {
+        auto rw = st::RunStore::open(path);
+        if (rw.ok()) return 1;
+        if (rw.error().code != ts::ErrorCode::Unsupported || rw.error().message.find("read-only") == std::string::npos ||
+            rw.error().message.find(path) == std::string::npos)
+            return 2;
+        st::OpenOptions ro;
+        ro.readOnly = true;
+        auto reader = st::RunStore::open(path, ro);
+        return reader.ok() && reader->listRuns().ok() && reader->listRuns()->size() == 1 ? 0 : 3;
+    };
+    int result = -1;
+    if (::geteuid() != 0) {
+        result = check();
+    } else {
+        const pid_t child = ::fork();
+        QVERIFY(child >= 0);
+        if (child == 0) {
+            if (::setgid(65534) != 0 || ::setuid(65534) != 0) ::_exit(4);
+            ::_exit(check());
+        }
+        int status = 0;
+        QCOMPARE(::waitpid(child, &status, 0), child);
+        QVERIFY(WIFEXITED(status));
+        result = WEXITSTATUS(status);
+        if (result == 4) QSKIP("cannot become nobody to test file permissions");
+    }
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+    QVERIFY2(result == 0, qPrintable(QString("expectation %1 failed").arg(result)));
 }
 
 void TestStore::deleteRemovesFiles()
