@@ -187,6 +187,23 @@ public:
             m_context = std::make_shared<gloo::rendezvous::Context>(m_opt.rank, m_opt.size);
             m_context->setTimeout(m_opt.timeout);
             GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout, m_opt.cancelled);
+            // Every task must describe the same cluster. Otherwise Gloo fails inside its address
+            // exchange ("enforce fail at address.cc: 136 vs 68") or waits for a rank that the
+            // others do not have: compare first, and name the task that differs.
+            const std::string ourCluster = clusterText();
+            store.set("cluster/" + std::to_string(m_opt.rank), std::vector<char>(ourCluster.begin(), ourCluster.end()));
+            for (int r = 0; r < m_opt.size; ++r) {
+                if (r == m_opt.rank) continue;
+                const std::string key = "cluster/" + std::to_string(r);
+                store.wait({key});
+                const std::vector<char> v = store.get(key);
+                const std::string theirs(v.begin(), v.end());
+                if (theirs != ourCluster)
+                    return makeError(ErrorCode::InvalidArgument,
+                                     rankName(m_opt.rank) + " and rank " + std::to_string(r) + " were given different clusters: this task's is " +
+                                         shortened(ourCluster) + ", rank " + std::to_string(r) + "'s is " + shortened(theirs),
+                                     "start every task with the same TF_CONFIG \"cluster\" (only \"task\" differs between them)");
+            }
             const auto before = socketInodes();
             m_context->connectFullMesh(store, m_device);
             // Synchronous pairs (blocking socket reads and writes on the calling thread, no busy
@@ -388,6 +405,18 @@ private:
         std::vector<uint8_t> buffer;
         std::unique_ptr<gloo::BroadcastOneToAll<uint8_t>> algorithm;
     };
+
+    // The cluster as this task sees it: its size and every rank's task and address, in rank order.
+    std::string clusterText() const
+    {
+        std::string out = "[";
+        for (int r = 0; r < m_opt.size; ++r) {
+            out += (r ? ", " : "");
+            out += r < static_cast<int>(m_opt.rankNames.size()) ? m_opt.rankNames[static_cast<std::size_t>(r)] : "rank " + std::to_string(r);
+        }
+        return out + "]";
+    }
+    static std::string shortened(const std::string& s) { return s.size() <= 400 ? s : s.substr(0, 400) + "...]"; }
 
     std::string rankName(int r) const
     {

@@ -472,6 +472,21 @@ void TestMultiWorker::refusedSetups()
         }
         QVERIFY2(timer.elapsed() < 20000, "the tasks only stopped at the collective timeout");
     }
+    // Tasks given different clusters (the chief lists a second worker): both stop at once naming
+    // both lists (Gloo failed inside its address exchange: "enforce fail ... 136 vs 68").
+    {
+        const int p0 = freePort(), p1 = freePort(), p2 = freePort();
+        timer.restart();
+        auto chief = startCli(args + QStringList{"--task", "chief:0"}, clusterJson({p0, p1, p2}));
+        auto worker = startCli(args + QStringList{"--task", "worker:0"}, clusterJson({p0, p1}));
+        for (auto* p : {chief.get(), worker.get()}) {
+            f = finish(*p);
+            QVERIFY2(f.code != 0, qPrintable(f.out));
+            QVERIFY2(f.out.contains("were given different clusters"), qPrintable(f.out));
+            QVERIFY2(f.out.contains(QString("worker:1 at 127.0.0.1:%1").arg(p2)), qPrintable(f.out));
+        }
+        QVERIFY2(timer.elapsed() < 20000, "the tasks only stopped at the collective timeout");
+    }
     // --task without the strategy.
     f = finish(*startCli(trainArgs() + QStringList{"--task", "worker:0", "--no-record"}, {}));
     QCOMPARE(f.code, 2);
