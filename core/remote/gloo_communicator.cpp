@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <optional>
+#include <random>
 #include <mutex>
 #include <thread>
 
@@ -155,6 +156,22 @@ void sumInto(float* __restrict x, const float* __restrict y, size_t n)
 
 const gloo::ReductionFunction<float> kSum(gloo::SUM, &sumInto);
 
+// Names one join of one process at the rendezvous (a claim on its rank).
+std::string randomInstance()
+{
+    uint64_t v = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull ^
+                 static_cast<uint64_t>(::getpid());
+    try {
+        std::random_device rd;
+        v ^= (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    } catch (const std::exception&) {
+        // No entropy source: the clock and the process id still tell two processes apart.
+    }
+    char text[24];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+    return text;
+}
+
 class GlooCommunicator final : public Communicator {
 public:
     explicit GlooCommunicator(GlooOptions options) : m_opt(std::move(options)) {}
@@ -178,6 +195,7 @@ public:
     Status connect()
     {
         TS_ASSIGN(m_client, RendezvousClient::connect(m_opt.rendezvousAddress, m_opt.token, m_opt.tls));
+        TS_TRY(claimRank());
         startHeartbeat();
         if (m_opt.size == 1) return okStatus();
         try {
@@ -186,7 +204,11 @@ public:
             m_device = gloo::transport::tcp::CreateDevice(attr);
             m_context = std::make_shared<gloo::rendezvous::Context>(m_opt.rank, m_opt.size);
             m_context->setTimeout(m_opt.timeout);
-            GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout, m_opt.cancelled);
+            // Waits give up on Ctrl-C, and when the heartbeat finds this rank held by another
+            // process (one of the two copies of a task started twice, when neither found the
+            // rendezvous up at first).
+            GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout,
+                            [this] { return (m_opt.cancelled && m_opt.cancelled()) || !heldBy().empty(); });
             // Every task must describe the same cluster. Otherwise Gloo fails inside its address
             // exchange ("enforce fail at address.cc: 136 vs 68") or waits for a rank that the
             // others do not have: compare first, and name the task that differs.
@@ -249,6 +271,7 @@ public:
         } catch (const std::exception& e) {
             if (m_opt.cancelled && m_opt.cancelled())
                 return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
+            if (const std::string holder = heldBy(); !holder.empty()) return takenError(holder);
             // Name the ranks that never showed up: every rank heartbeats from the start, so a
             // silent one was not started, has another token (the rendezvous refuses it) or cannot
             // reach the rendezvous.
@@ -258,7 +281,7 @@ public:
             // --collective-timeout), but always longer than one heartbeat of a live rank.
             const auto silence = std::max<std::chrono::milliseconds>(std::min<std::chrono::milliseconds>(3 * m_opt.heartbeat, m_opt.timeout / 2),
                                                                      m_opt.heartbeat + std::chrono::milliseconds(250));
-            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence);
+            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance);
             if (silent.ok())
                 for (int r : *silent) absent += (absent.empty() ? "" : ", ") + rankName(r);
             else if (m_opt.rank != 0)
@@ -476,7 +499,7 @@ private:
             // A rank that aborted left its reason under the group's abort key.
             if (auto why = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); why.ok())
                 return std::string(why->begin(), why->end());
-            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence);
+            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance);
             if (!silent.ok())
                 return "the coordinator's rendezvous at " + m_opt.rendezvousAddress + " is unreachable (" + rankName(0) + " may have died)";
             if (!silent->empty()) {
@@ -539,6 +562,47 @@ private:
                " s (stopped, or its machine paused), so its peers stopped waiting for it: ";
     }
 
+    // A rank is claimed at the rendezvous before joining Gloo's mesh: the second copy of a task
+    // started twice used to hang in Gloo's connect (where no signal reaches it) for minutes. A
+    // claim whose holder is silent for 3 heartbeats lapses, so a task restarted after a crash
+    // gets its rank back within that. Returns at once when the rendezvous is not up yet (the join
+    // then waits for it, and the heartbeat keeps watching for a holder).
+    Status claimRank()
+    {
+        const auto silence = 3 * m_opt.heartbeat;
+        const auto end = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(m_opt.timeout, silence + std::chrono::seconds(2));
+        std::string holder;
+        for (;;) {
+            std::string now;
+            // A short deadline: a rendezvous not served yet would hold the first beat for seconds.
+            auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance, &now, std::chrono::milliseconds(500));
+            if (beat.ok() && now.empty()) return okStatus();
+            // Not up (yet): join and wait for it. But a rendezvous that went away after saying
+            // the rank was held is the holder's run ending: only a fresh one clears the claim.
+            if (!beat.ok() && holder.empty()) return okStatus();
+            if (beat.ok()) holder = now;
+            if (m_opt.cancelled && m_opt.cancelled())
+                return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
+            if (std::chrono::steady_clock::now() >= end) return takenError(holder);
+            std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(m_opt.heartbeat / 4, std::chrono::milliseconds(250)));
+        }
+    }
+
+    Error takenError(const std::string& holder) const
+    {
+        return makeError(ErrorCode::InvalidArgument,
+                         rankName(m_opt.rank) + " is already taken: another process (connected from " + holder +
+                             ") joined the cluster as this task and is still running",
+                         "the task was started twice (the same TF_CONFIG task or --task); stop the extra copy, or give each "
+                         "process its own task");
+    }
+
+    std::string heldBy()
+    {
+        std::lock_guard lock(m_heldByMutex);
+        return m_heldBy;
+    }
+
     void startHeartbeat()
     {
         m_heartbeat = std::thread([this] {
@@ -550,8 +614,13 @@ private:
             markAwake();
             while (!m_stopHeartbeat) {
                 lock.unlock();
-                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat);
+                std::string holder;
+                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat, m_instance, &holder);
                 const auto now = std::chrono::steady_clock::now();
+                if (!m_connected && silent.ok() && !holder.empty()) {
+                    std::lock_guard held(m_heldByMutex);
+                    m_heldBy = holder;
+                }
                 if (silent.ok()) answered = now;
                 // Once connected every rank has beaten, so silence means a dead or cut-off
                 // peer: fail now rather than at the transfer timeout. (A dead peer's closed
@@ -593,6 +662,9 @@ private:
     std::set<ino_t> m_meshSockets;  // written before m_connected is set, read-only after
 
     std::thread m_heartbeat;
+    const std::string m_instance = randomInstance();  // this join's claim on its rank
+    std::mutex m_heldByMutex;
+    std::string m_heldBy;  // set by the heartbeat: another live process holds this rank
     std::mutex m_hbMutex;
     std::condition_variable m_hbCv;
     bool m_stopHeartbeat = false;

@@ -68,8 +68,18 @@ public:
         std::lock_guard lock(m_mutex);
         Group& g = m_groups[req->group()];
         if (g.lastSeen.empty()) g.created = now;
-        g.lastSeen[req->rank()] = now;
         const auto silence = std::chrono::milliseconds(std::max<int64_t>(1, req->silence_ms()));
+        if (!req->instance().empty()) {
+            Claim& c = g.claims[req->rank()];
+            if (!c.instance.empty() && c.instance != req->instance() && now - c.lastSeen <= silence) {
+                logLine("rank " + std::to_string(req->rank()) + " of group " + req->group() + " is held by " + c.peer + "; " + ctx->peer() +
+                        " beat for it too (a task started twice?)");
+                reply->set_held_by(c.peer);
+                return grpc::Status::OK;
+            }
+            c = {req->instance(), ctx->peer(), now};
+        }
+        g.lastSeen[req->rank()] = now;
         for (int r = 0; r < req->size(); ++r) {
             auto it = g.lastSeen.find(r);
             const auto since = it == g.lastSeen.end() ? g.created : it->second;
@@ -86,9 +96,14 @@ public:
     }
 
 private:
+    struct Claim {
+        std::string instance, peer;
+        Clock::time_point lastSeen;
+    };
     struct Group {
         Clock::time_point created;
         std::map<int, Clock::time_point> lastSeen;
+        std::map<int, Claim> claims;  // by rank: the instance that holds it
     };
 
     grpc::Status checkKey(const grpc::ServerContext& ctx, const std::string& key)
@@ -263,18 +278,22 @@ Status RendezvousClient::wait(const std::vector<std::string>& keys, std::chrono:
     return okStatus();
 }
 
-Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence)
+Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
+                                                     const std::string& instance, std::string* heldBy,
+                                                     std::chrono::milliseconds deadline)
 {
     grpc::ClientContext ctx;
-    m_impl->prepare(ctx, std::chrono::seconds(2));
+    m_impl->prepare(ctx, deadline);
     HeartbeatRequest req;
     req.set_group(group);
     req.set_rank(rank);
     req.set_size(size);
     req.set_silence_ms(silence.count());
+    req.set_instance(instance);
     HeartbeatReply reply;
     const grpc::Status st = m_impl->stub->Heartbeat(&ctx, req, &reply);
     if (!st.ok()) return m_impl->fail(st, "heartbeat");
+    if (heldBy) *heldBy = reply.held_by();
     return std::vector<int>(reply.silent_ranks().begin(), reply.silent_ranks().end());
 }
 

@@ -53,8 +53,12 @@ public:
     Status set(const std::string& key, const std::vector<char>& value, std::chrono::milliseconds timeout = std::chrono::seconds(30));
     Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout);
     Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
-    // Says `rank` of `group` is alive; returns the ranks silent for longer than `silence`.
-    Result<std::vector<int>> heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence);
+    // Says `rank` of `group` is alive; returns the ranks silent for longer than `silence`. With an
+    // `instance`, the rank is claimed for it: when another instance holds it and beat within
+    // `silence`, *heldBy gets that one's peer address and this beat does not count.
+    Result<std::vector<int>> heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
+                                       const std::string& instance = {}, std::string* heldBy = nullptr,
+                                       std::chrono::milliseconds deadline = std::chrono::seconds(2));
 
     class Impl;
 private:

@@ -487,6 +487,26 @@ void TestMultiWorker::refusedSetups()
         }
         QVERIFY2(timer.elapsed() < 20000, "the tasks only stopped at the collective timeout");
     }
+    // A task started twice: the run goes on with one copy; the other stops within seconds naming
+    // the task (it hung in Gloo's connect for minutes, deaf to SIGTERM). Both copies before the
+    // chief, so neither finds the rendezvous up at first.
+    {
+        const QString cluster = clusterJson({freePort(), freePort()});
+        timer.restart();
+        auto copyA = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+        auto copyB = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+        QTest::qWait(500);
+        auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
+        f = finish(*chief);
+        QVERIFY2(f.code == 0, qPrintable(f.out));
+        const Finished a = finish(*copyA), b = finish(*copyB);
+        QVERIFY2((a.code == 0) != (b.code == 0), qPrintable(a.out + "\n" + b.out));
+        const Finished& extra = a.code == 0 ? b : a;
+        QVERIFY2(extra.out.contains("rank 1 (worker:0 at 127.0.0.1:") && extra.out.contains("is already taken") &&
+                     extra.out.contains("started twice"),
+                 qPrintable(extra.out));
+        QVERIFY2(timer.elapsed() < 25000, "the extra copy took too long to stop");
+    }
     // --task without the strategy.
     f = finish(*startCli(trainArgs() + QStringList{"--task", "worker:0", "--no-record"}, {}));
     QCOMPARE(f.code, 2);
