@@ -484,7 +484,10 @@ private:
         const std::string suspended = suspensionNote();
         // A peer's abort reason is "<its rank name>: <reason>".
         const bool stoppedThere = culprit.ends_with(std::string(": ") + Communicator::kCancelledReason);
-        Error err = makeError(ErrorCode::IoError, what + " on " + rankName(m_opt.rank) + " failed: " + suspended + culprit + " (gloo: " + detail + ")",
+        // Stopped on purpose elsewhere: Cancelled, so the run is recorded as cancelled and
+        // --restarts does not start it again (the cancelled task is not coming back).
+        Error err = makeError(stoppedThere ? ErrorCode::Cancelled : ErrorCode::IoError,
+                              what + " on " + rankName(m_opt.rank) + " failed: " + suspended + culprit + " (gloo: " + detail + ")",
                               failureHint(!suspended.empty(), stoppedThere));
         std::lock_guard lock(m_abortMutex);
         if (!m_failed) m_failed = err;  // the watchdog may have decided meanwhile

@@ -102,6 +102,7 @@ bool restartableFailure(const Error& e)
     case ErrorCode::ShapeMismatch:
     case ErrorCode::Unsupported:
     case ErrorCode::OutOfMemory:
+    case ErrorCode::Cancelled:  // stopped on purpose (here, or on a peer task): not a crash
         return false;
     default:
         return true;

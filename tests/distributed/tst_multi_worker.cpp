@@ -113,6 +113,7 @@ private slots:
     void killedWorkerIsNamed();
     void suspendedChiefSaysSo();
     void interruptedChiefStopsTheCluster();
+    void interruptedWorkerIsNotRestarted();
     void restartFromBackupEqualsContinuous();
     void separateNetworkNamespaces_data();
     void separateNetworkNamespaces();
@@ -263,6 +264,33 @@ void TestMultiWorker::interruptedChiefStopsTheCluster()
     QVERIFY2(w.code == 1 && w.out.contains("chief:0") && w.out.contains("the run was cancelled") &&
                  w.out.contains("stopped on that task"),
              qPrintable(w.out));
+    const QJsonArray runs = tstest::recordedRuns(db);
+    QCOMPARE(runs.size(), 1);
+    QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
+}
+
+// With --restarts, a task stopped on purpose (SIGTERM, Ctrl-C) is not a crash: the chief does not
+// restart and wait for it (it did, then failed with "did not join"), and records the run as
+// cancelled.
+void TestMultiWorker::interruptedWorkerIsNotRestarted()
+{
+    QTemporaryDir dir;
+    const QString db = dir.filePath("runs.db");
+    const QString cluster = clusterJson({freePort(), freePort()});
+    QStringList args = trainArgs(1000000);
+    args << "--strategy" << "multi-worker-mirrored" << "--epochs" << "100000" << "--restarts" << "2" << "--collective-timeout" << "8";
+    auto chief = startCli(args + QStringList{"--task", "chief:0", "--db", db, "--backup-dir", dir.filePath("chief-backup")}, cluster);
+    auto worker = startCli(args + QStringList{"--task", "worker:0", "--no-record", "--backup-dir", dir.filePath("worker-backup")}, cluster);
+    QTest::qWait(3000);
+    QCOMPARE(worker->state(), QProcess::Running);
+    QElapsedTimer timer;
+    timer.start();
+    ::kill(static_cast<pid_t>(worker->processId()), SIGTERM);
+    const Finished w = finish(*worker, 30000);
+    const Finished c = finish(*chief, 30000);
+    QVERIFY2(w.code == 130, qPrintable(w.out));
+    QVERIFY2(c.code == 1 && c.out.contains("stopped on that task") && !c.out.contains("restarting"), qPrintable(c.out));
+    QVERIFY2(timer.elapsed() < 8000, "the chief waited for the stopped task to come back");
     const QJsonArray runs = tstest::recordedRuns(db);
     QCOMPARE(runs.size(), 1);
     QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
