@@ -17,6 +17,7 @@
 #include "output_guard.h"
 #include "common/json_document.h"
 #include "common/utf8.h"
+#include "data/autotune.h"
 #include "distribute/cluster_spec.h"
 #include "embedded_models.h"
 #include "interrupt.h"
@@ -379,6 +380,14 @@ int runTrain(const TrainOptions& options)
         }
     }
     if (o.threads > 0) cfg.strategy.threads = o.threads;
+    if (clusterSpec && cfg.strategy.threads == 0) {
+        if (const int t = clusterSpec->sharedHostThreads(clusterSpec->task(), ts::defaultCpuBudget()); t > 0) {
+            cfg.strategy.threads = t;
+            if (!o.quiet && !o.json)
+                std::printf("%d training tasks of this cluster run on this machine: this one uses %d of its %d core(s) (--threads overrides)\n",
+                            clusterSpec->trainingTasksSharingHost(clusterSpec->task()), t, ts::defaultCpuBudget());
+        }
+    }
     if (!o.backend.empty()) cfg.strategy.backend = o.backend;
     if (!o.partitioner.empty()) cfg.strategy.partition.policy = o.partitioner;
     if (o.minShardBytes > 0) cfg.strategy.partition.minShardBytes = o.minShardBytes;

@@ -2,6 +2,7 @@
 
 #include "common/json_document.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cstdlib>
 
@@ -28,6 +29,12 @@ std::string addressKey(const HostPort& hp)
     for (char& c : h) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
     if (h == "localhost" || h == "127.0.0.1" || h == "::1" || h == "[::1]" || h == "localhost.localdomain") h = "loopback";
     return h + ":" + std::to_string(hp.port);
+}
+
+std::string hostKey(const HostPort& hp)
+{
+    const std::string k = addressKey(hp);
+    return k.substr(0, k.rfind(':'));
 }
 
 Result<TaskId> parseTask(const nlohmann::json& t, const std::string& source)
@@ -279,6 +286,22 @@ TaskId ClusterSpec::coordinator() const
 {
     if (count("chief") > 0) return {"chief", 0};
     return {"worker", 0};
+}
+
+int ClusterSpec::trainingTasksSharingHost(const TaskId& task) const
+{
+    auto self = address(task);
+    if (!self.ok()) return 1;
+    auto mine = HostPort::parse(*self);
+    if (!mine.ok()) return 1;
+    int n = 0;
+    for (const TaskId& t : trainingTasks()) {
+        auto a = address(t);
+        if (!a.ok()) continue;
+        auto hp = HostPort::parse(*a);
+        if (hp.ok() && hostKey(*hp) == hostKey(*mine)) ++n;
+    }
+    return std::max(1, n);
 }
 
 } // namespace ts

@@ -12,6 +12,7 @@
 //  - Errors are ParseError/InvalidArgument whose message names the source (file, "TF_CONFIG",
 //    ...) and the offending entry, with a hint saying how to fix it.
 
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
@@ -74,6 +75,17 @@ public:
     Result<int> trainingRank(const TaskId& task) const;
     // The task that runs the coordination services (rendezvous): the chief, else worker 0.
     TaskId coordinator() const;
+    // Training tasks (chief, workers) on the same host as `task` (itself included; loopback
+    // names are one host), so that tasks sharing a machine can share its cores.
+    int trainingTasksSharingHost(const TaskId& task) const;
+    // Threads for `task` when the user set none: its share of `cores` when other training tasks
+    // run on its host (each taking every core, two tasks on 2 cores trained 10x slower), else 0
+    // (no change: all of them).
+    int sharedHostThreads(const TaskId& task, int cores) const
+    {
+        const int n = trainingTasksSharingHost(task);
+        return n > 1 ? std::max(1, cores / n) : 0;
+    }
 
 private:
     std::map<std::string, std::vector<std::string>> m_jobs;

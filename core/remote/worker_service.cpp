@@ -1,5 +1,6 @@
 #include "remote/worker_service.h"
 #include "train/backup.h"
+#include "data/autotune.h"
 
 #include <filesystem>
 
@@ -308,6 +309,13 @@ private:
     void runTask(RunConfig cfg, ClusterSpec spec)
     {
         m_device = "host";
+        if (cfg.strategy.threads == 0 && spec.task().type != "ps") {
+            if (const int t = spec.sharedHostThreads(spec.task(), defaultCpuBudget()); t > 0) {
+                cfg.strategy.threads = t;
+                logLine(m_task + " shares this machine with " + std::to_string(spec.trainingTasksSharingHost(spec.task()) - 1) +
+                        " other training task(s) of run " + m_runId + ": it uses " + std::to_string(t) + " thread(s)");
+            }
+        }
         publish("state", 0, {{"state", "connecting"}});
         std::shared_ptr<RemoteParameterStore> store;
         nlohmann::json running;

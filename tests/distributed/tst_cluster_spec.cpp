@@ -21,6 +21,7 @@ private slots:
     void rejectsMalformed_data();
     void rejectsMalformed();
     void strategyRoles();
+    void tasksSharingAHost();
 };
 
 namespace {
@@ -212,6 +213,24 @@ void TestClusterSpec::strategyRoles()
     QVERIFY(noWorker.error().message.find("at least one worker") != std::string::npos);
     QVERIFY(!onlyPs->validateFor("multi-worker-mirrored").ok());
     QVERIFY(!onlyPs->validateFor("mirrored").ok());
+}
+
+// Tasks on one machine share its cores when the user gives no --threads (each took all of them:
+// two daemons on 2 cores trained 10x slower). Loopback names are one host; ps tasks do not count.
+void TestClusterSpec::tasksSharingAHost()
+{
+    auto spec = ClusterSpec::fromText(R"({"cluster": {"chief": ["localhost:1000"], "worker": ["127.0.0.1:1001", "10.0.0.2:1000", "10.0.0.2:1001", "10.0.0.3:1000"],
+                                                      "ps": ["10.0.0.3:2000"]}})",
+                                      "TF_CONFIG");
+    QVERIFY2(spec.ok(), spec.ok() ? "" : spec.error().toString().c_str());
+    QCOMPARE(spec->trainingTasksSharingHost({"chief", 0}), 2);
+    QCOMPARE(spec->trainingTasksSharingHost({"worker", 0}), 2);
+    QCOMPARE(spec->trainingTasksSharingHost({"worker", 2}), 2);
+    QCOMPARE(spec->trainingTasksSharingHost({"worker", 3}), 1);
+    QCOMPARE(spec->sharedHostThreads({"chief", 0}, 2), 1);
+    QCOMPARE(spec->sharedHostThreads({"worker", 1}, 16), 8);
+    QCOMPARE(spec->sharedHostThreads({"worker", 3}, 16), 0);  // alone on its host: no change
+    QCOMPARE(spec->sharedHostThreads({"chief", 0}, 1), 1);    // never below one thread
 }
 
 QTEST_GUILESS_MAIN(TestClusterSpec)
