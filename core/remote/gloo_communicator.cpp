@@ -282,6 +282,7 @@ public:
             const auto silence = std::max<std::chrono::milliseconds>(std::min<std::chrono::milliseconds>(3 * m_opt.heartbeat, m_opt.timeout / 2),
                                                                      m_opt.heartbeat + std::chrono::milliseconds(250));
             auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance);
+            if (!silent.ok() && silent.error().code == ErrorCode::InvalidArgument) return tokenRefused();
             if (silent.ok())
                 for (int r : *silent) absent += (absent.empty() ? "" : ", ") + rankName(r);
             else if (m_opt.rank != 0)
@@ -580,6 +581,7 @@ private:
             // A short deadline: a rendezvous not served yet would hold the first beat for seconds.
             auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance, &now, std::chrono::milliseconds(500));
             if (beat.ok() && now.empty()) return okStatus();
+            if (!beat.ok() && beat.error().code == ErrorCode::InvalidArgument) return tokenRefused();
             // Not up (yet): join and wait for it. But a rendezvous that went away after saying
             // the rank was held is the holder's run ending: only a fresh one clears the claim.
             if (!beat.ok() && holder.empty()) return okStatus();
@@ -589,6 +591,15 @@ private:
             if (std::chrono::steady_clock::now() >= end) return takenError(holder);
             std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(m_opt.heartbeat / 4, std::chrono::milliseconds(250)));
         }
+    }
+
+    // The rendezvous answered, refusing this task's token (it was "did not answer within 30 s").
+    Error tokenRefused() const
+    {
+        return makeError(ErrorCode::InvalidArgument,
+                         rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + ", served by " + rankName(0) +
+                             ", refused this task's token",
+                         "give every task the same shared token (--token-file, or $TRAINSTUDIO_TOKEN); the chief's log names the refused call");
     }
 
     Error takenError(const std::string& holder) const

@@ -473,6 +473,17 @@ void TestGloo::absentRanksAreNamed()
     QCOMPARE(cancelled.error().code, ErrorCode::Cancelled);
     QVERIFY2(secs < 3, qPrintable(QString::number(secs)));
 
+    // Another token: refused at once, and said so (it was "did not answer within 20 s").
+    GlooOptions stranger = options(server->port(), 1, 2, "stranger");
+    stranger.token = "not-the-token";
+    const auto t1 = std::chrono::steady_clock::now();
+    auto refused = makeGlooCommunicator(stranger);
+    QVERIFY(!refused.ok());
+    QVERIFY2(refused.error().message.find("rank 1 (worker:1): the rendezvous at 127.0.0.1:") != std::string::npos &&
+                 refused.error().message.find("refused this task's token") != std::string::npos,
+             refused.error().message.c_str());
+    QVERIFY(std::chrono::steady_clock::now() - t1 < 5s);
+
     const int closed = server->port();
     server.reset();  // nobody serves the rendezvous now
     auto orphan = makeGlooCommunicator(options(closed, 1, 2, "orphan", 1500ms));
