@@ -125,7 +125,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         else std::printf("Epoch %lld: loss %.4f accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc, m.samplesPerSec);
         std::fflush(stdout);
     });
-    if (result.ok() && !result->cancelled && !saveWeights.empty()) {
+    // A cancelled run saves its weights so far, as a local run does.
+    if (result.ok() && !saveWeights.empty() && !c.finalWeights().empty()) {
         ts::Status saved = ts::writeSafetensors(saveWeights, c.finalWeights(), {{"format", "trainstudio"}, {"model", modelName},
                                                                                 {"step", std::to_string(result->steps)}});
         if (!saved.ok()) result = saved.error();

@@ -439,6 +439,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         fit.last.valLoss = v->loss;
         fit.last.valAccuracy = v->accuracy;
     };
+    // Each task's last reported step: a run stopped early has no "final" event to count from.
+    std::vector<int64_t> lastStep(m_tasks.size(), 0);
     std::unique_lock lock(inbox.mutex);
     for (;;) {
         inbox.cv.wait(lock, [&] {
@@ -449,7 +451,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             // Each worker stops at its next step and reports "cancelled"; their streams then end.
             cancelSent = true;
             lock.unlock();
-            for (auto& t : m_tasks) (void)t->client->cancel(taskRun);
+            // Parameter server: the ps tasks stay up until the weights so far are pulled (below).
+            for (auto& t : m_tasks)
+                if (!(psRun && t->ps)) (void)t->client->cancel(taskRun);
             lock.lock();
         }
         while (!inbox.events.empty()) {
@@ -459,6 +463,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             Task& t = *m_tasks[i];
             const bool chief = i == primary;
             const auto& f = e.fields;
+            lastStep[i] = std::max(lastStep[i], e.step);
             if (psRun && e.kind == "step" && f.contains("staleness")) staleness[e.worker] = f["staleness"].get<int64_t>();
             if (e.kind == "state") {
                 t.state = f.value("state", "");
@@ -566,12 +571,16 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         // Every worker has ended: their last pushes are applied (each flushes before it reports
         // its end). The final weights are the ps tasks'; then the ps tasks are stopped.
         const bool completed = !m_cancel && m_tasks[primary]->state == "completed";
-        if (completed) {
+        // A stopped run keeps its weights so far too (pulled before the ps tasks are stopped).
+        if (completed || m_cancel) {
             Status pulled = evaluator->pullWeights();
             auto weights = pulled.ok() ? evaluator->trainer->strategy().exportParameters()
                                        : Result<std::vector<std::pair<std::string, Tensor>>>(pulled.error());
             if (weights.ok()) m_finalWeights = std::move(weights).value();
-            else failure = weights.takeError();
+            else if (!m_cancel) failure = weights.takeError();
+            else  // stopped: the run stays cancelled, only without weights
+                bus.publish(tm::Event(tm::LogEvent{stamp(m_tasks[primary]->id.toString(), "", fit.steps), tm::LogLevel::Warning,
+                                                   "the weights so far could not be pulled from the ps tasks: " + weights.error().message}));
         }
         if (completed && !failure && lastEpoch && evaluator->validation) {
             // Worker 0's last epoch again, now with the weights after every worker's last push.
@@ -616,6 +625,16 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 break;
             }
     fit.cancelled = (anyCancelled || m_cancel) && !failure;
+    if (fit.steps == 0) {
+        // Stopped before the "final" events (Stop, Ctrl-C): the steps the tasks reported, counted
+        // as those are (parameter server: every worker's updates; else the chief's steps).
+        if (psRun) {
+            for (std::size_t i = 0; i < m_tasks.size(); ++i)
+                if (!m_tasks[i]->ps) fit.steps += lastStep[i];
+        } else {
+            fit.steps = lastStep[primary];
+        }
+    }
     return finish(failure ? Result<FitResult>(*failure) : Result<FitResult>(fit), fit.steps);
 }
 

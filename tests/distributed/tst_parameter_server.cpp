@@ -119,6 +119,7 @@ private slots:
     void killedWorkerIsNamed();
     void silentPsIsNamed();
     void smallValidationSet();
+    void interruptedRunKeepsWeights();
 
 private:
     void trainEndToEnd(int ps, const QStringList& extra);
@@ -590,6 +591,33 @@ void TestParameterServer::smallValidationSet()
     const auto last = nlohmann::json::parse(lines.last().toStdString(), nullptr, false);
     QVERIFY2(last.is_object() && last.value("final", false), qPrintable(out));
     QVERIFY2(last["val_accuracy"].is_number(), qPrintable(out));
+}
+
+// Ctrl-C on the coordinator of a parameter-server run: every task stops, the run is cancelled,
+// and --save-weights still gets the weights so far (it got nothing).
+void TestParameterServer::interruptedRunKeepsWeights()
+{
+    QTemporaryDir dir;
+    Cluster c = startCluster(dir.path(), 2, 1);
+    QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0);
+    const QString weights = dir.filePath("so-far.safetensors");
+    auto coord = startCoordinator(trainArgs(c.file, 1000) + QStringList{"--no-record", "--limit", "6400", "--save-weights", weights});
+    QElapsedTimer wait;
+    wait.start();
+    QString seen;
+    while (!seen.contains("Epoch 1:") && wait.elapsed() < 60000 && coord->state() != QProcess::NotRunning) {
+        coord->waitForReadyRead(200);
+        seen += QString::fromUtf8(coord->readAllStandardOutput());
+    }
+    QVERIFY2(seen.contains("Epoch 1:"), qPrintable(seen + coord->readAllStandardError()));
+    ::kill(static_cast<pid_t>(coord->processId()), SIGINT);
+    QVERIFY(coord->waitForFinished(30000));
+    seen += QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 130, qPrintable(seen));
+    QVERIFY2(seen.contains("Cancelled after") && !seen.contains("Cancelled after 0 step"), qPrintable(seen));
+    auto loaded = ts::readSafetensors(weights.toStdString());
+    QVERIFY2(loaded.ok(), loaded.ok() ? "" : loaded.error().toString().c_str());
+    QVERIFY(!loaded->tensors.empty());
 }
 
 QTEST_GUILESS_MAIN(TestParameterServer)

@@ -477,6 +477,10 @@ void TestWorker::interruptedCoordinatorRecordsCancelled()
     QCOMPARE(coord->exitStatus(), QProcess::NormalExit);
     QVERIFY2(coord->exitCode() == 130, qPrintable(seen + err));
     QVERIFY2(seen.contains("Cancelled after"), qPrintable(seen + err));
+    // After two epochs at least: the steps the chief reported (it said 0: no "final" event).
+    const QRegularExpression after("Cancelled after (\\d+) step");
+    const auto m = after.match(seen);
+    QVERIFY2(m.hasMatch() && m.captured(1).toLongLong() > 0, qPrintable(seen));
     const QJsonArray runs = tstest::recordedRuns(db);
     QCOMPARE(runs.size(), 1);
     QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
