@@ -488,10 +488,17 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 m.metrics["accuracy"] = f.value("accuracy", 0.0);
                 m.samplesPerSec = f.value("samples_per_sec", 0.0);
                 m.learningRate = f.value("learning_rate", 0.0);
-                if (f.contains("staleness")) m.metrics["staleness"] = f["staleness"].get<double>();
                 // Every worker's latest staleness, named by worker, at worker 0's steps (the
-                // store keeps one value per metric and step).
-                for (const auto& [worker, v] : staleness) m.metrics["staleness/" + worker] = static_cast<double>(v);
+                // store keeps one value per metric and step); "staleness" is the largest of them
+                // (it was worker 0's own, hiding a worker that fell behind).
+                if (!staleness.empty()) {
+                    int64_t worst = 0;
+                    for (const auto& [worker, v] : staleness) {
+                        m.metrics["staleness/" + worker] = static_cast<double>(v);
+                        worst = std::max(worst, v);
+                    }
+                    m.metrics["staleness"] = static_cast<double>(worst);
+                }
                 bus.publish(tm::Event(std::move(m)));
             } else if (e.kind == "epoch" && chief) {
                 tm::EpochMetricsEvent m;

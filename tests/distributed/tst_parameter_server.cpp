@@ -324,6 +324,21 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra)
     QVERIFY(names.ok());
     for (const char* m : {"loss", "accuracy", "staleness", "staleness/worker:0", "staleness/worker:1"})
         QVERIFY2(std::find(names->begin(), names->end(), m) != names->end(), m);
+    // "staleness" is the worst worker's at each recorded step (it was worker 0's alone).
+    {
+        store::SeriesQuery all;
+        all.buckets = 0;
+        auto worst = store->series(runId, "staleness", all);
+        auto w0 = store->series(runId, "staleness/worker:0", all);
+        auto w1 = store->series(runId, "staleness/worker:1", all);
+        QVERIFY(worst.ok() && w0.ok() && w1.ok());
+        // A worker's series starts at its first report, so the steps are matched, not indices.
+        std::map<int64_t, double> expected;
+        for (const auto* s : {&*w0, &*w1})
+            for (const auto& p : s->points) expected[p.step] = std::max(expected.count(p.step) ? expected[p.step] : 0.0, p.value);
+        QCOMPARE(worst->points.size(), expected.size());
+        for (const auto& p : worst->points) QCOMPARE(p.value, expected[p.step]);
+    }
     auto kept = store->checkpoints(runId);
     QVERIFY(kept.ok() && kept->size() == 1);
     QCOMPARE(kept->front().path, weights.toStdString());
