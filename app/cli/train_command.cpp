@@ -195,8 +195,15 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
                   "(TF_CONFIG \"cluster\" format)");
     c->add_option("--partitioner", o.partitioner, "parameter-server: round-robin (whole variables) or by-size (split large ones)")
         ->check(CLI::IsMember({"round-robin", "by-size"}));
-    c->add_option("--min-shard-bytes", o.minShardBytes, "parameter-server with by-size: the smallest shard of a split variable")
-        ->check(CLI::PositiveNumber);
+    // Checked here, not by the ps daemons after the run was created (a failed run in the history).
+    c->add_option("--min-shard-bytes", o.minShardBytes, "parameter-server with by-size: the smallest shard of a split variable (>= 4)")
+        ->check(CLI::Validator(
+            [](std::string& v) -> std::string {
+                char* end = nullptr;
+                const long long x = std::strtoll(v.c_str(), &end, 10);
+                return end && *end == '\0' && x >= 4 ? std::string() : "must be a whole number of bytes, at least 4 (one float), got " + v;
+            },
+            "BYTES"));
     c->add_option("--tls-ca", o.tlsCa, "with --cluster: talk TLS to the workers, verifying them with this PEM CA");
     // Bounded: NaN or 1e300 seconds overflowed the millisecond count into a negative timeout.
     c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run (0.1 to 86400)")

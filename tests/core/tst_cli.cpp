@@ -164,6 +164,7 @@ void TestCli::badInput_data()
     QTest::newRow("weights over the token file") << QStringList{"train", "--no-record", "--token-file", m_dir.filePath("broken.json"), "--save-weights", m_dir.filePath("broken.json")}
                                                  << QStringList{"--save-weights", "token file"};
     QTest::newRow("nan collective timeout") << QStringList{"train", "--collective-timeout", "nan"} << QStringList{"--collective-timeout", "86400"};
+    QTest::newRow("min shard bytes 1") << QStringList{"train", "--min-shard-bytes", "1"} << QStringList{"--min-shard-bytes", "at least 4"};
     QTest::newRow("collective timeout 1e300") << QStringList{"train", "--collective-timeout", "1e300"} << QStringList{"--collective-timeout", "1e300"};
     QTest::newRow("trace into a folder") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("config_dir")} << QStringList{"--trace", "folder"};
     if (m_haveData) {
