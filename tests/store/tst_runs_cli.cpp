@@ -128,7 +128,9 @@ void TestRunsCli::init()
     f.message = "8% of the step waits for input";
     f.recommendation = "add prefetch";
     store->record(f);
-    m_weights = m_dir->filePath("final.safetensors").toStdString();
+    // A checkpoint the store keeps (in its own folder), as training without --save-weights does.
+    std::filesystem::create_directories(store->runFilesDir(m_done));
+    m_weights = (std::filesystem::path(store->runFilesDir(m_done)) / "final.safetensors").string();
     QVERIFY(ts::writeSafetensors(m_weights, {{"dense/kernel", ts::Tensor::fromVector(ts::Shape({3}), {1.f, 2.f, 3.f})}}).ok());
     QVERIFY(store->addCheckpoint(m_done, m_weights, 40, "final").ok());
     QVERIFY(store->setRunStatus(m_done, st::RunState::Completed).ok());
@@ -287,9 +289,11 @@ void TestRunsCli::deleteRun()
     QVERIFY(std::filesystem::exists(m_weights));
     r = cli({"runs", "delete", "baseline mlp", "--db", db(), "--json"});
     QCOMPARE(r.code, 0);
-    QCOMPARE(json(r).array()[0].toObject()["removed_files"].toArray().size(), 2);
+    // The store's checkpoint goes; a trace the user wrote elsewhere (--trace) is theirs and stays.
+    QCOMPARE(json(r).array()[0].toObject()["removed_files"].toArray().size(), 1);
+    QCOMPARE(json(r).array()[0].toObject()["kept_files"].toArray().size(), 1);
     QVERIFY(!std::filesystem::exists(m_weights));
-    QVERIFY(!std::filesystem::exists(own));
+    QVERIFY(std::filesystem::exists(own));
     r = cli({"runs", "list", "--db", db(), "--json"});
     QCOMPARE(json(r).array().size(), 1);
 }
@@ -410,11 +414,11 @@ void TestRunsCli::trainRecordsRuns()
     QCOMPARE(a.size(), 4);  // the two from init(), the --db run, the failed one
     QCOMPARE(a[0].toObject()["status"].toString(), QString("failed"));
     QVERIFY(a[0].toObject()["error"].toString().contains("no-such-folder"));
-    // Deleting the traced run removes its weights and trace files.
+    // Deleting the traced run leaves the files the user asked for (--save-weights, --trace).
     r = cli({"runs", "delete", id, "--db", db()});
     QCOMPARE(r.code, 0);
-    QVERIFY(!QFile::exists(saved));
-    QVERIFY(!QFile::exists(trace));
+    QVERIFY(QFile::exists(saved));
+    QVERIFY(QFile::exists(trace));
 }
 
 QTEST_APPLESS_MAIN(TestRunsCli)
