@@ -563,15 +563,9 @@ void TestParameterServer::killedTaskIsNamed(bool killPs, int signal)
     Cluster c = startCluster(dir.path(), 2, 1);
     QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0);
     auto coord = startCoordinator(trainArgs(c.file, 1000) + QStringList{"--no-record", "--limit", "6400"});
-    QElapsedTimer wait;
-    wait.start();
     QString seen;
     // Once worker 0 has finished an epoch (training, not setting up), SIGKILL the ps or worker 1.
-    while (!seen.contains("Epoch 1:") && wait.elapsed() < 60000 && coord->state() != QProcess::NotRunning) {
-        coord->waitForReadyRead(200);
-        seen += QString::fromUtf8(coord->readAllStandardOutput());
-    }
-    QVERIFY2(seen.contains("Epoch 1:"), qPrintable(seen + coord->readAllStandardError()));
+    QVERIFY2(tstest::readUntil(*coord, seen, "Epoch 1:"), qPrintable(seen + coord->readAllStandardError()));
     QCOMPARE(coord->state(), QProcess::Running);
     WorkerProcess& victim = killPs ? *c.ps[0] : *c.workers[1];
     ::kill(static_cast<pid_t>(victim.process->processId()), signal);
@@ -617,14 +611,8 @@ void TestParameterServer::interruptedRunKeepsWeights()
     QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0);
     const QString weights = dir.filePath("so-far.safetensors");
     auto coord = startCoordinator(trainArgs(c.file, 1000) + QStringList{"--no-record", "--limit", "6400", "--save-weights", weights});
-    QElapsedTimer wait;
-    wait.start();
     QString seen;
-    while (!seen.contains("Epoch 1:") && wait.elapsed() < 60000 && coord->state() != QProcess::NotRunning) {
-        coord->waitForReadyRead(200);
-        seen += QString::fromUtf8(coord->readAllStandardOutput());
-    }
-    QVERIFY2(seen.contains("Epoch 1:"), qPrintable(seen + coord->readAllStandardError()));
+    QVERIFY2(tstest::readUntil(*coord, seen, "Epoch 1:"), qPrintable(seen + coord->readAllStandardError()));
     ::kill(static_cast<pid_t>(coord->processId()), SIGINT);
     QVERIFY(coord->waitForFinished(30000));
     seen += QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
