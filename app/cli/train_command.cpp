@@ -386,6 +386,20 @@ int runTrain(const TrainOptions& options)
             cfg.strategy.devices.push_back(*d);
         }
     }
+    // Flags that would do nothing in this run are mistakes to point out, not to ignore quietly.
+    {
+        const bool ps = o.strategy == "parameter-server";
+        std::string unused, hint;
+        if (!o.partitioner.empty() && !ps) unused = "--partitioner", hint = "it splits variables across ps tasks: use it with --strategy parameter-server";
+        else if (o.minShardBytes > 0 && !(ps && (o.partitioner.empty() ? cfg.strategy.partition.policy : o.partitioner) == "by-size"))
+            unused = "--min-shard-bytes", hint = "it sizes the shards of --partitioner by-size (parameter-server): add that, or drop it";
+        else if (!o.tlsCa.empty() && o.cluster.empty())
+            unused = "--tls-ca", hint = "it is how --cluster talks TLS to the worker daemons; TF_CONFIG tasks meet over the token-checked rendezvous";
+        if (!unused.empty()) {
+            printError(ts::makeError(ts::ErrorCode::InvalidArgument, unused + " has no effect in this run (--strategy " + o.strategy + ")", hint));
+            return 2;
+        }
+    }
     if (o.threads > 0) cfg.strategy.threads = o.threads;
     if (clusterSpec && cfg.strategy.threads == 0) {
         if (const int t = clusterSpec->sharedHostThreads(clusterSpec->task(), ts::defaultCpuBudget()); t > 0) {

@@ -205,8 +205,7 @@ public:
             m_context = std::make_shared<gloo::rendezvous::Context>(m_opt.rank, m_opt.size);
             m_context->setTimeout(m_opt.timeout);
             // Waits give up on Ctrl-C, and when the heartbeat finds this rank held by another
-            // process (one of the two copies of a task started twice, when neither found the
-            // rendezvous up at first).
+            // process (this one's claim lapsed while it was not running).
             GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout,
                             [this] { return (m_opt.cancelled && m_opt.cancelled()) || !heldBy().empty(); });
             // Every task must describe the same cluster. Otherwise Gloo fails inside its address
@@ -286,12 +285,7 @@ public:
             if (silent.ok())
                 for (int r : *silent) absent += (absent.empty() ? "" : ", ") + rankName(r);
             else if (m_opt.rank != 0)
-                // Rank 0 (the coordinator) serves the rendezvous: it is the one missing.
-                return makeError(ErrorCode::IoError,
-                                 rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + ", served by " + rankName(0) +
-                                     ", did not answer within " + waited,
-                                 "start " + rankName(0) + " (it coordinates the run) with the same TF_CONFIG and token, and check "
-                                 "that this machine can reach " + m_opt.rendezvousAddress);
+                return rendezvousSilent();
             if (!absent.empty())
                 return makeError(ErrorCode::IoError,
                                  rankName(m_opt.rank) + ": " + absent + " did not join the cluster within " + waited +
@@ -569,28 +563,46 @@ private:
     // A rank is claimed at the rendezvous before joining Gloo's mesh: the second copy of a task
     // started twice used to hang in Gloo's connect (where no signal reaches it) for minutes. A
     // claim whose holder is silent for 3 heartbeats lapses, so a task restarted after a crash
-    // gets its rank back within that. Returns at once when the rendezvous is not up yet (the join
-    // then waits for it, and the heartbeat keeps watching for a holder).
+    // gets its rank back within that. Waits (Ctrl-C aware) for the rendezvous to be served first:
+    // only a rank's holder may write its address for Gloo, or the chief could connect to the
+    // copy that is then refused (seen on a slow CI machine).
     Status claimRank()
     {
         const auto silence = 3 * m_opt.heartbeat;
-        const auto end = std::chrono::steady_clock::now() + std::min<std::chrono::milliseconds>(m_opt.timeout, silence + std::chrono::seconds(2));
+        const auto end = std::chrono::steady_clock::now() + m_opt.timeout;  // for the rendezvous to answer at all
         std::string holder;
+        auto heldSince = std::chrono::steady_clock::time_point::max();
         for (;;) {
             std::string now;
-            // A short deadline: a rendezvous not served yet would hold the first beat for seconds.
+            // A short deadline per beat: a rendezvous not served yet would hold it for seconds.
             auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance, &now, std::chrono::milliseconds(500));
             if (beat.ok() && now.empty()) return okStatus();
             if (!beat.ok() && beat.error().code == ErrorCode::InvalidArgument) return tokenRefused();
-            // Not up (yet): join and wait for it. But a rendezvous that went away after saying
-            // the rank was held is the holder's run ending: only a fresh one clears the claim.
-            if (!beat.ok() && holder.empty()) return okStatus();
-            if (beat.ok()) holder = now;
+            if (beat.ok()) {
+                holder = now;
+                if (heldSince == std::chrono::steady_clock::time_point::max()) heldSince = std::chrono::steady_clock::now();
+            }
             if (m_opt.cancelled && m_opt.cancelled())
                 return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
-            if (std::chrono::steady_clock::now() >= end) return takenError(holder);
-            std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(m_opt.heartbeat / 4, std::chrono::milliseconds(250)));
+            const auto t = std::chrono::steady_clock::now();
+            // Held for longer than a dead process's claim lasts: the holder lives, this is a second
+            // copy. (A rendezvous that went away meanwhile was the holder's run ending.)
+            if (!holder.empty() && t - heldSince >= silence + std::chrono::seconds(2)) return takenError(holder);
+            if (t >= end) return holder.empty() ? rendezvousSilent() : takenError(holder);
+            if (beat.ok()) std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(m_opt.heartbeat / 4, std::chrono::milliseconds(250)));
+            else std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the failed beat waited already
         }
+    }
+
+    // Rank 0 (the coordinator) serves the rendezvous: when it does not answer, rank 0 is missing.
+    Error rendezvousSilent() const
+    {
+        const std::string waited = std::to_string(std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout).count()) + " s";
+        return makeError(ErrorCode::IoError,
+                         rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + ", served by " + rankName(0) +
+                             ", did not answer within " + waited,
+                         "start " + rankName(0) + " (it coordinates the run) with the same TF_CONFIG and token, and check "
+                         "that this machine can reach " + m_opt.rendezvousAddress);
     }
 
     // The rendezvous answered, refusing this task's token (it was "did not answer within 30 s").

@@ -165,6 +165,10 @@ void TestCli::badInput_data()
                                                  << QStringList{"--save-weights", "token file"};
     QTest::newRow("nan collective timeout") << QStringList{"train", "--collective-timeout", "nan"} << QStringList{"--collective-timeout", "86400"};
     QTest::newRow("min shard bytes 1") << QStringList{"train", "--min-shard-bytes", "1"} << QStringList{"--min-shard-bytes", "at least 4"};
+    QTest::newRow("partitioner without ps") << QStringList{"train", "--partitioner", "by-size"} << QStringList{"--partitioner", "no effect"};
+    QTest::newRow("min shard bytes with round-robin") << QStringList{"train", "--strategy", "mirrored", "--min-shard-bytes", "4096"}
+                                                      << QStringList{"--min-shard-bytes", "by-size"};
+    QTest::newRow("tls ca without cluster") << QStringList{"train", "--tls-ca", m_dir.filePath("broken.json")} << QStringList{"--tls-ca", "--cluster"};
     QTest::newRow("collective timeout 1e300") << QStringList{"train", "--collective-timeout", "1e300"} << QStringList{"--collective-timeout", "1e300"};
     QTest::newRow("trace into a folder") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("config_dir")} << QStringList{"--trace", "folder"};
     if (m_haveData) {
