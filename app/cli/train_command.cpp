@@ -261,15 +261,21 @@ ts::Result<ts::ClusterSpec> clusterOfThisTask(const TrainOptions& o)
         const auto colon = o.task.find(':');
         ts::TaskId t;
         t.type = o.task.substr(0, colon);
-        try {
-            if (colon == std::string::npos) throw std::invalid_argument("no index");
-            std::size_t used = 0;
-            t.index = std::stoi(o.task.substr(colon + 1), &used);
-            if (used != o.task.size() - colon - 1) throw std::invalid_argument("trailing text");
-        } catch (const std::exception&) {
+        // Digits only after the colon: stoi would take " 0" and "-1" too.
+        const std::string index = colon == std::string::npos ? std::string() : o.task.substr(colon + 1);
+        const bool digits = !index.empty() && index.size() <= 6 &&
+                            std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; });
+        if (t.type.empty() || !digits)
             return ts::makeError(ts::ErrorCode::InvalidArgument, "--task " + o.task + ": expected type:index", "e.g. --task worker:1 or --task chief:0");
+        t.index = std::stoi(index);
+        auto withTask = cluster.withTask(t);
+        if (!withTask.ok()) {
+            // The task came from the flag, not from the file the message names.
+            ts::Error e = withTask.takeError();
+            e.message = "--task " + o.task + ": " + e.message;
+            return e;
         }
-        TS_ASSIGN(cluster, cluster.withTask(t));
+        cluster = std::move(withTask).value();
     }
     TS_TRY(cluster.validateFor("multi-worker-mirrored"));
     return cluster;

@@ -72,6 +72,7 @@ void TestCli::initTestCase()
                  {"id": "input", "type": "Input", "attrs": {"shape": [784]}},
                  {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 5, "activation": "softmax"}}],
                  "compile": {"loss": "sparse_categorical_crossentropy", "batch_size": 32}})");
+    writeFile(m_dir.filePath("tf.json"), R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}})");
     writeFile(m_dir.filePath("wrong_input.json"),
               R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
                  {"id": "input", "type": "Input", "attrs": {"shape": [100]}},
@@ -169,6 +170,10 @@ void TestCli::badInput_data()
     QTest::newRow("min shard bytes with round-robin") << QStringList{"train", "--strategy", "mirrored", "--min-shard-bytes", "4096"}
                                                       << QStringList{"--min-shard-bytes", "by-size"};
     QTest::newRow("tls ca without cluster") << QStringList{"train", "--tls-ca", m_dir.filePath("broken.json")} << QStringList{"--tls-ca", "--cluster"};
+    QTest::newRow("task with negative index") << QStringList{"train", "--strategy", "multi-worker-mirrored", "--tf-config", m_dir.filePath("tf.json"), "--task", "worker:-1"}
+                                              << QStringList{"--task worker:-1", "type:index"};
+    QTest::newRow("task not in the cluster") << QStringList{"train", "--strategy", "multi-worker-mirrored", "--tf-config", m_dir.filePath("tf.json"), "--task", "worker:5"}
+                                             << QStringList{"--task worker:5"};
     QTest::newRow("collective timeout 1e300") << QStringList{"train", "--collective-timeout", "1e300"} << QStringList{"--collective-timeout", "1e300"};
     QTest::newRow("trace into a folder") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("config_dir")} << QStringList{"--trace", "folder"};
     if (m_haveData) {
