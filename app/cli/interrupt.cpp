@@ -30,19 +30,20 @@ void onSignal(int sig)
 constexpr int kSignals[] = {SIGINT, SIGTERM};
 struct sigaction g_previous[std::size(kSignals)];  // the dispositions before the scope, guarded by g_mutex
 
-void setDisposition(void (*handler)(int))
+struct sigaction actionFor(void (*handler)(int))
 {
     struct sigaction sa {};
     sa.sa_handler = handler;
     sigemptyset(&sa.sa_mask);
     sa.sa_flags = handler == SIG_DFL ? 0 : SA_RESTART;  // most system calls resume after the handler
-    for (int sig : kSignals) sigaction(sig, &sa, nullptr);
+    return sa;
 }
 
 [[noreturn]] void dieBy(int sig)
 {
     // The default action, so the shell sees "killed by SIGINT" (status 130) as it expects.
-    setDisposition(SIG_DFL);
+    const struct sigaction dfl = actionFor(SIG_DFL);
+    for (int other : kSignals) sigaction(other, &dfl, nullptr);
     raise(sig);
     _exit(128 + sig);  // not reached
 }
@@ -87,10 +88,7 @@ InterruptScope::InterruptScope()
     g_scopeAlive = true;
     g_interrupted = false;
     if (g_pipe[1] < 0) return;
-    struct sigaction sa {};
-    sa.sa_handler = onSignal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;  // most system calls resume after the handler
+    const struct sigaction sa = actionFor(onSignal);
     for (std::size_t i = 0; i < std::size(kSignals); ++i) {
         sigaction(kSignals[i], nullptr, &g_previous[i]);
         // A signal the parent made us ignore (a background job of a script, nohup) stays ignored.

@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "common/paths.h"
 #include "common/result.h"
 
 namespace tscli {
@@ -42,17 +43,14 @@ inline ts::Status checkOutputPath(const std::string& out, const std::string& fla
                                      "choose another file name");
         }
     }
-    const fs::path target = fs::weakly_canonical(fs::absolute(out, ec), ec);
     for (const Protected& d : dirs) {
-        if (d.path.empty()) continue;
-        const fs::path root = fs::weakly_canonical(fs::absolute(d.path, ec), ec);
-        auto [r, t] = std::mismatch(root.begin(), root.end(), target.begin(), target.end());
-        if (r == root.end())
+        if (!d.path.empty() && ts::pathIsInside(out, d.path))
             return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + " lies in " + d.what + " (" + d.path + ")",
                                  "the store keeps its checkpoints there; write somewhere else");
     }
     // Written at the end of a run: a folder that is missing or not writable would lose the result
     // after all the work, so it is tried now (a file made and removed at once).
+    const fs::path target = fs::weakly_canonical(fs::absolute(out, ec), ec);
     const fs::path parent = target.has_parent_path() ? target.parent_path() : fs::current_path(ec);
     if (!fs::exists(parent, ec))
         return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + ": the folder " + parent.string() + " does not exist",

@@ -165,6 +165,19 @@ ts::Result<ts::ModelSpec> loadModel(const std::string& nameOrPath)
     return ts::loadModelFile(name);
 }
 
+// A flag's number, parsed whole (no trailing text) and accepted by `ok`; otherwise the message is
+// `expectation` + ", got " + the text. CLI11's own range checks print bounds like 1.79e308.
+CLI::Validator numberWhere(std::function<bool(double)> ok, std::string expectation, std::string name)
+{
+    return CLI::Validator(
+        [ok = std::move(ok), expectation = std::move(expectation)](std::string& v) -> std::string {
+            char* end = nullptr;
+            const double x = std::strtod(v.c_str(), &end);
+            return end != v.c_str() && *end == '\0' && ok(x) ? std::string() : expectation + ", got " + v;
+        },
+        std::move(name));
+}
+
 void addTrainCommand(CLI::App& app, TrainOptions& o)
 {
     auto* c = app.add_subcommand("train", "Train a model (default: the seed's MLP on Fashion-MNIST)");
@@ -176,13 +189,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)")->check(CLI::Range(1LL, 1LL << 31));
     c->add_option("--optimizer", o.optimizer, "adam, adamw, sgd or rmsprop (overrides the model's)");
     c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)")
-        ->check(CLI::Validator(
-            [](std::string& v) -> std::string {
-                char* end = nullptr;
-                const double x = std::strtod(v.c_str(), &end);
-                return end && *end == '\0' && std::isfinite(x) && x > 0 ? std::string() : "must be a finite number > 0, got " + v;
-            },
-            "POSITIVE"));
+        ->check(numberWhere([](double x) { return std::isfinite(x) && x > 0; }, "must be a finite number > 0", "POSITIVE"));
     c->add_option("--strategy", o.strategy,
                   "one-device, mirrored, multi-worker-mirrored (one process per task of TF_CONFIG, or --cluster) or parameter-server (--cluster)")
         ->check(CLI::IsMember({"one-device", "mirrored", "multi-worker-mirrored", "parameter-server"}));
@@ -197,24 +204,13 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
         ->check(CLI::IsMember({"round-robin", "by-size"}));
     // Checked here, not by the ps daemons after the run was created (a failed run in the history).
     c->add_option("--min-shard-bytes", o.minShardBytes, "parameter-server with by-size: the smallest shard of a split variable (>= 4)")
-        ->check(CLI::Validator(
-            [](std::string& v) -> std::string {
-                char* end = nullptr;
-                const long long x = std::strtoll(v.c_str(), &end, 10);
-                return end && *end == '\0' && x >= 4 ? std::string() : "must be a whole number of bytes, at least 4 (one float), got " + v;
-            },
-            "BYTES"));
+        ->check(numberWhere([](double x) { return x >= 4 && x <= 9.2e18 && x == std::floor(x); },
+                            "must be a whole number of bytes, at least 4 (one float)", "BYTES"));
     c->add_option("--tls-ca", o.tlsCa, "with --cluster: talk TLS to the workers, verifying them with this PEM CA");
     // Bounded: NaN or 1e300 seconds overflowed the millisecond count into a negative timeout.
     c->add_option("--collective-timeout", o.collectiveTimeout, "multi-worker: seconds before a silent peer fails the run (0.1 to 86400)")
-        ->check(CLI::Validator(
-            [](std::string& v) -> std::string {
-                char* end = nullptr;
-                const double x = std::strtod(v.c_str(), &end);
-                return end && *end == '\0' && std::isfinite(x) && x >= 0.1 && x <= 86400 ? std::string()
-                                                                                       : "must be a number of seconds from 0.1 to 86400 (a day), got " + v;
-            },
-            "SECONDS"));
+        ->check(numberWhere([](double x) { return x >= 0.1 && x <= 86400; }, "must be a number of seconds from 0.1 to 86400 (a day)",
+                            "SECONDS"));
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
     c->add_option("--threads", o.threads, "total CPU threads (default: all cores)")->check(CLI::Range(0, ts::kMaxThreads));
     c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout; default: the configuration's, else 0)")
@@ -408,11 +404,12 @@ int runTrain(const TrainOptions& options)
     }
     if (o.threads > 0) cfg.strategy.threads = o.threads;
     if (clusterSpec && cfg.strategy.threads == 0) {
-        if (const int t = clusterSpec->sharedHostThreads(clusterSpec->task(), ts::defaultCpuBudget()); t > 0) {
+        const int cores = ts::defaultCpuBudget();
+        if (const int t = clusterSpec->sharedHostThreads(clusterSpec->task(), cores); t > 0) {
             cfg.strategy.threads = t;
             if (!o.quiet && !o.json)
                 std::printf("%d training tasks of this cluster run on this machine: this one uses %d of its %d core(s) (--threads overrides)\n",
-                            clusterSpec->trainingTasksSharingHost(clusterSpec->task()), t, ts::defaultCpuBudget());
+                            clusterSpec->trainingTasksSharingHost(clusterSpec->task()), t, cores);
         }
     }
     if (!o.backend.empty()) cfg.strategy.backend = o.backend;

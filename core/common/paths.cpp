@@ -19,4 +19,16 @@ std::string userDataDir()
     return (base / "trainstudio").string();
 }
 
+bool pathIsInside(const std::string& path, const std::string& folder)
+{
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path root = fs::weakly_canonical(fs::absolute(folder, ec), ec);
+    if (ec || root.empty()) return false;
+    const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+    if (ec) return false;
+    const fs::path rel = p.lexically_relative(root);
+    return !rel.empty() && *rel.begin() != "..";
+}
+
 } // namespace ts

@@ -9,4 +9,8 @@ namespace ts {
 
 std::string userDataDir();
 
+// Whether `path` is `folder` or lies under it, comparing absolute paths with symlinks and ".."
+// resolved (the parts that exist). False when either cannot be resolved.
+bool pathIsInside(const std::string& path, const std::string& folder);
+
 } // namespace ts

@@ -207,7 +207,7 @@ public:
             // Waits give up on Ctrl-C, and when the heartbeat finds this rank held by another
             // process (this one's claim lapsed while it was not running).
             GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout,
-                            [this] { return (m_opt.cancelled && m_opt.cancelled()) || !heldBy().empty(); });
+                            [this] { return cancelled() || !heldBy().empty(); });
             // Every task must describe the same cluster. Otherwise Gloo fails inside its address
             // exchange ("enforce fail at address.cc: 136 vs 68") or waits for a rank that the
             // others do not have: compare first, and name the task that differs.
@@ -215,9 +215,7 @@ public:
             store.set("cluster/" + std::to_string(m_opt.rank), std::vector<char>(ourCluster.begin(), ourCluster.end()));
             for (int r = 0; r < m_opt.size; ++r) {
                 if (r == m_opt.rank) continue;
-                const std::string key = "cluster/" + std::to_string(r);
-                store.wait({key});
-                const std::vector<char> v = store.get(key);
+                const std::vector<char> v = store.get("cluster/" + std::to_string(r));  // waits for the key
                 const std::string theirs(v.begin(), v.end());
                 if (theirs != ourCluster)
                     return makeError(ErrorCode::InvalidArgument,
@@ -268,14 +266,12 @@ public:
             }
             m_connected = true;
         } catch (const std::exception& e) {
-            if (m_opt.cancelled && m_opt.cancelled())
-                return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
+            if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
             if (const std::string holder = heldBy(); !holder.empty()) return takenError(holder);
             // Name the ranks that never showed up: every rank heartbeats from the start, so a
             // silent one was not started, has another token (the rendezvous refuses it) or cannot
             // reach the rendezvous.
             std::string absent;
-            const std::string waited = std::to_string(std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout).count()) + " s";
             // Silent for 3 heartbeats, or for half the wait when that is shorter (a short
             // --collective-timeout), but always longer than one heartbeat of a live rank.
             const auto silence = std::max<std::chrono::milliseconds>(std::min<std::chrono::milliseconds>(3 * m_opt.heartbeat, m_opt.timeout / 2),
@@ -288,7 +284,7 @@ public:
                 return rendezvousSilent();
             if (!absent.empty())
                 return makeError(ErrorCode::IoError,
-                                 rankName(m_opt.rank) + ": " + absent + " did not join the cluster within " + waited +
+                                 rankName(m_opt.rank) + ": " + absent + " did not join the cluster within " + waitedText() +
                                      " (rendezvous at " + m_opt.rendezvousAddress + ")",
                                  "start every task with the same TF_CONFIG and the same token (the rendezvous refuses "
                                  "another token and logs it); a task must reach " + m_opt.rendezvousAddress);
@@ -582,8 +578,7 @@ private:
                 holder = now;
                 if (heldSince == std::chrono::steady_clock::time_point::max()) heldSince = std::chrono::steady_clock::now();
             }
-            if (m_opt.cancelled && m_opt.cancelled())
-                return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
+            if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
             const auto t = std::chrono::steady_clock::now();
             // Held for longer than a dead process's claim lasts: the holder lives, this is a second
             // copy. (A rendezvous that went away meanwhile was the holder's run ending.)
@@ -594,13 +589,15 @@ private:
         }
     }
 
+    bool cancelled() const { return m_opt.cancelled && m_opt.cancelled(); }
+    std::string waitedText() const { return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout).count()) + " s"; }
+
     // Rank 0 (the coordinator) serves the rendezvous: when it does not answer, rank 0 is missing.
     Error rendezvousSilent() const
     {
-        const std::string waited = std::to_string(std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout).count()) + " s";
         return makeError(ErrorCode::IoError,
                          rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + ", served by " + rankName(0) +
-                             ", did not answer within " + waited,
+                             ", did not answer within " + waitedText(),
                          "start " + rankName(0) + " (it coordinates the run) with the same TF_CONFIG and token, and check "
                          "that this machine can reach " + m_opt.rendezvousAddress);
     }

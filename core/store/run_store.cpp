@@ -1402,19 +1402,11 @@ Result<DeleteReport> RunStore::deleteRun(const std::string& runId, bool removeFi
     }
     // Only what the store wrote into its own folder is its to delete: a --save-weights or
     // --trace file elsewhere is the user's, recorded so the run can find it, not owned.
-    std::error_code rootEc;
-    const fs::path root = fs::weakly_canonical(filesRoot(m->path), rootEc);
-    auto insideStore = [&](const std::string& path) {
-        std::error_code ec;
-        const fs::path p = fs::weakly_canonical(path, ec);
-        if (ec || rootEc) return false;
-        const fs::path rel = p.lexically_relative(root);
-        return !rel.empty() && *rel.begin() != "..";
-    };
+    const std::string root = filesRoot(m->path);
     for (const Owned& o : owned) {
         std::error_code ec;
         if (!fs::exists(o.path, ec)) continue;
-        if (!insideStore(o.path)) {
+        if (!pathIsInside(o.path, root)) {
             report.keptFiles.push_back(o.path + " (outside the store's folder: it is yours)");
             continue;
         }

@@ -21,6 +21,8 @@ using Clock = std::chrono::steady_clock;
 
 // NCCL's last-error text is one buffer for the whole process, so it may describe another
 // thread's failure: it is given as a hint after the error code.
+std::string cudaText(cudaError_t e) { return std::string("CUDA error ") + cudaGetErrorString(e); }
+
 std::string ncclText(ncclResult_t r, ncclComm_t comm)
 {
     std::string out = std::string("NCCL error ") + std::to_string(static_cast<int>(r)) + " (" + ncclGetErrorString(r) + ")";
@@ -134,7 +136,7 @@ public:
         if (rc != ncclSuccess) failure = ncclText(rc, nullptr);
         for (int r = 0; r < n && rc == ncclSuccess; ++r) {
             if (cudaError_t e = cudaSetDevice(m_devices[static_cast<std::size_t>(r)]); e != cudaSuccess) {
-                failure = std::string("CUDA error ") + cudaGetErrorString(e);
+                failure = cudaText(e);
                 where = deviceName(r);
                 break;
             }
@@ -251,11 +253,11 @@ private:
         // A no-op on the rank's own (bound) thread; checked so that a failure is reported here
         // rather than left as the thread's last error for the next kernel launch to find.
         if (cudaError_t e = cudaSetDevice(m_devices[r]); e != cudaSuccess)
-            return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(e));
+            return fail(rank, what, cudaText(e));
         // Marks where the stream reaches the collective: the timeout counts from there, not
         // while this replica's own kernels queued before it still run.
         if (cudaError_t e = cudaEventRecord(m_started[r], m_streams[r]); e != cudaSuccess)
-            return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(e));
+            return fail(rank, what, cudaText(e));
         const ncclResult_t rc = enqueue(m_comms[r], m_streams[r]);
         if (rc != ncclSuccess && rc != ncclInProgress) return fail(rank, what, ncclText(rc, m_comms[r]));
         TS_TRY(settle(rank, what, Clock::now() + m_timeout));
@@ -268,13 +270,13 @@ private:
         while (true) {
             const cudaError_t q = cudaStreamQuery(m_streams[r]);
             if (q == cudaSuccess) return okStatus();
-            if (q != cudaErrorNotReady) return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(q));
+            if (q != cudaErrorNotReady) return fail(rank, what, cudaText(q));
             (void)cudaGetLastError();
             if (deadline == Clock::time_point::max()) {
                 const cudaError_t ev = cudaEventQuery(m_started[r]);
                 if (ev == cudaSuccess) deadline = Clock::now() + m_timeout;
                 else if (ev == cudaErrorNotReady) (void)cudaGetLastError();
-                else return fail(rank, what, std::string("CUDA error ") + cudaGetErrorString(ev));
+                else return fail(rank, what, cudaText(ev));
             }
             TS_TRY(poll(rank, what, deadline));
             if (++spins > 64) std::this_thread::sleep_for(std::chrono::microseconds(20));

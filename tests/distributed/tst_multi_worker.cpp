@@ -474,16 +474,23 @@ void TestMultiWorker::refusedSetups()
         QCOMPARE(f.code, 130);
         QVERIFY2(timer.elapsed() < 5000, "kept waiting for the peers after Ctrl-C");
     }
-    // Tasks with different numbers of local replicas: both refuse, before any training step.
-    {
-        const QString cluster = clusterJson({freePort(), freePort()});
-        auto chief = startCli(args + QStringList{"--task", "chief:0", "--devices", "cpu:0,cpu:1"}, cluster);
-        auto worker = startCli(args + QStringList{"--task", "worker:0", "--devices", "cpu:0"}, cluster);
+    // A chief and a worker started with `chiefExtra`/`workerExtra` (and their own TF_CONFIG
+    // clusters): both must fail, saying every one of `needles`.
+    auto bothRefuse = [&](const QStringList& chiefExtra, const QString& chiefCluster, const QStringList& workerExtra,
+                          const QString& workerCluster, const QStringList& needles) {
+        auto chief = startCli(args + QStringList{"--task", "chief:0"} + chiefExtra, chiefCluster);
+        auto worker = startCli(args + QStringList{"--task", "worker:0"} + workerExtra, workerCluster);
         for (auto* p : {chief.get(), worker.get()}) {
             f = finish(*p);
             QVERIFY2(f.code != 0, qPrintable(f.out));
-            QVERIFY2(f.out.contains("different numbers of local replicas"), qPrintable(f.out));
+            for (const QString& needle : needles) QVERIFY2(f.out.contains(needle), qPrintable(f.out));
         }
+    };
+    // Tasks with different numbers of local replicas: both refuse, before any training step.
+    {
+        const QString cluster = clusterJson({freePort(), freePort()});
+        bothRefuse({"--devices", "cpu:0,cpu:1"}, cluster, {"--devices", "cpu:0"}, cluster, {"different numbers of local replicas"});
+        if (QTest::currentTestFailed()) return;
     }
     // --backup-dir on the chief only: both refuse at once, naming the setting (they waited in
     // the first backup's collective until the timeout and blamed a slow peer).
@@ -491,13 +498,8 @@ void TestMultiWorker::refusedSetups()
         QTemporaryDir dir;
         const QString cluster = clusterJson({freePort(), freePort()});
         timer.restart();
-        auto chief = startCli(args + QStringList{"--task", "chief:0", "--backup-dir", dir.filePath("bk")}, cluster);
-        auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
-        for (auto* p : {chief.get(), worker.get()}) {
-            f = finish(*p);
-            QVERIFY2(f.code != 0, qPrintable(f.out));
-            QVERIFY2(f.out.contains("backup.enabled"), qPrintable(f.out));
-        }
+        bothRefuse({"--backup-dir", dir.filePath("bk")}, cluster, {}, cluster, {"backup.enabled"});
+        if (QTest::currentTestFailed()) return;
         QVERIFY2(timer.elapsed() < 20000, "the tasks only stopped at the collective timeout");
     }
     // Tasks given different clusters (the chief lists a second worker): both stop at once naming
@@ -505,14 +507,9 @@ void TestMultiWorker::refusedSetups()
     {
         const int p0 = freePort(), p1 = freePort(), p2 = freePort();
         timer.restart();
-        auto chief = startCli(args + QStringList{"--task", "chief:0"}, clusterJson({p0, p1, p2}));
-        auto worker = startCli(args + QStringList{"--task", "worker:0"}, clusterJson({p0, p1}));
-        for (auto* p : {chief.get(), worker.get()}) {
-            f = finish(*p);
-            QVERIFY2(f.code != 0, qPrintable(f.out));
-            QVERIFY2(f.out.contains("were given different clusters"), qPrintable(f.out));
-            QVERIFY2(f.out.contains(QString("worker:1 at 127.0.0.1:%1").arg(p2)), qPrintable(f.out));
-        }
+        bothRefuse({}, clusterJson({p0, p1, p2}), {}, clusterJson({p0, p1}),
+                   {"were given different clusters", QString("worker:1 at 127.0.0.1:%1").arg(p2)});
+        if (QTest::currentTestFailed()) return;
         QVERIFY2(timer.elapsed() < 20000, "the tasks only stopped at the collective timeout");
     }
     // A task started twice: the run goes on with one copy; the other stops within seconds naming
