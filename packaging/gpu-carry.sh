@@ -80,8 +80,9 @@ if [[ "${1:-}" == "--check" ]]; then
   echo "gpu-carry: unpacked into $root ($(du -sh "$root" | cut -f1)); configuring build/gpu-carry-check"
   # CMAKE_FIND_ROOT_PATH ... ONLY would also hide the CUDA toolkit, so instead the configure log
   # is checked for packages found outside ROOT.
+  mkdir -p build
   cmake -S . -B build/gpu-carry-check -G Ninja -DCMAKE_BUILD_TYPE=Release -DTS_BUILD_UI=OFF \
-    -DTS_ENABLE_CUDA=ON -DTS_BUILD_TESTS=ON "${GPU_CMAKE_ARGS[@]}" | tee build/gpu-carry-check.log
+    -DTS_ENABLE_CUDA=ON -DTS_BUILD_TESTS=ON "${GPU_CMAKE_ARGS[@]}" | tee build/gpu-carry-check.configure.log
   grep -E '_DIR:PATH=|_LIBRARY:FILEPATH=|_INCLUDE_DIR:PATH=' build/gpu-carry-check/CMakeCache.txt |
     grep -v -e "$root" -e cuda -e NOTFOUND -e '/build/' || echo "gpu-carry: every package resolved under $root"
 fi
