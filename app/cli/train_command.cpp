@@ -286,6 +286,7 @@ ts::Result<ts::remote::ClusterConnection> joinCluster(const ts::ClusterSpec& clu
     co.cancelled = std::move(cancelled);
     co.token = token;
     co.timeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    if (!o.quiet) co.waiting = [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); };
     return ts::remote::connectCluster(cluster, co);
 }
 

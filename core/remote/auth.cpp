@@ -1,5 +1,11 @@
 #include "remote/auth.h"
 
+#include <grpc/support/log.h>
+
+#include <chrono>
+#include <map>
+#include <mutex>
+
 #include "common/json_document.h"
 
 #include <algorithm>
@@ -82,8 +88,110 @@ void logLine(const std::string& line)
     std::fflush(stderr);
 }
 
+namespace {
+
+void grpcLog(gpr_log_func_args* args)
+{
+    // Errors only (gRPC's default verbosity): a bind failure, a refused TLS handshake. A client
+    // that keeps retrying repeats the same line several times a second: say it once per 10 s.
+    if (args->severity != GPR_LOG_SEVERITY_ERROR || !args->message) return;
+    static std::mutex mutex;
+    static std::map<std::string, std::pair<std::chrono::steady_clock::time_point, int>> recent;  // message -> last said, held back since
+    const std::string message = args->message;
+    const auto now = std::chrono::steady_clock::now();
+    std::string line;
+    {
+        std::lock_guard lock(mutex);
+        if (recent.size() > 64) recent.clear();
+        auto it = recent.find(message);
+        if (it != recent.end() && now - it->second.first < std::chrono::seconds(10)) {
+            ++it->second.second;
+            return;
+        }
+        const int held = it == recent.end() ? 0 : it->second.second;
+        recent[message] = {now, 0};
+        line = "grpc: " + message + (held > 0 ? " (and " + std::to_string(held) + " more time(s) before)" : "");
+    }
+    logLine(line);
+}
+
+// The text after the last "NAME: " marker gRPC put before its reason, e.g. "...: Connection refused".
+std::string tail(const std::string& message, const std::string& after)
+{
+    const auto at = message.rfind(after);
+    return at == std::string::npos ? message : message.substr(at + after.size());
+}
+
+// OpenSSL's reason at the end of gRPC's handshake message: "certificate verify failed".
+std::string reason(const std::string& message)
+{
+    std::string r = tail(message, "routines:");
+    while (!r.empty() && (r.front() == ':' || r.front() == ' ')) r.erase(r.begin());
+    return r;
+}
+
+std::string hostOf(const std::string& address)
+{
+    // [v6]:port, host:port
+    if (!address.empty() && address.front() == '[') return address.substr(1, address.find(']') - 1);
+    const auto colon = address.rfind(':');
+    return colon == std::string::npos ? address : address.substr(0, colon);
+}
+
+} // namespace
+
+void routeGrpcLogs()
+{
+    static std::once_flag once;
+    std::call_once(once, [] { gpr_set_log_function(&grpcLog); });
+}
+
+std::optional<ConnectTrouble> connectTrouble(const grpc::Status& status, const std::string& address, bool tls)
+{
+    if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return std::nullopt;
+    const std::string& m = status.error_message();
+    auto has = [&](const char* text) { return m.find(text) != std::string::npos; };
+    ConnectTrouble t;
+    if (has("DNS resolution failed")) {
+        t.what = "host name '" + hostOf(address) + "' does not resolve (DNS: " + tail(m, ": ") + ")";
+        t.hint = "check the host name in the cluster (TF_CONFIG's \"cluster\", or --cluster's file) and this machine's DNS";
+    } else if (has("Connection refused")) {
+        t.what = "nothing listens at " + address + " (connection refused)";
+        t.hint = "start it, or check the port in the cluster";
+    } else if (has("wrong version number") || (has("Ssl handshake failed") && has("WRONG_VERSION"))) {
+        t.what = address + " does not speak TLS, but this side connected with a CA (--tls-ca)";
+        t.hint = "give every worker daemon --tls-cert and --tls-key, or use no TLS anywhere (drop --tls-ca)";
+        t.patienceSeconds = 0;
+    } else if (has("certificate verify failed") || has("CERTIFICATE_VERIFY_FAILED")) {
+        t.what = "the certificate served at " + address + " is not signed by the CA this side trusts (" + reason(m) + ")";
+        t.hint = "pass the CA that signed every worker's --tls-cert as --tls-ca, on the coordinator and on every worker daemon";
+        t.patienceSeconds = 0;
+    } else if (has("is not in peer certificate") || has("Peer name")) {
+        t.what = "the certificate served at " + address + " does not name '" + hostOf(address) + "' (" + tail(m, ": ") + ")";
+        t.hint = "issue each worker's certificate for the host name or IP the cluster uses for it (subjectAltName)";
+        t.patienceSeconds = 0;
+    } else if (has("Ssl handshake failed") || has("Handshake failed")) {
+        t.what = "the TLS handshake with " + address + " failed (" + (has("routines:") ? reason(m) : tail(m, ": ")) + ")";
+        t.hint = "check --tls-cert, --tls-key and --tls-ca on both sides";
+        t.patienceSeconds = 0;
+    } else if (has("Socket closed") && !tls) {
+        // A TLS server closes a plain connection when its first bytes are not a TLS hello.
+        t.what = address + " closed the connection at once: it may serve TLS while this side speaks plain gRPC";
+        t.hint = "if the worker daemons serve TLS (--tls-cert), the coordinator and every daemon need --tls-ca (the CA that "
+                 "signed their certificates): tasks connect to each other with it";
+        t.patienceSeconds = 5;
+    } else if (has("failed to connect to all addresses")) {
+        t.what = "cannot connect to " + address + " (" + tail(m, ": ") + ")";
+        t.hint = "is it running, and reachable from this machine (firewall, address)?";
+    } else {
+        return std::nullopt;
+    }
+    return t;
+}
+
 Result<std::shared_ptr<grpc::ServerCredentials>> serverCredentials(const TlsFiles& tls)
 {
+    routeGrpcLogs();  // every server and channel is made with these credentials
     if (tls.certificate.empty() && tls.privateKey.empty()) return grpc::InsecureServerCredentials();
     if (tls.certificate.empty() || tls.privateKey.empty())
         return makeError(ErrorCode::InvalidArgument, "TLS needs both a certificate and a private key", "pass --tls-cert and --tls-key together");
@@ -96,6 +204,7 @@ Result<std::shared_ptr<grpc::ServerCredentials>> serverCredentials(const TlsFile
 
 Result<std::shared_ptr<grpc::ChannelCredentials>> channelCredentials(const TlsFiles& tls)
 {
+    routeGrpcLogs();
     if (tls.rootCa.empty()) return grpc::InsecureChannelCredentials();
     TS_ASSIGN(std::string ca, readPem(tls.rootCa, "TLS CA certificate", "CERTIFICATE-----"));
     grpc::SslCredentialsOptions opts;

@@ -6,6 +6,7 @@
 // Contract: free functions, thread-safe; loadToken returns errors naming the file or variable.
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/grpcpp.h>
@@ -26,6 +27,24 @@ grpc::Status checkToken(const grpc::ServerContext& context, const std::string& t
 
 // Where refusals and server-side problems are logged (stderr with a "[trainstudio]" prefix).
 void logLine(const std::string& line);
+// Sends gRPC's own log lines (bind failures, TLS handshakes a server refused) through logLine as
+// "grpc: ...", without gRPC's timestamp/thread/file prefix. Idempotent; serverCredentials and
+// channelCredentials call it, so every process that makes a server or a channel has it.
+void routeGrpcLogs();
+
+// Why a call could not reach `address`, in words a user can act on, read from gRPC's UNAVAILABLE
+// status: a host name that does not resolve, nothing listening, a TLS mismatch. `tls`: this side
+// connected with a CA (--tls-ca). Empty for other statuses.
+struct ConnectTrouble {
+    std::string what;  // "host name 'h0' does not resolve (DNS: Domain name not found)"
+    std::string hint;
+    // How long waiting may help: 0, not at all (a TLS mismatch, a certificate from another CA);
+    // -1, as long as the caller waits anyway (nothing listens yet, a name DNS does not know yet:
+    // the peer may start later); N > 0, while it lasts under N seconds (a connection closed at
+    // once, which a restarting server also does, but a TLS server does every time).
+    int patienceSeconds = -1;
+};
+std::optional<ConnectTrouble> connectTrouble(const grpc::Status& status, const std::string& address, bool tls);
 
 // TLS: credentials from PEM files; empty paths give insecure (loopback/testing) credentials.
 struct TlsFiles {

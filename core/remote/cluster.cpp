@@ -80,6 +80,7 @@ Result<ClusterConnection> connectCluster(const ClusterSpec& spec, const ClusterO
     go.timeout = options.timeout;
     go.heartbeat = options.heartbeat;
     go.cancelled = options.cancelled;
+    go.waiting = options.waiting;
     go.tls = options.tls;
     auto comm = makeGlooCommunicator(go);
     if (!comm.ok()) return comm.takeError();

@@ -33,6 +33,7 @@ struct ClusterOptions {
     // service at the task's address): do not start another.
     bool rendezvousAlreadyServed = false;
     std::function<bool()> cancelled;  // GlooOptions::cancelled
+    std::function<void(const std::string&)> waiting;  // GlooOptions::waiting
 };
 
 struct ClusterConnection {

@@ -371,7 +371,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         auto tf = m_options.spec.tfConfigFor(t.id);
         Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index) : Status(tf.error());
         if (!st.ok()) {
-            for (std::size_t k = 0; k < i; ++k) (void)m_tasks[k]->client->cancel(taskRun);
+            for (std::size_t k = 0; k < i; ++k) (void)m_tasks[k]->client->cancel(taskRun, "failed");
             bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
             return finish(Result<FitResult>(st.error()), 0);
         }
@@ -600,7 +600,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             }
         }
         for (auto& t : m_tasks)
-            if (t->ps) (void)t->client->cancel(taskRun);
+            if (t->ps) (void)t->client->cancel(taskRun, failure ? "failed" : m_cancel ? "" : "done");
         // Wait for the ps tasks' ends (their final statistics), still watching for failures.
         lock.lock();
         inbox.cv.wait(lock, [&] { return inbox.allEnded() || !inbox.failures.empty(); });
@@ -619,7 +619,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     beats.join();
     // Stop the others: they would wait for the failed one until their collective timeout.
     if (failure)
-        for (auto& t : m_tasks) (void)t->client->cancel(taskRun);
+        for (auto& t : m_tasks) (void)t->client->cancel(taskRun, "failed");
     for (auto& t : m_tasks) {
         if (failure) t->client->cancelStream();
         t->stream.join();

@@ -280,8 +280,11 @@ public:
             if (!silent.ok() && silent.error().code == ErrorCode::InvalidArgument) return tokenRefused();
             if (silent.ok())
                 for (int r : *silent) absent += (absent.empty() ? "" : ", ") + rankName(r);
-            else if (m_opt.rank != 0)
-                return rendezvousSilent();
+            else if (m_opt.rank != 0) {
+                std::optional<ConnectTrouble> trouble;
+                (void)m_client->reach(std::chrono::milliseconds(1000), &trouble);
+                return rendezvousSilent(trouble);
+            }
             if (!absent.empty())
                 return makeError(ErrorCode::IoError,
                                  rankName(m_opt.rank) + ": " + absent + " did not join the cluster within " + waitedText() +
@@ -564,10 +567,18 @@ private:
     // copy that is then refused (seen on a slow CI machine).
     Status claimRank()
     {
+        using Clock = std::chrono::steady_clock;
         const auto silence = 3 * m_opt.heartbeat;
-        const auto end = std::chrono::steady_clock::now() + m_opt.timeout;  // for the rendezvous to answer at all
+        const auto start = Clock::now();
+        const auto end = start + m_opt.timeout;  // for the rendezvous to answer at all
         std::string holder;
-        auto heldSince = std::chrono::steady_clock::time_point::max();
+        auto heldSince = Clock::time_point::max();
+        // Why the rendezvous does not answer, asked every second while beats fail (a beat waits
+        // for the connection, so its failure says only "deadline"); since when it is the same.
+        std::optional<ConnectTrouble> trouble;
+        auto troubleSince = Clock::time_point::max();
+        auto nextProbe = start;
+        auto nextReport = start + std::chrono::seconds(3);
         for (;;) {
             std::string now;
             // A short deadline per beat: a rendezvous not served yet would hold it for seconds.
@@ -576,14 +587,36 @@ private:
             if (!beat.ok() && beat.error().code == ErrorCode::InvalidArgument) return tokenRefused();
             if (beat.ok()) {
                 holder = now;
-                if (heldSince == std::chrono::steady_clock::time_point::max()) heldSince = std::chrono::steady_clock::now();
+                trouble.reset();
+                if (heldSince == Clock::time_point::max()) heldSince = Clock::now();
+            } else if (Clock::now() >= nextProbe) {
+                std::optional<ConnectTrouble> seen;
+                Status reached = m_client->reach(std::chrono::milliseconds(1000), &seen);
+                if (reached.ok() || !seen) {
+                    trouble.reset();
+                } else {
+                    const ConnectTrouble found = *seen;
+                    if (!trouble || trouble->what != found.what) troubleSince = Clock::now();
+                    trouble = found;
+                    // A TLS mismatch does not mend by waiting: say so now, not after the timeout.
+                    if (found.patienceSeconds == 0 ||
+                        (found.patienceSeconds > 0 && Clock::now() - troubleSince >= std::chrono::seconds(found.patienceSeconds)))
+                        return unreachable(found);
+                }
+                nextProbe = Clock::now() + std::chrono::seconds(1);
             }
             if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
-            const auto t = std::chrono::steady_clock::now();
+            const auto t = Clock::now();
             // Held for longer than a dead process's claim lasts: the holder lives, this is a second
             // copy. (A rendezvous that went away meanwhile was the holder's run ending.)
             if (!holder.empty() && t - heldSince >= silence + std::chrono::seconds(2)) return takenError(holder);
-            if (t >= end) return holder.empty() ? rendezvousSilent() : takenError(holder);
+            if (t >= end) return holder.empty() ? rendezvousSilent(trouble) : takenError(holder);
+            if (m_opt.waiting && holder.empty() && t >= nextReport) {
+                const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - t).count();
+                m_opt.waiting(rankName(m_opt.rank) + ": waiting for " + rendezvousOwner() + ": " +
+                              (trouble ? trouble->what : std::string("no answer yet")) + "; giving up in " + std::to_string(left) + " s");
+                nextReport = t + std::chrono::seconds(10);
+            }
             if (beat.ok()) std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(m_opt.heartbeat / 4, std::chrono::milliseconds(250)));
             else std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the failed beat waited already
         }
@@ -592,14 +625,32 @@ private:
     bool cancelled() const { return m_opt.cancelled && m_opt.cancelled(); }
     std::string waitedText() const { return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout).count()) + " s"; }
 
-    // Rank 0 (the coordinator) serves the rendezvous: when it does not answer, rank 0 is missing.
-    Error rendezvousSilent() const
+    // "rank 0 (chief:0 at h0:2222)", and the rendezvous's address when that does not name it.
+    std::string rendezvousOwner() const
     {
-        return makeError(ErrorCode::IoError,
-                         rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + ", served by " + rankName(0) +
-                             ", did not answer within " + waitedText(),
+        const std::string r0 = rankName(0);
+        return r0.find(m_opt.rendezvousAddress) == std::string::npos ? r0 + " (its rendezvous at " + m_opt.rendezvousAddress + ")" : r0;
+    }
+
+    // Rank 0 (the coordinator) serves the rendezvous: when it does not answer, rank 0 is missing,
+    // or unreachable for the reason last seen.
+    Error rendezvousSilent(const std::optional<ConnectTrouble>& trouble) const
+    {
+        const std::string where = rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + ", served by " + rankName(0) +
+                                  ", did not answer within " + waitedText();
+        if (trouble) return makeError(ErrorCode::IoError, where + ": " + trouble->what, trouble->hint);
+        return makeError(ErrorCode::IoError, where,
                          "start " + rankName(0) + " (it coordinates the run) with the same TF_CONFIG and token, and check "
                          "that this machine can reach " + m_opt.rendezvousAddress);
+    }
+
+    // The rendezvous cannot be reached in a way waiting does not mend (a TLS mismatch).
+    Error unreachable(const ConnectTrouble& trouble) const
+    {
+        return makeError(ErrorCode::InvalidArgument,
+                         rankName(m_opt.rank) + ": cannot reach " + rendezvousOwner() + ": " +
+                             trouble.what,
+                         trouble.hint);
     }
 
     // The rendezvous answered, refusing this task's token (it was "did not answer within 30 s").

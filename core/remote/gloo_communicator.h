@@ -49,6 +49,10 @@ struct GlooOptions {
     // Polled while waiting for the other ranks to join: true ends the wait (Cancelled), so a
     // task cancelled before its peers arrive does not sit out the whole timeout.
     std::function<bool()> cancelled;
+    // Told, a few seconds into a wait for the rendezvous and then every 10 s, what is being
+    // waited for and why it does not answer yet ("nothing listens at h0:2222 (connection refused)"),
+    // so a task waiting for its chief is not silent. Called on the joining thread; may be null.
+    std::function<void(const std::string&)> waiting;
     TlsFiles tls;
 };
 

@@ -70,6 +70,9 @@ public:
     Error fail(const Lane& lane, const grpc::Status& st, const std::string& what) const
     {
         if (cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+        if (auto t = connectTrouble(st, lane.address, !options.tls.rootCa.empty()))
+            return makeError(t->patienceSeconds == 0 ? ErrorCode::InvalidArgument : ErrorCode::IoError, lane.label + ": " + what + ": " + t->what,
+                             t->hint);
         std::string hint;
         switch (st.error_code()) {
         case grpc::StatusCode::UNAVAILABLE:
@@ -239,7 +242,10 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
         for (;;) {
             const grpc::Status st = call();
             if (st.ok()) return okStatus();
-            const bool starting = st.error_code() == grpc::StatusCode::UNAVAILABLE || st.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
+            // A TLS mismatch is not a ps task still starting: say so now.
+            const auto trouble = connectTrouble(st, lane.address, !d.options.tls.rootCa.empty());
+            const bool starting = (st.error_code() == grpc::StatusCode::UNAVAILABLE && !(trouble && trouble->patienceSeconds == 0)) ||
+                                  st.error_code() == grpc::StatusCode::FAILED_PRECONDITION;
             if (!starting || d.cancelled || std::chrono::steady_clock::now() > deadline) {
                 Error e = d.fail(lane, st, what);
                 if (starting && !d.cancelled)

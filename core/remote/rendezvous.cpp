@@ -1,4 +1,5 @@
 #include "remote/rendezvous.h"
+#include "remote/listen_check.h"
 
 #include <condition_variable>
 #include <map>
@@ -172,6 +173,7 @@ Result<std::unique_ptr<RendezvousServer>> RendezvousServer::start(const Options&
 {
     if (options.token.empty())
         return makeError(ErrorCode::InvalidArgument, "the rendezvous service needs a shared token", "pass --token-file or set $" + std::string(kTokenEnv));
+    TS_TRY(checkCanListen(options.bindAddress, "the rendezvous"));
     TS_ASSIGN(auto creds, serverCredentials(options.tls));
     auto impl = std::make_unique<Impl>();
     impl->service = std::make_unique<RendezvousService>(options.token, options.maxValueBytes);
@@ -192,6 +194,7 @@ Result<std::unique_ptr<RendezvousServer>> RendezvousServer::start(const Options&
 class RendezvousClient::Impl {
 public:
     std::string address, token;
+    bool tls = false;
     std::unique_ptr<Rendezvous::Stub> stub;
 
     Error fail(const grpc::Status& st, const std::string& what) const
@@ -227,6 +230,7 @@ Result<std::unique_ptr<RendezvousClient>> RendezvousClient::connect(const std::s
     auto impl = std::make_unique<Impl>();
     impl->address = address;
     impl->token = token;
+    impl->tls = !tls.rootCa.empty();
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(2 << 20);
     // Retry a coordinator that is not up yet every few hundred ms, not gRPC's default of up to
@@ -276,6 +280,23 @@ Status RendezvousClient::wait(const std::vector<std::string>& keys, std::chrono:
     const grpc::Status st = m_impl->stub->Wait(&ctx, req, &reply);
     if (!st.ok()) return m_impl->fail(st, "wait for " + std::to_string(keys.size()) + " key(s)" + (keys.empty() ? "" : " (" + keys.front() + ", ...)"));
     return okStatus();
+}
+
+Status RendezvousClient::reach(std::chrono::milliseconds timeout, std::optional<ConnectTrouble>* trouble)
+{
+    grpc::ClientContext ctx;
+    attachToken(ctx, m_impl->token);
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    // No wait_for_ready: a connection that cannot be made fails now, with gRPC's reason.
+    WaitRequest req;  // no keys: answered at once
+    req.set_timeout_ms(0);
+    WaitReply reply;
+    const grpc::Status st = m_impl->stub->Wait(&ctx, req, &reply);
+    if (st.ok()) return okStatus();
+    auto t = connectTrouble(st, m_impl->address, m_impl->tls);
+    if (trouble) *trouble = t;
+    if (t) return makeError(ErrorCode::IoError, "rendezvous at " + m_impl->address + ": " + t->what, t->hint);
+    return m_impl->fail(st, "reach");
 }
 
 Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,

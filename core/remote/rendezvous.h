@@ -60,6 +60,11 @@ public:
                                        const std::string& instance = {}, std::string* heldBy = nullptr,
                                        std::chrono::milliseconds deadline = std::chrono::seconds(2));
 
+    // One attempt to reach the service now, without waiting for it to come up: OK when it
+    // answers; otherwise why not (connectTrouble: DNS, nothing listening, a TLS mismatch), the
+    // trouble in *trouble when given.
+    Status reach(std::chrono::milliseconds timeout, std::optional<ConnectTrouble>* trouble = nullptr);
+
     class Impl;
 private:
     explicit RendezvousClient(std::unique_ptr<Impl> impl);

@@ -9,6 +9,7 @@ namespace ts::remote {
 class WorkerClient::Impl {
 public:
     std::string label, address, token;
+    bool tls = false;
     std::unique_ptr<Worker::Stub> stub;
     std::mutex streamMutex;
     grpc::ClientContext* stream = nullptr;  // the open StreamEvents call, for cancelStream()
@@ -21,6 +22,13 @@ public:
     }
     Error fail(const grpc::Status& st, const std::string& what) const
     {
+        if (auto t = connectTrouble(st, address, tls)) {
+            // Here what should listen is a worker daemon.
+            if (st.error_message().find("Connection refused") != std::string::npos)
+                t->hint = "is trainstudio-worker running at " + address + "? Start it there, or fix the address in the cluster file";
+            return makeError(t->patienceSeconds == 0 ? ErrorCode::InvalidArgument : ErrorCode::IoError, label + ": " + what + ": " + t->what,
+                             t->hint);
+        }
         std::string hint;
         switch (st.error_code()) {
         case grpc::StatusCode::UNAVAILABLE:
@@ -49,6 +57,7 @@ Result<std::unique_ptr<WorkerClient>> WorkerClient::connect(const std::string& l
     impl->label = label;
     impl->address = address;
     impl->token = token;
+    impl->tls = !tls.rootCa.empty();
     grpc::ChannelArguments args;
     args.SetMaxReceiveMessageSize(4 << 20);
     impl->stub = Worker::NewStub(grpc::CreateCustomChannel(address, creds, args));
@@ -136,12 +145,13 @@ void WorkerClient::cancelStream()
     if (m_impl->stream) m_impl->stream->TryCancel();
 }
 
-Status WorkerClient::cancel(const std::string& runId)
+Status WorkerClient::cancel(const std::string& runId, const std::string& reason)
 {
     grpc::ClientContext ctx;
     m_impl->prepare(ctx, std::chrono::seconds(3));
     CancelRequest req;
     req.set_run_id(runId);
+    req.set_reason(reason);
     CancelReply reply;
     const grpc::Status st = m_impl->stub->Cancel(&ctx, req, &reply);
     if (!st.ok()) return m_impl->fail(st, "cancel");

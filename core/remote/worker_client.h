@@ -57,7 +57,8 @@ public:
     // Ends the open stream and refuses later ones (the run is over) until allowStreams().
     void cancelStream();
     void allowStreams();
-    Status cancel(const std::string& runId);
+    // Stops the task; `reason` as CancelRequest's: "done", "failed" or "" (cancelled).
+    Status cancel(const std::string& runId, const std::string& reason = {});
     Result<WorkerPulse> heartbeat(std::chrono::milliseconds timeout);
 
     class Impl;

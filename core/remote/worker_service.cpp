@@ -1,4 +1,5 @@
 #include "remote/worker_service.h"
+#include "remote/listen_check.h"
 #include "train/backup.h"
 #include "data/autotune.h"
 
@@ -150,6 +151,7 @@ public:
         m_step = 0;
         m_state = "running";
         m_cancelRequested = false;
+        m_cancelReason.clear();
         m_task = withTask->task().toString();
         logLine("starting " + m_task + " of run " + m_runId + " for " + ctx->peer());
         m_thread = std::thread([this, c = std::move(cfg).value(), s = std::move(withTask).value()]() mutable { runTask(std::move(c), std::move(s)); });
@@ -187,6 +189,7 @@ public:
     {
         if (m_state == "running") {
             m_cancelRequested = true;
+            m_cancelReason.clear();
             if (m_trainer) m_trainer->cancel();
             if (m_store) m_store->cancel();
             m_cv.notify_all();
@@ -201,10 +204,14 @@ public:
         std::lock_guard lock(m_mutex);
         if (req->run_id() != m_runId) return refuse(*ctx, grpc::StatusCode::NOT_FOUND, "Worker.Cancel", "no run " + req->run_id() + " on this worker");
         m_cancelRequested = true;
+        m_cancelReason = req->reason();
         if (m_trainer) m_trainer->cancel();
         if (m_store) m_store->cancel();
         m_cv.notify_all();
-        logLine("cancelling run " + m_runId + " for " + ctx->peer());
+        logLine((m_cancelReason == "done"     ? "stopping " + m_task + " of run " + m_runId + ": the run is over"
+                 : m_cancelReason == "failed" ? "stopping " + m_task + " of run " + m_runId + ": another task of the run failed"
+                                              : "cancelling run " + m_runId) +
+                " (asked by " + ctx->peer() + ")");
         return grpc::Status::OK;
     }
 
@@ -303,7 +310,14 @@ private:
         publish("final", st.version, {{"updates", st.version}, {"pulls", st.pulls}, {"elements", st.elements},
                                       {"staleness_max", st.maxStaleness},
                                       {"staleness_mean", st.version > 0 ? st.sumStaleness / static_cast<double>(st.version) : 0.0}});
-        finish("completed", {});
+        // Only the coordinator's "the run is over" is a ps task's completion; a failure elsewhere,
+        // the user's cancel or this daemon shutting down is not.
+        std::string reason;
+        {
+            std::lock_guard lock(m_mutex);
+            reason = m_shutdown && !m_cancelRequested ? "shutdown" : m_cancelReason;
+        }
+        finish(reason == "done" ? "completed" : "cancelled", {});
     }
 
     void runTask(RunConfig cfg, ClusterSpec spec)
@@ -349,6 +363,7 @@ private:
             co.tls = m_tls;  // the rendezvous is served by a daemon like this one, with the same TLS
             co.rendezvousAlreadyServed = spec.task() == spec.coordinator();  // served by this daemon
             co.cancelled = [this] { return m_cancelRequested.load(); };
+            co.waiting = [](const std::string& line) { logLine(line); };
             auto joined = connectCluster(spec, co);
             if (!joined.ok()) {
                 if (joined.error().code == ErrorCode::Cancelled && m_cancelRequested) return finish("cancelled", {});
@@ -452,6 +467,7 @@ private:
     int64_t m_step = 0;
     Trainer* m_trainer = nullptr;
     std::atomic<bool> m_cancelRequested{false};
+    std::string m_cancelReason;  // the last Cancel's (CancelRequest.reason)
     bool m_shutdown = false;
     std::thread m_thread;
 };
@@ -511,6 +527,7 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
                          "other machines can reach a non-loopback address; pass --allow-remote to mean it (and use TLS)");
     if (options.token.empty())
         return makeError(ErrorCode::InvalidArgument, "trainstudio-worker needs a shared token", "pass --token-file or set $" + std::string(kTokenEnv));
+    TS_TRY(checkCanListen(options.listen, "trainstudio-worker"));
     TS_ASSIGN(auto creds, serverCredentials(options.tls));
     auto impl = std::make_unique<Impl>();
     impl->ps = std::make_unique<ParameterService>(options.token);

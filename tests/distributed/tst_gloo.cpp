@@ -134,6 +134,9 @@ private slots:
     void settingsMustAgree();
     void absentRanksAreNamed();
     void portInUseIsRefused();
+    void connectTroubleIsNamed_data();
+    void connectTroubleIsNamed();
+    void unreachableRendezvousIsExplained();
     void twoProcessLoopback();
     void killedProcessIsDetected();
 };
@@ -501,7 +504,91 @@ void TestGloo::portInUseIsRefused()
     o.bindAddress = "127.0.0.1:" + std::to_string(first->port());
     auto second = RendezvousServer::start(o);
     QVERIFY(!second.ok());
-    QVERIFY2(second.error().hint.find("in use") != std::string::npos, second.error().hint.c_str());
+    const std::string taken = "port " + std::to_string(first->port()) + " is in use by another program";
+    QVERIFY2(second.error().message.find(taken) != std::string::npos, second.error().message.c_str());
+}
+
+// gRPC's UNAVAILABLE messages (as gRPC 1.51 words them) in words a user can act on.
+void TestGloo::connectTroubleIsNamed_data()
+{
+    QTest::addColumn<QString>("message");
+    QTest::addColumn<bool>("tls");
+    QTest::addColumn<QString>("expected");
+    QTest::addColumn<int>("patience");
+    QTest::newRow("dns") << "DNS resolution failed for h0:2222: C-ares status is not ARES_SUCCESS qtype=AAAA name=h0 is_balancer=0: Domain name not found"
+                         << false << "host name 'h0' does not resolve (DNS: Domain name not found)" << -1;
+    QTest::newRow("refused") << "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused"
+                             << false << "nothing listens at h0:2222 (connection refused)" << -1;
+    QTest::newRow("plain to tls") << "failed to connect to all addresses; last error: UNAVAILABLE: ipv4:127.0.0.1:17443: Socket closed"
+                                  << false << "closed the connection at once: it may serve TLS" << 5;
+    QTest::newRow("tls to plain") << "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:17444: Ssl handshake failed: "
+                                     "SSL_ERROR_SSL: error:0A00010B:SSL routines::wrong version number"
+                                  << true << "h0:2222 does not speak TLS" << 0;
+    QTest::newRow("other ca") << "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:17443: Ssl handshake failed: "
+                                 "SSL_ERROR_SSL: error:0A000086:SSL routines::certificate verify failed"
+                              << true << "not signed by the CA this side trusts (certificate verify failed)" << 0;
+    QTest::newRow("name") << "failed to connect to all addresses; last error: UNKNOWN: ipv4:127.0.0.1:24001: Peer name h0 is not in peer certificate"
+                          << true << "does not name 'h0'" << 0;
+}
+
+void TestGloo::connectTroubleIsNamed()
+{
+    QFETCH(QString, message);
+    QFETCH(bool, tls);
+    QFETCH(QString, expected);
+    QFETCH(int, patience);
+    auto t = connectTrouble(grpc::Status(grpc::StatusCode::UNAVAILABLE, message.toStdString()), "h0:2222", tls);
+    QVERIFY(t.has_value());
+    QVERIFY2(t->what.find(expected.toStdString()) != std::string::npos, t->what.c_str());
+    QVERIFY(!t->hint.empty());
+    QCOMPARE(t->patienceSeconds, patience);
+    // Not a connection failure: nothing to say.
+    QVERIFY(!connectTrouble(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong token"), "h0:2222", tls).has_value());
+}
+
+// A rank whose rendezvous cannot be reached says why while it waits, and in its error; a TLS
+// mismatch ends the wait early instead of at the timeout.
+void TestGloo::unreachableRendezvousIsExplained()
+{
+    // Nothing listens: a free port, found by binding one and letting it go.
+    int freePort = 0;
+    {
+        auto probe = startServer();
+        freePort = probe->port();
+    }
+    std::vector<std::string> said;
+    GlooOptions o = options(freePort, 1, 2, "nobody", 4s);
+    o.waiting = [&](const std::string& line) { said.push_back(line); };
+    auto c = makeGlooCommunicator(o);
+    QVERIFY(!c.ok());
+    const std::string refused = "nothing listens at 127.0.0.1:" + std::to_string(freePort) + " (connection refused)";
+    QVERIFY2(c.error().message.find("did not answer within 4 s: " + refused) != std::string::npos, c.error().message.c_str());
+    QVERIFY(!said.empty());
+    const std::string waitingFor = "waiting for rank 0 (worker:0) (its rendezvous at 127.0.0.1:" + std::to_string(freePort) + "): " + refused;
+    QVERIFY2(said.front().find(waitingFor) != std::string::npos, said.front().c_str());
+
+    // A TLS rendezvous: a plaintext rank gives up after 5 s of closed connections, one trusting
+    // another CA at once; both well inside their 60 s.
+    const std::string dir = std::string(TS_FIXTURES_DIR) + "/tls/";
+    RendezvousServer::Options so;
+    so.token = kToken;
+    so.tls.certificate = dir + "server.crt";
+    so.tls.privateKey = dir + "server.key";
+    auto server = std::move(RendezvousServer::start(so)).value();
+    QElapsedTimer timer;
+    timer.start();
+    auto plain = makeGlooCommunicator(options(server->port(), 1, 2, "plain", 60s));
+    QVERIFY(!plain.ok());
+    QVERIFY2(plain.error().message.find("closed the connection at once") != std::string::npos, plain.error().message.c_str());
+    QVERIFY2(plain.error().hint.find("--tls-ca") != std::string::npos, plain.error().hint.c_str());
+    QVERIFY2(timer.elapsed() < 20000, std::to_string(timer.elapsed()).c_str());
+    timer.restart();
+    GlooOptions other = options(server->port(), 1, 2, "other-ca", 60s);
+    other.tls.rootCa = dir + "other-ca.crt";
+    auto wrongCa = makeGlooCommunicator(other);
+    QVERIFY(!wrongCa.ok());
+    QVERIFY2(wrongCa.error().message.find("is not signed by the CA this side trusts") != std::string::npos, wrongCa.error().message.c_str());
+    QVERIFY2(timer.elapsed() < 10000, std::to_string(timer.elapsed()).c_str());
 }
 
 void TestGloo::badOptions()

@@ -520,12 +520,14 @@ void TestParameterServer::psTaskAppliesPushesAndRefusesMalformedOnes()
     // SGD with the run's optimizer: w - 0.5 * g, twice.
     QCOMPARE(w[0], 1.f - 0.5f * 2.f - 0.5f * 2.f);
     QCOMPARE(w[1], 2.f - 0.5f * 4.f);
-    // The coordinator stops a ps task with Cancel; it reports what it applied.
+    // The coordinator stops a ps task with Cancel ("done": the run is over); it reports what it
+    // applied, and ends as completed.
     {
         grpc::ClientContext c;
         ctx(c);
         CancelRequest req;
         req.set_run_id("run-ps");
+        req.set_reason("done");
         CancelReply reply;
         QVERIFY(control->Cancel(&c, req, &reply).ok());
     }

@@ -223,7 +223,16 @@ void TestWorker::bindsLoopbackUnlessAllowed()
     o.listen = "127.0.0.1:" + std::to_string(first->port());
     auto second = WorkerDaemon::start(o);
     QVERIFY(!second.ok());
-    QVERIFY2(second.error().hint.find("in use") != std::string::npos, second.error().hint.c_str());
+    const std::string taken = "port " + std::to_string(first->port()) + " is in use by another program";
+    QVERIFY2(second.error().message.find(taken) != std::string::npos, second.error().message.c_str());
+    QVERIFY2(second.error().hint.find("ss -ltnp") != std::string::npos, second.error().hint.c_str());
+    // An address of another machine (TEST-NET-1, never this one's) is named as such.
+    o.allowRemote = true;
+    o.listen = "192.0.2.1:7172";
+    auto elsewhere = WorkerDaemon::start(o);
+    QVERIFY(!elsewhere.ok());
+    QVERIFY2(elsewhere.error().message.find("192.0.2.1 is not an address of this machine") != std::string::npos,
+             elsewhere.error().message.c_str());
 }
 
 void TestWorker::servesTls()
@@ -379,7 +388,9 @@ void TestWorker::preflightNamesUnreachableWorker()
     QVERIFY(coord->waitForFinished(60000));
     const QString out = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
     QCOMPARE(coord->exitCode(), 2);
-    QVERIFY2(out.contains(QString("pre-flight: worker:0 at 127.0.0.1:%1: unreachable").arg(deadPort)), qPrintable(out));
+    QVERIFY2(out.contains(QString("pre-flight: worker:0 at 127.0.0.1:%1: unreachable: nothing listens at 127.0.0.1:%1 (connection refused)")
+                              .arg(deadPort)),
+             qPrintable(out));
     QVERIFY2(out.contains("is trainstudio-worker running at"), qPrintable(out));
 }
 
