@@ -178,12 +178,7 @@ public:
 
     ~GlooCommunicator() override
     {
-        {
-            std::lock_guard lock(m_hbMutex);
-            m_stopHeartbeat = true;
-        }
-        m_hbCv.notify_all();
-        if (m_heartbeat.joinable()) m_heartbeat.join();
+        stopHeartbeat();
         // Algorithms hold buffers registered with the context's pairs: free them first.
         m_allreduce.clear();
         m_registered.clear();
@@ -195,6 +190,27 @@ public:
     Status connect()
     {
         TS_ASSIGN(m_client, RendezvousClient::connect(m_opt.rendezvousAddress, m_opt.token, m_opt.tls));
+        // A task restarted after a crash may join while rank 0 still runs the broken group and
+        // only then notices, shuts that group's rendezvous down and serves a new one: join
+        // again (a few times) instead of failing, or rank 0 would wait for this task in vain.
+        for (int attempt = 0;; ++attempt) {
+            m_rendezvousRestarted = false;
+            Status st = joinOnce();
+            if (st.ok() || !m_rendezvousRestarted || attempt == 3 || cancelled()) return st;
+            stopHeartbeat();
+            m_context.reset();
+            m_device.reset();
+            {
+                std::lock_guard held(m_heldByMutex);
+                m_heldBy.clear();
+            }
+            if (m_opt.waiting)
+                m_opt.waiting(rankName(m_opt.rank) + ": " + rendezvousOwner() + " restarted the cluster while this task joined it; joining again");
+        }
+    }
+
+    Status joinOnce()
+    {
         TS_TRY(claimRank());
         startHeartbeat();
         if (m_opt.size == 1) return okStatus();
@@ -268,6 +284,14 @@ public:
         } catch (const std::exception& e) {
             if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
             if (const std::string holder = heldBy(); !holder.empty()) return takenError(holder);
+            // The rendezvous closed under this join (or is gone): rank 0 ended or restarts the group.
+            if (m_opt.rank != 0 && (std::string(e.what()).find(kRendezvousClosing) != std::string::npos ||
+                                    !m_client->reach(std::chrono::milliseconds(1000)).ok())) {
+                m_rendezvousRestarted = true;
+                return makeError(ErrorCode::IoError,
+                                 rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + " went away while this task joined: " + e.what(),
+                                 "start " + rankName(0) + " again (it serves the rendezvous)");
+            }
             // Name the ranks that never showed up: every rank heartbeats from the start, so a
             // silent one was not started, has another token (the rendezvous refuses it) or cannot
             // reach the rendezvous.
@@ -577,15 +601,25 @@ private:
         // for the connection, so its failure says only "deadline"); since when it is the same.
         std::optional<ConnectTrouble> trouble;
         auto troubleSince = Clock::time_point::max();
+        bool groupRunning = false;
         auto nextProbe = start;
         auto nextReport = start + std::chrono::seconds(3);
         for (;;) {
             std::string now;
+            bool running = false;
             // A short deadline per beat: a rendezvous not served yet would hold it for seconds.
-            auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance, &now, std::chrono::milliseconds(500));
-            if (beat.ok() && now.empty()) return okStatus();
+            auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance, &now, &running,
+                                            std::chrono::milliseconds(500));
+            if (beat.ok() && now.empty() && !running) return okStatus();
             if (!beat.ok() && beat.error().code == ErrorCode::InvalidArgument) return tokenRefused();
-            if (beat.ok()) {
+            groupRunning = beat.ok() && running;
+            if (beat.ok() && running) {
+                // This rank's previous process trained in the group rank 0 still serves: wait
+                // until rank 0 notices and serves the next group (its rendezvous goes away first).
+                holder.clear();
+                heldSince = Clock::time_point::max();
+                trouble.reset();
+            } else if (beat.ok()) {
                 holder = now;
                 trouble.reset();
                 if (heldSince == Clock::time_point::max()) heldSince = Clock::now();
@@ -610,11 +644,15 @@ private:
             // Held for longer than a dead process's claim lasts: the holder lives, this is a second
             // copy. (A rendezvous that went away meanwhile was the holder's run ending.)
             if (!holder.empty() && t - heldSince >= silence + std::chrono::seconds(2)) return takenError(holder);
-            if (t >= end) return holder.empty() ? rendezvousSilent(trouble) : takenError(holder);
+            if (t >= end) return groupRunning ? groupNotRestarted() : holder.empty() ? rendezvousSilent(trouble) : takenError(holder);
             if (m_opt.waiting && holder.empty() && t >= nextReport) {
                 const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - t).count();
                 m_opt.waiting(rankName(m_opt.rank) + ": waiting for " + rendezvousOwner() + ": " +
-                              (trouble ? trouble->what : std::string("no answer yet")) + "; giving up in " + std::to_string(left) + " s");
+                              (groupRunning ? std::string("it still trains the group this task's previous process left, and restarts it once "
+                                                          "it notices")
+                               : trouble    ? trouble->what
+                                            : std::string("no answer yet")) +
+                              "; giving up in " + std::to_string(left) + " s");
                 nextReport = t + std::chrono::seconds(10);
             }
             if (beat.ok()) std::this_thread::sleep_for(std::min<std::chrono::milliseconds>(m_opt.heartbeat / 4, std::chrono::milliseconds(250)));
@@ -642,6 +680,17 @@ private:
         return makeError(ErrorCode::IoError, where,
                          "start " + rankName(0) + " (it coordinates the run) with the same TF_CONFIG and token, and check "
                          "that this machine can reach " + m_opt.rendezvousAddress);
+    }
+
+    // Rank 0 kept the group this rank's previous process left (it has no --restarts, or never
+    // noticed): a new process cannot join it.
+    Error groupNotRestarted() const
+    {
+        return makeError(ErrorCode::IoError,
+                         rankName(m_opt.rank) + ": " + rankName(0) + " did not restart the cluster within " + waitedText() +
+                             ": it still runs the group that this task's previous process left",
+                         "a restarted task rejoins when rank 0 restarts the run from its backup: start every task with the same "
+                         "--backup-dir and --restarts; otherwise stop and start all of them");
     }
 
     // The rendezvous cannot be reached in a way waiting does not mend (a TLS mismatch).
@@ -675,6 +724,18 @@ private:
     {
         std::lock_guard lock(m_heldByMutex);
         return m_heldBy;
+    }
+
+    void stopHeartbeat()
+    {
+        {
+            std::lock_guard lock(m_hbMutex);
+            m_stopHeartbeat = true;
+        }
+        m_hbCv.notify_all();
+        if (m_heartbeat.joinable()) m_heartbeat.join();
+        std::lock_guard lock(m_hbMutex);
+        m_stopHeartbeat = false;
     }
 
     void startHeartbeat()
@@ -737,6 +798,7 @@ private:
 
     std::thread m_heartbeat;
     const std::string m_instance = randomInstance();  // this join's claim on its rank
+    bool m_rendezvousRestarted = false;  // joinOnce failed because the rendezvous went away
     std::mutex m_heldByMutex;
     std::string m_heldBy;  // set by the heartbeat: another live process holds this rank
     std::mutex m_hbMutex;

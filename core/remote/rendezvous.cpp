@@ -40,7 +40,7 @@ public:
         if (auto st = checkKey(*ctx, req->key()); !st.ok()) return st;
         std::unique_lock lock(m_mutex);
         if (!waitFor(lock, ctx, {req->key()}, req->timeout_ms()))
-            return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "key " + req->key() + " was not set in time");
+            return m_shutdown ? closing() : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "key " + req->key() + " was not set in time");
         reply->set_value(m_values[req->key()]);
         return grpc::Status::OK;
     }
@@ -53,7 +53,7 @@ public:
             if (auto st = checkKey(*ctx, k); !st.ok()) return st;
         std::unique_lock lock(m_mutex);
         if (!waitFor(lock, ctx, keys, req->timeout_ms()))
-            return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "keys were not all set in time");
+            return m_shutdown ? closing() : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "keys were not all set in time");
         return grpc::Status::OK;
     }
 
@@ -78,7 +78,14 @@ public:
                 reply->set_held_by(c.peer);
                 return grpc::Status::OK;
             }
+            // A lapsed claim in a group that formed: its holder trained with the others and left
+            // (crashed). Its replacement joins the group rank 0 serves after noticing, not this one.
+            if (!c.instance.empty() && c.instance != req->instance() && g.formed) {
+                reply->set_group_running(true);
+                return grpc::Status::OK;
+            }
             c = {req->instance(), ctx->peer(), now};
+            if (static_cast<int>(g.claims.size()) == req->size()) g.formed = true;
         }
         g.lastSeen[req->rank()] = now;
         for (int r = 0; r < req->size(); ++r) {
@@ -105,7 +112,11 @@ private:
         Clock::time_point created;
         std::map<int, Clock::time_point> lastSeen;
         std::map<int, Claim> claims;  // by rank: the instance that holds it
+        bool formed = false;          // every rank has been claimed
     };
+
+    // A waiter woken by shutdown(): the group it was joining is gone (its run ended or restarts).
+    static grpc::Status closing() { return grpc::Status(grpc::StatusCode::UNAVAILABLE, kRendezvousClosing); }
 
     grpc::Status checkKey(const grpc::ServerContext& ctx, const std::string& key)
     {
@@ -300,7 +311,7 @@ Status RendezvousClient::reach(std::chrono::milliseconds timeout, std::optional<
 }
 
 Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
-                                                     const std::string& instance, std::string* heldBy,
+                                                     const std::string& instance, std::string* heldBy, bool* groupRunning,
                                                      std::chrono::milliseconds deadline)
 {
     grpc::ClientContext ctx;
@@ -315,6 +326,7 @@ Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, i
     const grpc::Status st = m_impl->stub->Heartbeat(&ctx, req, &reply);
     if (!st.ok()) return m_impl->fail(st, "heartbeat");
     if (heldBy) *heldBy = reply.held_by();
+    if (groupRunning) *groupRunning = reply.group_running();
     return std::vector<int>(reply.silent_ranks().begin(), reply.silent_ranks().end());
 }
 

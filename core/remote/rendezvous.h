@@ -43,6 +43,10 @@ private:
 // The service alone, to serve next to others on one port (trainstudio-worker does).
 std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes = 1 << 20);
 
+// What a call waiting at a rendezvous that shuts down gets (UNAVAILABLE): the group it was
+// joining is gone, because its run ended or rank 0 restarts it.
+inline constexpr const char* kRendezvousClosing = "the rendezvous is shutting down (its run ended or is restarting)";
+
 class RendezvousClient {
 public:
     static Result<std::unique_ptr<RendezvousClient>> connect(const std::string& address, const std::string& token,
@@ -55,9 +59,10 @@ public:
     Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
     // Says `rank` of `group` is alive; returns the ranks silent for longer than `silence`. With an
     // `instance`, the rank is claimed for it: when another instance holds it and beat within
-    // `silence`, *heldBy gets that one's peer address and this beat does not count.
+    // `silence`, *heldBy gets that one's peer address and this beat does not count. *groupRunning:
+    // the group formed and this rank's previous holder left it; the beat does not count either.
     Result<std::vector<int>> heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
-                                       const std::string& instance = {}, std::string* heldBy = nullptr,
+                                       const std::string& instance = {}, std::string* heldBy = nullptr, bool* groupRunning = nullptr,
                                        std::chrono::milliseconds deadline = std::chrono::seconds(2));
 
     // One attempt to reach the service now, without waiting for it to come up: OK when it

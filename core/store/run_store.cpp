@@ -9,6 +9,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <limits>
 #include <charconv>
 #include <chrono>
 #include <condition_variable>
@@ -750,8 +751,10 @@ struct RunStore::Impl {
     Status writeStatus(int64_t runKey, RunState state, const std::string& error, int64_t wallUs)
     {
         if (isTerminal(state)) {
+            // A completed run has no error, even when an earlier attempt (train --restarts) failed:
+            // its log says so.
             TS_ASSIGN(sql::Stmt s, writer.prepare("UPDATE runs SET status = ?1, ended_us = ?2, "
-                                                  "error = CASE WHEN ?3 = '' THEN error ELSE ?3 END WHERE rid = ?4"));
+                                                  "error = CASE WHEN ?1 = 'completed' THEN '' WHEN ?3 = '' THEN error ELSE ?3 END WHERE rid = ?4"));
             s.bind(1, statusName(state)).bind(2, wallUs).bind(3, error).bind(4, runKey);
             return s.run();
         }
@@ -763,9 +766,57 @@ struct RunStore::Impl {
         return s.run();
     }
 
+    // Writer thread: drops run `r`'s per-step records beyond `step` (RunStore::rewindRun).
+    Status rewind(int64_t r, int64_t step)
+    {
+        // Samples of this batch not written yet (step series are written at the batch's end).
+        for (auto& [key, samples] : pendingSteps)
+            if (key.first == r)
+                samples.erase(std::remove_if(samples.begin(), samples.end(), [&](const StepSample& s) { return s.step > step; }),
+                              samples.end());
+        // Blocks that straddle the step keep their first part, re-encoded.
+        {
+            TS_ASSIGN(sql::Stmt sel, writer.prepare("SELECT rowid, data FROM step_series WHERE run = ?1 AND step0 <= ?2 AND step1 > ?2"));
+            sel.bind(1, r).bind(2, step);
+            std::vector<std::pair<int64_t, std::vector<StepSample>>> cut;
+            for (;;) {
+                TS_ASSIGN(bool row, sel.step());
+                if (!row) break;
+                std::vector<StepSample> kept;
+                const std::string blob(sel.blob(1));
+                if (!decodeStepSamples(blob, std::numeric_limits<int64_t>::min(), step, kept))
+                    return makeError(ErrorCode::IoError, "a damaged step series block could not be cut at step " + std::to_string(step));
+                cut.emplace_back(sel.int64(0), std::move(kept));
+            }
+            for (auto& [rowid, kept] : cut) {
+                if (kept.empty()) {
+                    TS_ASSIGN(sql::Stmt del, writer.prepare("DELETE FROM step_series WHERE rowid = ?1"));
+                    del.bind(1, rowid);
+                    TS_TRY(del.run());
+                    continue;
+                }
+                std::string blob;
+                encodeStepSamples(kept.data(), kept.size(), blob);
+                TS_ASSIGN(sql::Stmt up, writer.prepare("UPDATE step_series SET step1 = ?1, samples = ?2, last_wall_us = ?3, data = ?4 WHERE rowid = ?5"));
+                up.bind(1, kept.back().step).bind(2, static_cast<int64_t>(kept.size())).bind(3, kept.back().wallUs)
+                    .bindBlob(4, blob.data(), blob.size()).bind(5, rowid);
+                TS_TRY(up.run());
+            }
+        }
+        for (const char* sql : {"DELETE FROM step_series WHERE run = ?1 AND step0 > ?2",
+                                "DELETE FROM epoch_metrics WHERE run = ?1 AND step > ?2",
+                                "DELETE FROM step_breakdowns WHERE run = ?1 AND step > ?2"}) {
+            TS_ASSIGN(sql::Stmt del, writer.prepare(sql));
+            del.bind(1, r).bind(2, step);
+            TS_TRY(del.run());
+        }
+        return okStatus();
+    }
+
     Status write(const telemetry::RunStateEvent& e)
     {
         TS_ASSIGN(int64_t r, rid(e.stamp.runId, true));
+        if (e.resumedAfterStep >= 0) TS_TRY(rewind(r, e.resumedAfterStep));
         return writeStatus(r, e.state, e.message, stampTime(e.stamp));
     }
 
@@ -1090,6 +1141,15 @@ Status RunStore::flush()
         return e;
     }
     return okStatus();
+}
+
+Status RunStore::rewindRun(const std::string& runId, int64_t step)
+{
+    Impl* d = m.get();
+    return m->submit([=]() -> Status {
+        TS_ASSIGN(int64_t r, d->rid(runId, false));
+        return d->rewind(r, step);
+    });
 }
 
 Status RunStore::close()

@@ -187,6 +187,12 @@ public:
     // Waits until everything queued before the call is committed. Returns the first write
     // error since the previous flush, if any.
     Status flush();
+    // The run starts again after `step` (train --restarts resumed it from a backup): the
+    // per-step records of its failed attempt beyond that step (step metrics, epochs, step
+    // breakdowns) are dropped, so replayed steps are not counted twice and curves do not run
+    // backwards. What happened in time stays: logs, trace spans, device and pipeline samples,
+    // findings. Ordered after the events published before the call.
+    Status rewindRun(const std::string& runId, int64_t step);
     // Flushes, stops the writer and closes the connections. Idempotent.
     Status close();
     // Events dropped because the queue was full or their batch could not be written.

@@ -33,6 +33,9 @@ struct RunStateEvent {
     Stamp stamp;
     RunState state = RunState::Created;
     std::string message;  // error text for Failed
+    // Running, >= 0: fit() resumed from a backup made after this step (train --restarts); the
+    // store drops what an earlier attempt recorded beyond it (RunStore::rewindRun).
+    int64_t resumedAfterStep = -1;
 };
 
 struct StepMetricsEvent {

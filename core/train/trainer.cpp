@@ -553,6 +553,11 @@ Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
     const std::string from = chief ? path : std::string("the chief's backup");
     if (listener) listener->onResume(*m_resumeAt, from);
     if (m_config.bus) {
+        telemetry::RunStateEvent resumed;
+        resumed.stamp = telemetry::Stamp{m_config.runId, m_resumeAt->step, telemetry::wallNowMicros(), trainerLane()};
+        resumed.state = telemetry::RunState::Running;
+        resumed.resumedAfterStep = m_resumeAt->step;
+        m_config.bus->publish(telemetry::Event(std::move(resumed)));
         telemetry::LogEvent e;
         e.stamp = telemetry::Stamp{m_config.runId, m_step, telemetry::wallNowMicros(), trainerLane()};
         e.level = telemetry::LogLevel::Info;

@@ -198,6 +198,21 @@ void TestGloo::rendezvousBounds()
     std::this_thread::sleep_for(150ms);
     silent = c->heartbeat("g", 0, 2, 100ms);
     QCOMPARE(*silent, std::vector<int>{1});
+    // Claims: before a group forms, a rank whose holder went silent passes to a new process (one
+    // that crashed while joining, started again); once every rank joined, its replacement is told
+    // the group is running (it waits for rank 0's next group) and does not take the rank over.
+    std::string held;
+    bool running = true;
+    QVERIFY(c->heartbeat("claims", 0, 2, 100ms, "a", &held, &running).ok() && held.empty() && !running);
+    QVERIFY(c->heartbeat("claims", 0, 2, 100ms, "b", &held, &running).ok());
+    QVERIFY(!held.empty() && !running);  // "a" still beats: a task started twice
+    std::this_thread::sleep_for(150ms);
+    QVERIFY(c->heartbeat("claims", 0, 2, 100ms, "b", &held, &running).ok() && held.empty() && !running);  // "a" lapsed
+    QVERIFY(c->heartbeat("claims", 1, 2, 100ms, "c", &held, &running).ok() && held.empty() && !running);  // formed
+    std::this_thread::sleep_for(150ms);
+    QVERIFY(c->heartbeat("claims", 1, 2, 100ms, "d", &held, &running).ok());
+    QVERIFY(held.empty() && running);
+    QVERIFY(c->heartbeat("claims", 1, 2, 100ms, "c", &held, &running).ok() && held.empty() && !running);  // its holder may return
     QVERIFY(!c->heartbeat("g", 2, 2, 100ms).ok());
 }
 

@@ -151,6 +151,7 @@ private slots:
     void migratesVersion1Fixture();
     void migratesVersion2Fixture();
     void rerecordedStepsKeepTheLastValue();
+    void resumedRunDropsReplayedRecords();
     void refusesNewerSchema();
     void readOnlyFileIsSaid();
     void damagedFiles();
@@ -680,6 +681,74 @@ void TestStore::rerecordedStepsKeepTheLastValue()
     auto d = store->series(id, "loss", q);
     QVERIFY(d.ok());
     QCOMPARE(d->samples, int64_t(12));
+}
+
+// train --restarts: the failed attempt recorded steps past its backup; the next attempt resumes
+// after the backup's step (a Running state with resumedAfterStep) and records them again. Each
+// step, breakdown and epoch counts once, the curve holds the new attempt's values, and the run
+// that then completes shows no error from the failed attempt.
+void TestStore::resumedRunDropsReplayedRecords()
+{
+    auto store = st::RunStore::open(dbPath());
+    QVERIFY(store.ok());
+    const std::string id = store->createRun({})->id;
+    auto attempt = [&](int64_t from, int64_t to, double loss) {
+        for (int64_t s = from; s <= to; ++s) {
+            store->record(stepEvent(id, s, loss, (s - 1) / 10 + 1));
+            tl::StepBreakdownEvent b;
+            b.stamp = stepEvent(id, s, loss).stamp;
+            b.stepSeconds = loss;
+            store->record(b);
+            if (s % 10 == 0) {
+                tl::EpochMetricsEvent e;
+                e.stamp = b.stamp;
+                e.epoch = s / 10;
+                e.metrics["loss"] = loss;
+                store->record(e);
+            }
+        }
+    };
+    attempt(1, 30, 1.0);
+    QVERIFY(store->flush().ok());  // steps 1-30 in the file
+    attempt(31, 35, 1.0);          // and 31-35 in the batch the resume marker joins
+    tl::RunStateEvent failed;
+    failed.stamp = stepEvent(id, 35, 0).stamp;
+    failed.state = tl::RunState::Failed;
+    failed.message = "rank 1 stopped responding";
+    store->record(failed);
+    tl::RunStateEvent resumed;
+    resumed.stamp = stepEvent(id, 25, 0).stamp;
+    resumed.state = tl::RunState::Running;
+    resumed.resumedAfterStep = 25;  // mid-block and mid-epoch
+    store->record(resumed);
+    attempt(26, 40, 2.0);
+    tl::RunStateEvent done;
+    done.stamp = stepEvent(id, 40, 0).stamp;
+    done.state = tl::RunState::Completed;
+    store->record(done);
+    QVERIFY(store->flush().ok());
+
+    auto counts = store->counts(id);
+    QVERIFY(counts.ok());
+    QCOMPARE(counts->steps, int64_t(40));
+    QCOMPARE(counts->breakdowns, int64_t(40));
+    QCOMPARE(counts->epochs, int64_t(4));
+    auto s = store->series(id, "loss");
+    QVERIFY(s.ok());
+    QCOMPARE(s->points.size(), std::size_t(40));
+    for (std::size_t i = 0; i < s->points.size(); ++i) {
+        QCOMPARE(s->points[i].step, int64_t(i + 1));
+        QCOMPARE(s->points[i].value, s->points[i].step > 25 ? 2.0 : 1.0);
+    }
+    auto epochs = store->epochMetrics(id);
+    QVERIFY(epochs.ok());
+    QCOMPARE(epochs->size(), std::size_t(4));
+    QCOMPARE(epochs->at(2).metrics.at("loss"), 2.0);  // epoch 3 (steps 21-30) was redone
+    QCOMPARE(epochs->at(1).metrics.at("loss"), 1.0);  // epoch 2 ended before the backup
+    auto run = store->run(id);
+    QVERIFY(run.ok());
+    QCOMPARE(run->status, st::RunState::Completed);
+    QCOMPARE(run->error, std::string());
 }
 
 void TestStore::refusesNewerSchema()

@@ -81,6 +81,7 @@ private slots:
     void invalidSetupsAreExplained();
     void captureOnDemandRecordsSpans();
     void setupBuildsThePipelineAndSchedule();
+    void resumedAttemptRewindsTheCurves();
     void millionPointSeriesStaysInteractive();
     void liveReplotsKeepToTheirBudget();
     void incrementalFramesMatchAFullReplot();
@@ -393,6 +394,28 @@ void TestSession::setupBuildsThePipelineAndSchedule()
     other.setModel(uitest::resourceModel("small_cnn"));
     other.setConfig(c);
     QCOMPARE(other.config().toJson().dump(), j.dump());
+}
+
+// train --restarts: the next attempt resumes after its backup's step and replays the steps
+// after it; the live curves drop what the failed attempt drew past that step and continue from
+// there, as the recorded run does.
+void TestSession::resumedAttemptRewindsTheCurves()
+{
+    RunData data;
+    for (int i = 1; i <= 35; ++i) addLiveStep(data, i, true);
+    telemetry::RunStateEvent resumed;
+    resumed.stamp.step = 25;
+    resumed.state = telemetry::RunState::Running;
+    resumed.resumedAfterStep = 25;
+    data.add(telemetry::Event(resumed));
+    QCOMPARE(data.steps().step.size(), std::size_t(25));
+    QCOMPARE(data.steps().loss.size(), std::size_t(25));
+    QCOMPARE(data.breakdown().total.size(), std::size_t(25));
+    QCOMPARE(data.lastStep(), int64_t(25));
+    for (int i = 26; i <= 40; ++i) addLiveStep(data, i, true);
+    QCOMPARE(data.steps().step.size(), std::size_t(40));
+    QCOMPARE(data.breakdown().step.size(), std::size_t(40));
+    for (std::size_t i = 0; i < 40; ++i) QCOMPARE(data.steps().step[i], double(i + 1));
 }
 
 void TestSession::millionPointSeriesStaysInteractive()

@@ -24,6 +24,30 @@ double RunData::wallOf(int64_t us)
     return static_cast<double>(us - m_firstUs) * 1e-6;
 }
 
+namespace {
+
+// Drops the rows whose step is past `step` from every column of `cols` (columns in `all`).
+void dropAfter(const std::vector<double>& steps, double step, std::initializer_list<std::vector<double>*> all)
+{
+    std::size_t keep = 0;
+    while (keep < steps.size() && steps[keep] <= step) ++keep;
+    for (auto* c : all)
+        if (c->size() > keep) c->resize(keep);
+}
+
+} // namespace
+
+void RunData::rewind(double step)
+{
+    auto& s = m_steps;
+    dropAfter(s.step, step, {&s.epoch, &s.wall, &s.loss, &s.accuracy, &s.samplesPerSec, &s.learningRate, &s.step});
+    auto& e = m_epochs;
+    dropAfter(e.step, step, {&e.epoch, &e.wall, &e.loss, &e.accuracy, &e.valLoss, &e.valAccuracy, &e.samplesPerSec, &e.seconds, &e.step});
+    auto& b = m_breakdown;
+    dropAfter(b.step, step, {&b.wall, &b.input, &b.forward, &b.backward, &b.communication, &b.optimizer, &b.other, &b.total, &b.step});
+    m_lastStep = std::min(m_lastStep, static_cast<int64_t>(step));
+}
+
 void RunData::add(const telemetry::Event& event)
 {
     using namespace telemetry;
@@ -34,6 +58,9 @@ void RunData::add(const telemetry::Event& event)
         [&](const auto& e) {
             using T = std::decay_t<decltype(e)>;
             if constexpr (std::is_same_v<T, RunStateEvent>) {
+                // A restarted attempt (train --restarts) replays the steps after its backup: the
+                // curves continue from there with its values, as the run's record does.
+                if (e.resumedAfterStep >= 0) rewind(static_cast<double>(e.resumedAfterStep));
                 m_state = e.state;
                 m_stateMessage = e.message;
                 if (e.stamp.wallTimeUs > 0) wallOf(e.stamp.wallTimeUs);

@@ -73,6 +73,7 @@ public:
     static const char* inputVerdict(double share);
 
 private:
+    void rewind(double step);  // a resumed attempt: drop the columns' rows past `step`
     double wallOf(int64_t us);
     std::string m_runId;
     telemetry::RunState m_state = telemetry::RunState::Created;
