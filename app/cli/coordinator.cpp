@@ -135,7 +135,10 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
             recording->keepWeights(none, saveWeights, result->steps);
         }
     }
-    if (recording) recording->fitDone(result);
+    if (recording) {
+        recording->setDevices(c.devices());
+        recording->fitDone(result);
+    }
     if (!result.ok()) {
         printError(result.error());
         return 1;

@@ -3,6 +3,8 @@
 #include "remote/gloo_communicator.h"
 #include "remote/rendezvous.h"
 
+#include <thread>
+
 namespace ts::remote {
 namespace {
 
@@ -83,7 +85,13 @@ Result<ClusterConnection> connectCluster(const ClusterSpec& spec, const ClusterO
     go.waiting = options.waiting;
     go.tls = options.tls;
     auto comm = makeGlooCommunicator(go);
-    if (!comm.ok()) return comm.takeError();
+    if (!comm.ok()) {
+        // This task serves the rendezvous and refused the setup while joining (the tasks were
+        // given different clusters): keep serving a moment, so the others can still read what
+        // they need to refuse in the same words instead of finding the rendezvous gone.
+        if (server && comm.error().code == ErrorCode::InvalidArgument) std::this_thread::sleep_for(std::chrono::seconds(2));
+        return comm.takeError();
+    }
     if (server) c.communicator = std::make_shared<ServingCommunicator>(std::move(server), std::move(comm).value());
     else c.communicator = std::shared_ptr<Communicator>(std::move(comm).value());
     return c;

@@ -2,6 +2,7 @@
 
 #include "train/backup.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -307,6 +308,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     };
     const bool psRun = isParameterServer(m_strategy);
     m_summary = nlohmann::json::object();
+    m_devices = nlohmann::json::array();
     // The task whose metrics are the run's: the chief (rank 0), or worker 0 after the ps tasks.
     std::size_t primary = 0;
     while (primary < m_tasks.size() && m_tasks[primary]->ps) ++primary;
@@ -467,6 +469,13 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             if (psRun && e.kind == "step" && f.contains("staleness")) staleness[e.worker] = f["staleness"].get<int64_t>();
             if (e.kind == "state") {
                 t.state = f.value("state", "");
+                if (f.contains("devices") && f["devices"].is_array())
+                    for (auto d : f["devices"]) {
+                        if (!d.is_object()) continue;
+                        d["task"] = t.id.toString();
+                        // A restarted task reports its devices again.
+                        if (std::find(m_devices.begin(), m_devices.end(), d) == m_devices.end()) m_devices.push_back(std::move(d));
+                    }
                 bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, t.label + ": " + t.state}));
                 if (t.state == "cancelled") anyCancelled = true;
             } else if (e.kind == "error") {

@@ -91,6 +91,9 @@ public:
     // What the tasks of the last run() reported at their end, by task ("worker:1": its steps,
     // pushes and staleness; "ps:0": updates applied), plus "evaluation" (parameter-server).
     nlohmann::json summary() const { return m_summary; }
+    // After run(): the devices each training task trained on, as the run record lists them
+    // ({"task", "device", "name", "memory_total"}); empty before a task started.
+    nlohmann::json devices() const { return m_devices; }
     // parameter-server: the weights the ps tasks held when the last run() completed (Keras names
     // and layouts, host tensors); empty after a failed or cancelled run, and for other strategies.
     const std::vector<std::pair<std::string, Tensor>>& finalWeights() const { return m_finalWeights; }
@@ -114,6 +117,7 @@ private:
     std::string m_strategy;
     std::vector<std::unique_ptr<Task>> m_tasks;   // parameter-server: the ps tasks first
     nlohmann::json m_summary = nlohmann::json::object();
+    nlohmann::json m_devices = nlohmann::json::array();
     std::vector<std::pair<std::string, Tensor>> m_finalWeights;
     std::atomic<bool> m_cancel{false};
     std::function<void()> m_wake;   // wakes run()'s loop; set while it runs

@@ -190,27 +190,8 @@ public:
     Status connect()
     {
         TS_ASSIGN(m_client, RendezvousClient::connect(m_opt.rendezvousAddress, m_opt.token, m_opt.tls));
-        // A task restarted after a crash may join while rank 0 still runs the broken group and
-        // only then notices, shuts that group's rendezvous down and serves a new one: join
-        // again (a few times) instead of failing, or rank 0 would wait for this task in vain.
-        for (int attempt = 0;; ++attempt) {
-            m_rendezvousRestarted = false;
-            Status st = joinOnce();
-            if (st.ok() || !m_rendezvousRestarted || attempt == 3 || cancelled()) return st;
-            stopHeartbeat();
-            m_context.reset();
-            m_device.reset();
-            {
-                std::lock_guard held(m_heldByMutex);
-                m_heldBy.clear();
-            }
-            if (m_opt.waiting)
-                m_opt.waiting(rankName(m_opt.rank) + ": " + rendezvousOwner() + " restarted the cluster while this task joined it; joining again");
-        }
-    }
-
-    Status joinOnce()
-    {
+        // A task restarted after a crash, while rank 0 still runs the group its previous process
+        // left, waits in claimRank (group_running) until rank 0 serves the next group.
         TS_TRY(claimRank());
         startHeartbeat();
         if (m_opt.size == 1) return okStatus();
@@ -284,14 +265,12 @@ public:
         } catch (const std::exception& e) {
             if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
             if (const std::string holder = heldBy(); !holder.empty()) return takenError(holder);
-            // The rendezvous closed under this join (or is gone): rank 0 ended or restarts the group.
-            if (m_opt.rank != 0 && (std::string(e.what()).find(kRendezvousClosing) != std::string::npos ||
-                                    !m_client->reach(std::chrono::milliseconds(1000)).ok())) {
-                m_rendezvousRestarted = true;
+            // The rendezvous closed under this join: rank 0 stopped (its own error says why).
+            if (m_opt.rank != 0 && std::string(e.what()).find(kRendezvousClosing) != std::string::npos)
                 return makeError(ErrorCode::IoError,
-                                 rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + " went away while this task joined: " + e.what(),
-                                 "start " + rankName(0) + " again (it serves the rendezvous)");
-            }
+                                 rankName(m_opt.rank) + ": " + rendezvousOwner() + " stopped while this task joined the cluster (" +
+                                     kRendezvousClosing + ")",
+                                 "see " + rankName(0) + "'s error; start every task again once it is fixed");
             // Name the ranks that never showed up: every rank heartbeats from the start, so a
             // silent one was not started, has another token (the rendezvous refuses it) or cannot
             // reach the rendezvous.
@@ -798,7 +777,6 @@ private:
 
     std::thread m_heartbeat;
     const std::string m_instance = randomInstance();  // this join's claim on its rank
-    bool m_rendezvousRestarted = false;  // joinOnce failed because the rendezvous went away
     std::mutex m_heldByMutex;
     std::string m_heldBy;  // set by the heartbeat: another live process holds this rank
     std::mutex m_hbMutex;

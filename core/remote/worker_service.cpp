@@ -392,7 +392,12 @@ private:
         {
             std::lock_guard lock(m_mutex);
             std::string devices;
-            for (const auto& d : run.trainer->strategy().devices()) devices += (devices.empty() ? "" : ",") + d.name;
+            nlohmann::json used = nlohmann::json::array();
+            for (const auto& d : run.trainer->strategy().devices()) {
+                devices += (devices.empty() ? "" : ",") + d.name;
+                used.push_back({{"device", d.device.toString()}, {"name", d.name}, {"memory_total", d.memoryTotal}});
+            }
+            running["devices"] = std::move(used);  // the coordinator records them with the run
             m_device = devices;
             m_trainer = run.trainer.get();
             if (m_cancelRequested) m_trainer->cancel();

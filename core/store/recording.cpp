@@ -88,6 +88,12 @@ void RunRecording::fitDone(const Result<FitResult>& result, bool interrupted)
     if (!s.ok()) warn(s.error());
 }
 
+void RunRecording::setDevices(const nlohmann::json& devices)
+{
+    if (m_id.empty() || !devices.is_array() || devices.empty()) return;
+    if (Status s = m_store.setRunDevices(m_id, devices); !s.ok()) warn(s.error());
+}
+
 void RunRecording::saveCheckpoint(PreparedRun& run, const std::string& fileName, int64_t step, const std::string& kind)
 {
     const std::filesystem::path dir = m_store.runFilesDir(m_id);

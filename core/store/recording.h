@@ -64,6 +64,9 @@ public:
     // fit() returned: drains the bus into the store; completed, cancelled or failed. With
     // `interrupted`, a cancelled run is marked interrupted (the app closed during the run).
     void fitDone(const Result<FitResult>& result, bool interrupted = false);
+    // A remote run's devices, once its tasks reported them (Coordinator::devices()); an empty
+    // array changes nothing.
+    void setDevices(const nlohmann::json& devices);
     // Commits what the bus has delivered so far (the store batches for up to a second), for a
     // reader that needs it now. Thread-safe; blocks until committed.
     Status flush() { return m_store.flush(); }

@@ -1291,6 +1291,18 @@ Status RunStore::setRunStatus(const std::string& runId, RunState status, const s
     });
 }
 
+Status RunStore::setRunDevices(const std::string& runId, const nlohmann::json& devices)
+{
+    Impl* d = m.get();
+    const std::string text = devices.dump();
+    return m->submit([=]() -> Status {
+        TS_ASSIGN(int64_t r, d->rid(runId, false));
+        TS_ASSIGN(sql::Stmt s, d->writer.prepare("UPDATE runs SET devices_json = ?1 WHERE rid = ?2"));
+        s.bind(1, text).bind(2, r);
+        return s.run();
+    });
+}
+
 Status RunStore::upsertProject(const std::string& name, const nlohmann::json& spec)
 {
     if (name.empty()) return makeError(ErrorCode::InvalidArgument, "a project needs a name");

@@ -167,6 +167,9 @@ public:
     // Status transitions; Running stamps the start (first time) and claims the run for this
     // process, terminal states stamp the end; `error` is kept for Failed.
     Status setRunStatus(const std::string& runId, RunState status, const std::string& error = {});
+    // The devices the run trained on (a JSON array), for runs whose devices are known only once
+    // they started (remote workers).
+    Status setRunDevices(const std::string& runId, const nlohmann::json& devices);
     // Queue telemetry events (any thread, never waits for the disk). Events of a run this
     // database does not know create a minimal run entry (named after its id).
     void record(telemetry::Event event);

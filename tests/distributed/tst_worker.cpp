@@ -308,6 +308,15 @@ void TestWorker::coordinatedRunIsRecorded()
     QVERIFY(!breakdowns->empty());
     QCOMPARE(breakdowns->front().stamp.lane.worker, std::string("chief:0"));
     QVERIFY(breakdowns->front().communication > 0);
+    // The run lists the devices each task trained on (it listed none).
+    auto run = store->run(runId.toStdString());
+    QVERIFY(run.ok());
+    std::set<std::string> tasks;
+    for (const auto& d : run->devices) {
+        QVERIFY2(d.value("device", "").rfind("cpu:", 0) == 0, run->devices.dump().c_str());
+        tasks.insert(d.value("task", ""));
+    }
+    QVERIFY2(tasks == std::set<std::string>({"chief:0", "worker:0"}), run->devices.dump().c_str());
 }
 
 // --restarts with daemons: the worker daemon is killed with SIGKILL mid-run and started again on

@@ -223,6 +223,7 @@ void TrainingSession::engineRemote(RunConfig config, std::string runName)
         Q_EMIT runStarted(id);
     }, Qt::QueuedConnection);
     auto result = coordinator->run(config, runId, *m_bus);
+    recording->setDevices(coordinator->devices());
     recording->fitDone(result, m_interrupted);
     State end = State::Completed;
     QString message;
