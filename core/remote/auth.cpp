@@ -146,6 +146,12 @@ void routeGrpcLogs()
     std::call_once(once, [] { gpr_set_log_function(&grpcLog); });
 }
 
+Error troubleError(const ConnectTrouble& trouble, const std::string& prefix)
+{
+    return makeError(trouble.patienceSeconds == 0 ? ErrorCode::InvalidArgument : ErrorCode::IoError, prefix + ": " + trouble.what,
+                     trouble.hint);
+}
+
 std::optional<ConnectTrouble> connectTrouble(const grpc::Status& status, const std::string& address, bool tls)
 {
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return std::nullopt;

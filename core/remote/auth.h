@@ -45,6 +45,8 @@ struct ConnectTrouble {
     int patienceSeconds = -1;
 };
 std::optional<ConnectTrouble> connectTrouble(const grpc::Status& status, const std::string& address, bool tls);
+// "<prefix>: <what>" with its hint; InvalidArgument when waiting cannot help, else IoError.
+Error troubleError(const ConnectTrouble& trouble, const std::string& prefix);
 
 // TLS: credentials from PEM files; empty paths give insecure (loopback/testing) credentials.
 struct TlsFiles {

@@ -71,8 +71,7 @@ public:
     {
         if (cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
         if (auto t = connectTrouble(st, lane.address, !options.tls.rootCa.empty()))
-            return makeError(t->patienceSeconds == 0 ? ErrorCode::InvalidArgument : ErrorCode::IoError, lane.label + ": " + what + ": " + t->what,
-                             t->hint);
+            return troubleError(*t, lane.label + ": " + what);
         std::string hint;
         switch (st.error_code()) {
         case grpc::StatusCode::UNAVAILABLE:

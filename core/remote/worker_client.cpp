@@ -26,8 +26,7 @@ public:
             // Here what should listen is a worker daemon.
             if (st.error_message().find("Connection refused") != std::string::npos)
                 t->hint = "is trainstudio-worker running at " + address + "? Start it there, or fix the address in the cluster file";
-            return makeError(t->patienceSeconds == 0 ? ErrorCode::InvalidArgument : ErrorCode::IoError, label + ": " + what + ": " + t->what,
-                             t->hint);
+            return troubleError(*t, label + ": " + what);
         }
         std::string hint;
         switch (st.error_code()) {

@@ -34,6 +34,19 @@ std::unique_ptr<RendezvousServer> startServer()
     return std::move(s).value();
 }
 
+// A rendezvous serving TLS with the fixture's certificate (server.crt, for 127.0.0.1 and localhost).
+std::unique_ptr<RendezvousServer> startTlsServer()
+{
+    const std::string dir = std::string(TS_FIXTURES_DIR) + "/tls/";
+    RendezvousServer::Options o;
+    o.token = kToken;
+    o.tls.certificate = dir + "server.crt";
+    o.tls.privateKey = dir + "server.key";
+    auto s = RendezvousServer::start(o);
+    if (!s.ok()) qFatal("%s", s.error().toString().c_str());
+    return std::move(s).value();
+}
+
 GlooOptions options(int port, int rank, int size, const std::string& group, std::chrono::milliseconds timeout = 20s)
 {
     GlooOptions o;
@@ -310,11 +323,7 @@ void TestGloo::registeredBufferReducesInPlace()
 void TestGloo::rendezvousOverTls()
 {
     const std::string dir = std::string(TS_FIXTURES_DIR) + "/tls/";
-    RendezvousServer::Options o;
-    o.token = kToken;
-    o.tls.certificate = dir + "server.crt";
-    o.tls.privateKey = dir + "server.key";
-    auto server = std::move(RendezvousServer::start(o)).value();
+    auto server = startTlsServer();
     const std::string addr = "127.0.0.1:" + std::to_string(server->port());
     TlsFiles ca;
     ca.rootCa = dir + "server.crt";
@@ -585,11 +594,7 @@ void TestGloo::unreachableRendezvousIsExplained()
     // A TLS rendezvous: a plaintext rank gives up after 5 s of closed connections, one trusting
     // another CA at once; both well inside their 60 s.
     const std::string dir = std::string(TS_FIXTURES_DIR) + "/tls/";
-    RendezvousServer::Options so;
-    so.token = kToken;
-    so.tls.certificate = dir + "server.crt";
-    so.tls.privateKey = dir + "server.key";
-    auto server = std::move(RendezvousServer::start(so)).value();
+    auto server = startTlsServer();
     QElapsedTimer timer;
     timer.start();
     auto plain = makeGlooCommunicator(options(server->port(), 1, 2, "plain", 60s));
