@@ -63,7 +63,24 @@ Result<std::string> loadToken(const std::string& file)
                          "put the cluster's shared secret in a file (chmod 600) and pass --token-file, or export " + std::string(kTokenEnv));
     }
     token = trim(token);
-    if (token.empty()) return makeError(ErrorCode::InvalidArgument, from + " is empty", "write the shared secret into it");
+    const bool env = file.empty();
+    if (token.empty())
+        return makeError(ErrorCode::InvalidArgument, from + " is empty" + (env ? " (set, but to nothing)" : ""),
+                         env ? "export " + std::string(kTokenEnv) + "=<the cluster's shared secret> on every task, or pass --token-file"
+                             : "write the cluster's shared secret into " + file + " (the same on every task)");
+    // The token travels as an HTTP/2 header value, which gRPC only takes in printable ASCII: any
+    // other byte made every call abort the process ("Illegal header value") instead of failing.
+    for (std::size_t i = 0; i < token.size(); ++i) {
+        const auto c = static_cast<unsigned char>(token[i]);
+        if (c >= 0x20 && c <= 0x7e) continue;
+        char code[8];
+        std::snprintf(code, sizeof code, "0x%02x", c);
+        const std::string what = c == '\n' || c == '\r' ? "a line break (the token is one line)"
+                                 : c < 0x20 || c == 0x7f ? std::string("a control character (") + code + ")"
+                                                         : std::string("not ASCII (") + code + ")";
+        return makeError(ErrorCode::InvalidArgument, from + ": character " + std::to_string(i + 1) + " of the token is " + what,
+                         "a token is one line of printable ASCII, e.g. the output of `openssl rand -hex 32`");
+    }
     return token;
 }
 

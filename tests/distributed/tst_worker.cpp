@@ -105,6 +105,8 @@ class TestWorker : public QObject {
     Q_OBJECT
 private slots:
     void refusesUnauthenticated();
+    void tokenIsChecked_data();
+    void tokenIsChecked();
     void refusesOversizedAndMalformed();
     void bindsLoopbackUnlessAllowed();
     void servesTls();
@@ -115,6 +117,60 @@ private slots:
     void killedCoordinatorCancelsTasks();
     void interruptedCoordinatorRecordsCancelled();
 };
+
+void TestWorker::tokenIsChecked_data()
+{
+    QTest::addColumn<QByteArray>("fileContents");  // "-": no file (the variable is used)
+    QTest::addColumn<QByteArray>("env");           // "-": unset
+    QTest::addColumn<QString>("token");            // empty: refused
+    QTest::addColumn<QString>("error");
+    QTest::addColumn<QString>("hint");
+    QTest::newRow("file") << QByteArray("  s3cret\n") << QByteArray("-") << "s3cret" << "" << "";
+    QTest::newRow("variable") << QByteArray("-") << QByteArray("s3cret") << "s3cret" << "" << "";
+    QTest::newRow("neither") << QByteArray("-") << QByteArray("-") << "" << "neither --token-file nor $TRAINSTUDIO_TOKEN" << "--token-file";
+    QTest::newRow("empty file") << QByteArray(" \n") << QByteArray("-") << "" << "token file %1 is empty" << "into %1";
+    QTest::newRow("empty variable") << QByteArray("-") << QByteArray("") << "" << "$TRAINSTUDIO_TOKEN is empty (set, but to nothing)"
+                                    << "export TRAINSTUDIO_TOKEN=";
+    // gRPC aborted the process on the first call with such a token ("Illegal header value").
+    QTest::newRow("two lines") << QByteArray("abc\ndef\n") << QByteArray("-") << "" << "token file %1: character 4 of the token is a line break"
+                               << "one line of printable ASCII";
+    QTest::newRow("control character") << QByteArray("-") << QByteArray("ab\x01") << ""
+                                       << "$TRAINSTUDIO_TOKEN: character 3 of the token is a control character (0x01)" << "openssl rand";
+    QTest::newRow("not ascii") << QByteArray("gr\xc3\xbc\xc3\x9f") << QByteArray("-") << "" << "character 3 of the token is not ASCII (0xc3)" << "";
+}
+
+void TestWorker::tokenIsChecked()
+{
+    QFETCH(QByteArray, fileContents);
+    QFETCH(QByteArray, env);
+    QFETCH(QString, token);
+    QFETCH(QString, error);
+    QFETCH(QString, hint);
+    QTemporaryDir dir;
+    QString file;
+    if (fileContents != "-") {
+        file = dir.filePath("token");
+        QFile f(file);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(fileContents);
+    }
+    const QByteArray saved = qgetenv("TRAINSTUDIO_TOKEN");
+    const bool had = qEnvironmentVariableIsSet("TRAINSTUDIO_TOKEN");
+    if (env == "-") qunsetenv("TRAINSTUDIO_TOKEN");
+    else qputenv("TRAINSTUDIO_TOKEN", env);
+    auto got = loadToken(file.toStdString());
+    if (had) qputenv("TRAINSTUDIO_TOKEN", saved);
+    else qunsetenv("TRAINSTUDIO_TOKEN");
+    if (!token.isEmpty()) {
+        QVERIFY2(got.ok(), got.ok() ? "" : got.error().toString().c_str());
+        QCOMPARE(QString::fromStdString(*got), token);
+        return;
+    }
+    QVERIFY(!got.ok());
+    QCOMPARE(got.error().code, ErrorCode::InvalidArgument);
+    QVERIFY2(QString::fromStdString(got.error().message).contains(QString(error).replace("%1", file)), got.error().toString().c_str());
+    QVERIFY2(QString::fromStdString(got.error().hint).contains(QString(hint).replace("%1", file)), got.error().toString().c_str());
+}
 
 void TestWorker::refusesUnauthenticated()
 {
