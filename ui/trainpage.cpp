@@ -176,7 +176,7 @@ void TrainPage::updateControls()
     m_pause->setToolTip(m_session->isRemote() && active ? tr("Pause is not available for runs on remote workers") : QString());
     m_pause->setText(s == S::Paused ? tr("Resume") : tr("Pause"));
     m_stop->setEnabled(active && s != S::Stopping);
-    m_capture->setEnabled((s == S::Running || s == S::Paused) && m_session->captureUntilStep() == 0 && !m_session->isRemote());
+    m_capture->setEnabled((s == S::Running || s == S::Paused) && m_session->captureUntilStep() == 0);
     m_setup->setEnabled(!active);
     QString text = TrainingSession::stateName(s);
     if (s == S::Failed) text = tr("Failed: %1").arg(m_session->errorMessage().section('\n', 0, 0));

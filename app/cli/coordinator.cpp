@@ -19,6 +19,7 @@
 #include "remote/coordinator.h"
 #include "telemetry/bus.h"
 #include "telemetry/events.h"
+#include "telemetry/trace_sink.h"
 #include "telemetry/tracer.h"
 #include "train/run_config.h"
 
@@ -81,6 +82,13 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     copts.spec = std::move(spec).value();
     copts.token = *token;
     copts.tls.rootCa = o.tlsCa;
+    copts.name = "trainstudio-cli";
+    copts.trace = !o.trace.empty();
+    copts.traceLayers = o.traceLayers;
+    if (o.traceLayers && o.trace.empty()) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--trace-layers needs --trace FILE"));
+        return 2;
+    }
     auto coordinator = ts::remote::Coordinator::create(std::move(copts), strategy);
     if (!coordinator.ok()) {
         printError(coordinator.error());
@@ -103,6 +111,20 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
 
     cfg.strategy.kind = strategy;  // what the record shows; run() forces it too
     ts::telemetry::EventBus bus;
+    // --trace: every task traces every step and streams its spans here; one file holds them all,
+    // a lane per task, device and thread (remote clocks as the machines keep them).
+    std::unique_ptr<ts::telemetry::TraceFileSink> traceSink;
+    if (!o.trace.empty()) {
+        auto sink = ts::telemetry::TraceFileSink::create(bus, o.trace);
+        if (!sink.ok()) {
+            printError(sink.error());
+            return 2;
+        }
+        traceSink = std::move(sink).value();
+        traceSink->setMetadata("model", cfg.model.name);
+        traceSink->setMetadata("strategy", strategy);
+        traceSink->setMetadata("cluster", o.cluster);
+    }
     if (recording) recording->beginRemote(cfg, bus);
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()
@@ -138,6 +160,15 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     if (recording) {
         recording->setDevices(c.devices());
         recording->fitDone(result);
+    }
+    if (traceSink) {
+        // Written for a failed run too: the timeline up to the failure is what one wants to see.
+        ts::Status st = traceSink->finish();
+        if (!st.ok()) printError(st.error());
+        else if (!o.quiet && !o.json)
+            std::printf("Trace written to %s (%zu spans%s)\n", o.trace.c_str(), traceSink->spans(),
+                        traceSink->dropped() ? (", " + std::to_string(traceSink->dropped()) + " events dropped").c_str() : "");
+        if (st.ok() && recording) recording->keepFile("trace", o.trace);
     }
     if (!result.ok()) {
         printError(result.error());

@@ -2,7 +2,10 @@
 
 #include "train/backup.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <map>
@@ -12,6 +15,7 @@
 
 #include "data/dataset.h"
 #include "remote/ps_client.h"
+#include "remote/task_telemetry.h"
 #include "telemetry/bus.h"
 #include "telemetry/events.h"
 #include "telemetry/tracer.h"
@@ -48,21 +52,12 @@ struct Inbox {
     }
 };
 
-tm::Stamp makeStamp(const std::string& runId, const std::string& worker, const std::string& device, int64_t step)
-{
-    tm::Stamp s;
-    s.runId = runId;
-    s.step = step;
-    s.wallTimeUs = tm::wallNowMicros();
-    s.lane.worker = worker;
-    s.lane.device = device;
-    return s;
-}
 
 bool isParameterServer(const std::string& kind)
 {
     return kind == "parameter-server" || kind == "parameter_server";
 }
+
 
 // The coordinator's view of a parameter-server run's weights: a one-device model that pulls the
 // ps tasks' current values and evaluates them on the test split.
@@ -163,6 +158,9 @@ bool Coordinator::supportsStrategy(const std::string& kind, const ClusterSpec& s
 Coordinator::Coordinator(CoordinatorOptions options, std::string strategy)
     : m_options(std::move(options)), m_strategy(std::move(strategy))
 {
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    m_who = m_options.name + " on " + host + " (pid " + std::to_string(::getpid()) + ")";
 }
 
 Coordinator::~Coordinator()
@@ -226,9 +224,14 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
             if (p.identity.version != TS_VERSION) {
                 p.problem = t.label + " runs TrainStudio " + p.identity.version + ", this coordinator " + TS_VERSION;
                 p.hint = "install the same version on every machine";
-            } else if (p.identity.state == "running") {
-                p.problem = t.label + " is busy with another run";
-                p.hint = "wait for it, or cancel that run";
+            } else if (p.identity.state == "running" || p.identity.reserved) {
+                const long s = std::lround(p.identity.seconds);
+                const std::string ago = s < 120 ? std::to_string(s) + " s" : s < 7200 ? std::to_string(s / 60) + " min" : std::to_string(s / 3600) + " h";
+                p.problem = t.label + (p.identity.reserved ? " is reserved for run " : " is busy with run ") + p.identity.runId +
+                            (p.identity.reserved ? " by " : " for ") +
+                            (p.identity.coordinator.empty() ? std::string("another coordinator") : p.identity.coordinator) +
+                            (p.identity.reserved ? " (" + ago + " ago)" : " (started " + ago + " ago)");
+                p.hint = "wait for that run to end (or stop it there), or give this run other workers";
             } else {
                 p.ok = true;
             }
@@ -242,6 +245,32 @@ Status Coordinator::preflight(std::chrono::milliseconds timeout)
     for (const auto& p : probe(timeout))
         if (!p.ok) return makeError(ErrorCode::InvalidArgument, "pre-flight: " + p.problem, p.hint);
     return {};
+}
+
+Result<int> Coordinator::captureTrace(int64_t steps, bool layers)
+{
+    std::string taskRun;
+    {
+        std::lock_guard lock(m_wakeMutex);
+        taskRun = m_taskRun;
+    }
+    if (taskRun.empty())
+        return makeError(ErrorCode::InvalidArgument, "no run is training on the workers now", "capture while the run trains");
+    if (m_options.trace)
+        return makeError(ErrorCode::InvalidArgument, "this run traces every step already", "its spans are recorded with the run");
+    int started = 0;
+    std::string declined;
+    for (const auto& t : m_tasks) {
+        if (t->ps) continue;  // no steps of their own; their spans come with a traced run
+        std::string why;
+        auto r = t->client->captureTrace(taskRun, steps, layers, &why);
+        if (!r.ok()) declined += (declined.empty() ? "" : "; ") + r.error().message;
+        else if (*r) ++started;
+        else declined += (declined.empty() ? "" : "; ") + why;
+    }
+    if (started == 0)
+        return makeError(ErrorCode::InvalidArgument, "no task could start the capture: " + declined, "try again once every task trains");
+    return started;
 }
 
 void Coordinator::cancel()
@@ -258,8 +287,8 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     m_restarts = 0;
     if (Status ok = checkBackupConfig(cfg.backup, m_strategy); !ok.ok()) {
         Error e = ok.takeError();
-        bus.publish(tm::Event(tm::ErrorEvent{makeStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
-        bus.publish(tm::Event(tm::RunStateEvent{makeStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
+        bus.publish(tm::Event(tm::ErrorEvent{taskStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
+        bus.publish(tm::Event(tm::RunStateEvent{taskStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
         return e;
     }
     const int allowed = cfg.backup.enabled() ? cfg.backup.restarts : 0;
@@ -282,11 +311,11 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             e.message = "cannot restart the run: " + e.message;
             if (e.hint.empty()) e.hint = "start the failed trainstudio-worker again, then start the run again to resume from its backup";
             else e.hint += "; then start the run again to resume from its backup";
-            bus.publish(tm::Event(tm::ErrorEvent{makeStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
-            bus.publish(tm::Event(tm::RunStateEvent{makeStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
+            bus.publish(tm::Event(tm::ErrorEvent{taskStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
+            bus.publish(tm::Event(tm::RunStateEvent{taskStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
             return e;
         }
-        bus.publish(tm::Event(tm::LogEvent{makeStamp(runId, "coordinator", "", 0), tm::LogLevel::Warning,
+        bus.publish(tm::Event(tm::LogEvent{taskStamp(runId, "coordinator", "", 0), tm::LogLevel::Warning,
                                            "restarting the run from its backup (restart " + std::to_string(attempt + 1) + " of " +
                                                std::to_string(allowed) + ")"}));
     }
@@ -304,7 +333,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         t->state.clear();
     }
     auto stamp = [&](const std::string& worker, const std::string& device, int64_t step) {
-        return makeStamp(runId, worker, device, step);
+        return taskStamp(runId, worker, device, step);
     };
     const bool psRun = isParameterServer(m_strategy);
     m_summary = nlohmann::json::object();
@@ -344,6 +373,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         {
             std::lock_guard lock(c->m_wakeMutex);
             c->m_wake = nullptr;
+            c->m_taskRun.clear();
         }
     } unwake{this};
     auto fail = [&](std::size_t i, Error e) {
@@ -366,19 +396,44 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         return r;
     };
 
+    // Reserve every task's worker first, in address order: every coordinator takes shared
+    // workers in the same order, so of two started at once on crossed clusters one gets all of
+    // its workers and the other is refused at the first shared one, instead of each holding a
+    // worker the other needs and both failing. A refusal releases what was reserved.
+    {
+        std::vector<std::size_t> order(m_tasks.size());
+        for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return m_tasks[a]->address < m_tasks[b]->address; });
+        for (std::size_t k = 0; k < order.size(); ++k) {
+            Task& t = *m_tasks[order[k]];
+            if (Status st = t.client->reserve(taskRun, m_who, 30); !st.ok()) {
+                for (std::size_t j = 0; j < k; ++j) (void)m_tasks[order[j]]->client->cancel(taskRun, "failed");
+                bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
+                return finish(Result<FitResult>(st.error()), 0);
+            }
+        }
+    }
     // Start every task (ps tasks first: they come first in m_tasks); a refusal cancels the ones
-    // already started.
+    // already started and releases the others.
+    StartTaskOptions start;
+    start.trace = m_options.trace;
+    start.traceLayers = m_options.traceLayers;
+    start.coordinator = m_who;
     for (std::size_t i = 0; i < m_tasks.size(); ++i) {
         Task& t = *m_tasks[i];
         auto tf = m_options.spec.tfConfigFor(t.id);
-        Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index) : Status(tf.error());
+        Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, start) : Status(tf.error());
         if (!st.ok()) {
-            for (std::size_t k = 0; k < i; ++k) (void)m_tasks[k]->client->cancel(taskRun, "failed");
+            for (auto& other : m_tasks) (void)other->client->cancel(taskRun, "failed");
             bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
             return finish(Result<FitResult>(st.error()), 0);
         }
     }
     started = true;
+    {
+        std::lock_guard lock(m_wakeMutex);
+        m_taskRun = taskRun;
+    }
     bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Running, {}}));
 
     for (std::size_t i = 0; i < m_tasks.size(); ++i)
@@ -443,6 +498,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     };
     // Each task's last reported step: a run stopped early has no "final" event to count from.
     std::vector<int64_t> lastStep(m_tasks.size(), 0);
+    std::vector<PsLoad> psLoad(m_tasks.size());
     std::unique_lock lock(inbox.mutex);
     for (;;) {
         inbox.cv.wait(lock, [&] {
@@ -527,29 +583,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 }
                 if (onEpoch) onEpoch(m);
                 bus.publish(tm::Event(std::move(m)));
-            } else if (e.kind == "sample") {
-                // Every worker's devices, each on its own lane.
-                tm::DeviceSampleEvent d;
-                d.stamp = stamp(e.worker, e.device == "host" ? std::string() : e.device, e.step);
-                d.utilisation = f.value("utilisation", -1.0);
-                if (f.contains("per_core") && f["per_core"].is_array()) d.perCore = f["per_core"].get<std::vector<double>>();
-                d.processCpu = f.value("process_cpu", -1.0);
-                d.memoryUsed = f.value("memory_used", uint64_t{0});
-                d.memoryTotal = f.value("memory_total", uint64_t{0});
-                d.temperatureC = f.value("temperature_c", -1.0);
-                d.powerW = f.value("power_w", -1.0);
-                bus.publish(tm::Event(std::move(d)));
-            } else if (e.kind == "breakdown" && chief) {
-                tm::StepBreakdownEvent b;
-                b.stamp = stamp(e.worker, e.device, e.step);
-                b.stepSeconds = f.value("step_seconds", 0.0);
-                b.input = f.value("input", 0.0);
-                b.forward = f.value("forward", 0.0);
-                b.backward = f.value("backward", 0.0);
-                b.communication = f.value("communication", 0.0);
-                b.optimizer = f.value("optimizer", 0.0);
-                b.other = f.value("other", 0.0);
-                bus.publish(tm::Event(std::move(b)));
+            } else if (publishTaskTelemetry(runId, e, chief, bus, psLoad[i])) {
             } else if (e.kind == "final" && psRun) {
                 m_summary[t.id.toString()] = f;
                 if (!t.ps) {
@@ -618,6 +652,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             inbox.events.pop_front();
             if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
             else if (e.kind == "final") m_summary[m_tasks[i]->id.toString()] = e.fields;
+            else if (publishTaskTelemetry(runId, e, false, bus, psLoad[i])) {
+            }
             else if (e.kind == "error" && !failure)
                 failure = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
         }
@@ -627,8 +663,19 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     stopBeats = true;
     beats.join();
     // Stop the others: they would wait for the failed one until their collective timeout.
-    if (failure)
+    if (failure) {
         for (auto& t : m_tasks) (void)t->client->cancel(taskRun, "failed");
+        // What the tasks measured up to the failure (their last breakdowns, samples and spans
+        // leave in batches) is still on its way: let the streams end on their own for a moment.
+        lock.lock();
+        inbox.cv.wait_for(lock, 2s, [&] { return inbox.allEnded(); });
+        for (auto& [i, e] : inbox.events) {
+            if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
+            else (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i]);
+        }
+        inbox.events.clear();
+        lock.unlock();
+    }
     for (auto& t : m_tasks) {
         if (failure) t->client->cancelStream();
         t->stream.join();

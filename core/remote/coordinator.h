@@ -48,6 +48,12 @@ struct CoordinatorOptions {
     // With the run's backup.restarts: how long a restart waits for every task to answer again
     // and be idle (a daemon that died must be started again by its supervisor meanwhile).
     std::chrono::milliseconds restartWait{60000};
+    // Every training task traces every step (traceLayers: a span per layer too); ps tasks
+    // publish a span per update applied and pull served. The spans arrive on run()'s bus.
+    bool trace = false, traceLayers = false;
+    // Who coordinates, as a busy worker names it to other coordinators ("trainstudio-cli"); the
+    // host and pid are added.
+    std::string name = "a TrainStudio coordinator";
 };
 
 // One task as the pre-flight saw it.
@@ -86,6 +92,11 @@ public:
     Result<FitResult> run(RunConfig config, const std::string& runId, telemetry::EventBus& bus,
                           const std::function<void(const telemetry::EpochMetricsEvent&)>& onEpoch = {});
     void cancel();
+    // Any thread, while run() trains: every training task traces its next `steps` steps (its
+    // spans arrive on run()'s bus, each on its task's lanes). Returns how many tasks started;
+    // an error when none could (no run in progress, the run traces every step already, ...).
+    // A task that cannot is named in the error only when no task started.
+    Result<int> captureTrace(int64_t steps, bool layers = false);
 
     std::size_t numTasks() const { return m_tasks.size(); }
     // What the tasks of the last run() reported at their end, by task ("worker:1": its steps,
@@ -115,13 +126,15 @@ private:
 
     CoordinatorOptions m_options;
     std::string m_strategy;
+    std::string m_who;  // "trainstudio-cli on host (pid 12)": how busy workers name this coordinator
     std::vector<std::unique_ptr<Task>> m_tasks;   // parameter-server: the ps tasks first
     nlohmann::json m_summary = nlohmann::json::object();
     nlohmann::json m_devices = nlohmann::json::array();
     std::vector<std::pair<std::string, Tensor>> m_finalWeights;
     std::atomic<bool> m_cancel{false};
     std::function<void()> m_wake;   // wakes run()'s loop; set while it runs
-    std::mutex m_wakeMutex;
+    std::string m_taskRun;          // the attempt whose tasks train now (empty: none)
+    std::mutex m_wakeMutex;         // guards m_wake and m_taskRun
 };
 
 } // namespace ts::remote

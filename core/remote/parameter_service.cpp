@@ -7,6 +7,8 @@
 #include "optim/optimizer.h"
 #include "parameter_server.grpc.pb.h"
 #include "remote/auth.h"
+#include "telemetry/bus.h"
+#include "telemetry/tracer.h"
 
 namespace ts::remote {
 namespace {
@@ -16,6 +18,46 @@ grpc::Status refuse(const grpc::ServerContext& ctx, grpc::StatusCode code, const
     logLine("refused " + call + " from " + ctx.peer() + ": " + why);
     return grpc::Status(code, why);
 }
+
+// Adds the time from construction to destruction to `busy` and, with a bus, publishes it as a
+// span. Lives inside the shard's lock, so what it measures is the shard's serial work.
+class ShardWork {
+public:
+    ShardWork(double& busy, telemetry::EventBus* bus, const std::string& runId, const std::string& device, int64_t version, const char* name,
+              const char* category)
+        : m_busy(busy), m_bus(bus), m_runId(runId), m_device(device), m_version(version), m_name(name), m_category(category),
+          m_start(std::chrono::steady_clock::now()), m_startUs(bus ? telemetry::wallNowMicros() : 0)
+    {
+    }
+    ~ShardWork()
+    {
+        const auto took = std::chrono::steady_clock::now() - m_start;
+        m_busy += std::chrono::duration<double>(took).count();
+        if (!m_bus) return;
+        telemetry::SpanEvent e;
+        e.stamp = telemetry::Stamp{m_runId, m_version, m_startUs, telemetry::Lane{"local", m_device, "shard"}};
+        e.name = m_name;
+        e.category = m_category;
+        e.startUs = m_startUs;
+        e.durationUs = std::chrono::duration_cast<std::chrono::microseconds>(took).count();
+        e.args = std::move(args);
+        m_bus->publish(telemetry::Event(std::move(e)));
+    }
+    ShardWork(const ShardWork&) = delete;
+    ShardWork& operator=(const ShardWork&) = delete;
+    std::map<std::string, std::string> args;
+
+private:
+    double& m_busy;
+    telemetry::EventBus* m_bus;
+    const std::string& m_runId;
+    const std::string& m_device;
+    int64_t m_version;
+    const char* m_name;
+    const char* m_category;
+    std::chrono::steady_clock::time_point m_start;
+    int64_t m_startUs;
+};
 
 } // namespace
 
@@ -70,6 +112,7 @@ public:
         if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
         std::lock_guard lock(m_mutex);
         if (auto st = checkRun(*ctx, call, req->run_id(), true); !st.ok()) return st;
+        ShardWork work(m_stats.busySeconds, m_traceBus, m_runId, m_device, m_stats.version, "serve pull", "communication");
         reply->set_version(m_stats.version);
         int64_t at = 0;
         for (std::size_t i = 0; i < m_counts.size(); ++i) {
@@ -83,6 +126,7 @@ public:
             if (req->describe()) reply->add_slices(m_slices[i]);
         }
         ++m_stats.pulls;
+        m_stats.bytesOut += at * 4;
         return grpc::Status::OK;
     }
 
@@ -102,6 +146,7 @@ public:
         if (!std::isfinite(lr) || lr < 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "learning_rate must be finite and >= 0");
         if (req->pulled_version() < 0 || req->pulled_version() > m_stats.version)
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "pulled_version " + std::to_string(req->pulled_version()) + " was never served");
+        ShardWork work(m_stats.busySeconds, m_traceBus, m_runId, m_device, m_stats.version + 1, "apply update", "optimizer");
         int64_t at = 0;
         for (int i = 0; i < req->grads_size(); ++i) {
             const int64_t n = m_counts[static_cast<std::size_t>(i)];
@@ -115,6 +160,8 @@ public:
         if (auto st = m_optimizer->apply(*m_backend, m_values, m_grads, 0, at, lr, m_stats.version + 1); !st.ok())
             return grpc::Status(grpc::StatusCode::INTERNAL, m_label + ": " + st.error().message);
         ++m_stats.version;
+        m_stats.bytesIn += at * 4;
+        if (m_traceBus) work.args = {{"worker", req->worker()}, {"staleness", std::to_string(staleness)}};
         m_stats.maxStaleness = std::max(m_stats.maxStaleness, staleness);
         m_stats.sumStaleness += static_cast<double>(staleness);
         reply->set_version(m_stats.version);
@@ -134,7 +181,8 @@ public:
 
     std::string m_token;
     mutable std::mutex m_mutex;
-    std::string m_runId, m_label;
+    std::string m_runId, m_label, m_device;
+    telemetry::EventBus* m_traceBus = nullptr;
     std::unique_ptr<Backend> m_backend;
     std::unique_ptr<Optimizer> m_optimizer;
     Tensor m_values, m_grads;
@@ -148,7 +196,8 @@ ParameterService::ParameterService(std::string token) : m_impl(std::make_unique<
 ParameterService::~ParameterService() = default;
 grpc::Service* ParameterService::service() { return m_impl.get(); }
 
-Status ParameterService::host(const std::string& runId, const std::string& label, const nlohmann::json& optimizer, const std::string& backend)
+Status ParameterService::host(const std::string& runId, const std::string& label, const nlohmann::json& optimizer, const std::string& backend,
+                              telemetry::EventBus* traceBus)
 {
     TS_ASSIGN(auto opt, Optimizer::create(optimizer));
     BackendOptions bo;
@@ -161,6 +210,8 @@ Status ParameterService::host(const std::string& runId, const std::string& label
     m_impl->m_label = label;
     m_impl->m_optimizer = std::move(opt);
     m_impl->m_backend = std::move(be).value();
+    m_impl->m_device = m_impl->m_backend->device().toString();
+    m_impl->m_traceBus = traceBus;
     m_impl->m_values = Tensor();
     m_impl->m_grads = Tensor();
     m_impl->m_slices.clear();
@@ -174,6 +225,7 @@ void ParameterService::unhost()
 {
     std::lock_guard lock(m_impl->m_mutex);
     m_impl->m_runId.clear();
+    m_impl->m_traceBus = nullptr;
     m_impl->m_initialised = false;
     m_impl->m_values = Tensor();
     m_impl->m_grads = Tensor();

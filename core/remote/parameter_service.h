@@ -18,6 +18,10 @@
 
 #include "common/result.h"
 
+namespace ts::telemetry {
+class EventBus;
+}
+
 namespace ts::remote {
 
 struct ShardStats {
@@ -27,6 +31,8 @@ struct ShardStats {
     int64_t elements = 0;
     int64_t maxStaleness = 0;
     double sumStaleness = 0;
+    int64_t bytesIn = 0, bytesOut = 0;  // gradients received, values sent (payload bytes)
+    double busySeconds = 0;             // applying updates and serving pulls (under the shard's lock)
 };
 
 class ParameterService {
@@ -36,8 +42,11 @@ public:
     grpc::Service* service();
 
     // Starts hosting run `runId`'s shard as task `label` ("ps:0"), uninitialised, with the run's
-    // optimizer and backend (empty: the best for cpu:0). Replaces any previous shard.
-    Status host(const std::string& runId, const std::string& label, const nlohmann::json& optimizer, const std::string& backend);
+    // optimizer and backend (empty: the best for cpu:0). Replaces any previous shard. With
+    // `traceBus` (it must outlive the hosting: unhost() first), every update applied and every
+    // pull served is published on it as a SpanEvent (lane thread "shard").
+    Status host(const std::string& runId, const std::string& label, const nlohmann::json& optimizer, const std::string& backend,
+                telemetry::EventBus* traceBus = nullptr);
     // Stops hosting: later calls for the run are refused.
     void unhost();
     ShardStats stats() const;

@@ -76,12 +76,16 @@ Result<WorkerIdentity> WorkerClient::identify(std::chrono::milliseconds timeout)
     id.hostname = reply.hostname();
     id.state = reply.state();
     id.pid = reply.pid();
+    id.runId = reply.run_id();
+    id.coordinator = reply.coordinator();
+    id.seconds = reply.seconds();
+    id.reserved = reply.reserved();
     for (const auto& d : reply.devices()) id.devices.push_back({d.name(), d.kind(), d.memory_bytes(), d.load()});
     return id;
 }
 
 Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& runConfig, const std::string& tfConfig,
-                               const std::string& taskType, int taskIndex)
+                               const std::string& taskType, int taskIndex, const StartTaskOptions& options)
 {
     grpc::ClientContext ctx;
     m_impl->prepare(ctx, std::chrono::seconds(10));
@@ -91,10 +95,50 @@ Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& r
     req.set_cluster_json(tfConfig);
     req.set_task_type(taskType);
     req.set_task_index(taskIndex);
+    req.set_trace(options.trace);
+    req.set_trace_layers(options.traceLayers);
+    req.set_coordinator(options.coordinator);
     StartTaskReply reply;
     const grpc::Status st = m_impl->stub->StartTask(&ctx, req, &reply);
+    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+        return makeError(ErrorCode::InvalidArgument, m_impl->label + " is busy: " + st.error_message(),
+                         "another coordinator uses this worker: start this run again once that one has ended, or give it other "
+                         "workers");
     if (!st.ok()) return m_impl->fail(st, "refused the task");
     return okStatus();
+}
+
+Status WorkerClient::reserve(const std::string& runId, const std::string& coordinator, int seconds)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, std::chrono::seconds(10));
+    ReserveRequest req;
+    req.set_run_id(runId);
+    req.set_coordinator(coordinator);
+    req.set_seconds(seconds);
+    ReserveReply reply;
+    const grpc::Status st = m_impl->stub->Reserve(&ctx, req, &reply);
+    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+        return makeError(ErrorCode::InvalidArgument, m_impl->label + " is busy: " + st.error_message(),
+                         "another coordinator uses this worker: start this run again once that one has ended, or give it other "
+                         "workers");
+    if (!st.ok()) return m_impl->fail(st, "refused the reservation");
+    return okStatus();
+}
+
+Result<bool> WorkerClient::captureTrace(const std::string& runId, int64_t steps, bool layers, std::string* why)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, std::chrono::seconds(2));  // the studio asks from its UI thread
+    CaptureTraceRequest req;
+    req.set_run_id(runId);
+    req.set_steps(steps);
+    req.set_layers(layers);
+    CaptureTraceReply reply;
+    const grpc::Status st = m_impl->stub->CaptureTrace(&ctx, req, &reply);
+    if (!st.ok()) return m_impl->fail(st, "refused the capture");
+    if (why) *why = reply.reason();
+    return reply.started();
 }
 
 Status WorkerClient::streamEvents(const std::string& runId, const std::function<void(const WorkerEvent&)>& onEvent)
@@ -110,7 +154,9 @@ Status WorkerClient::streamEvents(const std::string& runId, const std::function<
     req.set_run_id(runId);
     auto reader = m_impl->stub->StreamEvents(&ctx, req);
     Event e;
+    bool received = false;
     while (reader->Read(&e)) {
+        received = true;
         WorkerEvent w;
         w.runId = e.run_id();
         w.worker = e.worker();
@@ -127,6 +173,14 @@ Status WorkerClient::streamEvents(const std::string& runId, const std::function<
         std::lock_guard lock(m_impl->streamMutex);
         m_impl->stream = nullptr;
     }
+    // A stream that delivered events was connected: its break is the daemon or the network
+    // going away mid-run, not a connection problem (a killed daemon's "Socket closed" read as
+    // "it may serve TLS").
+    if (!st.ok() && received && st.error_code() == grpc::StatusCode::UNAVAILABLE)
+        return makeError(ErrorCode::IoError,
+                         m_impl->label + ": the connection broke while the task ran (the daemon exited or was killed, or the network "
+                                         "dropped): " + st.error_message(),
+                         "see that machine's trainstudio-worker log (or why it exited); then start the run again");
     if (!st.ok()) return m_impl->fail(st, "event stream broke");
     return okStatus();
 }

@@ -22,6 +22,10 @@ namespace ts::remote {
 struct WorkerIdentity {
     std::string worker, version, hostname, state;
     int pid = 0;
+    // A busy worker: the run it trains (or is reserved for), who asked, and how long ago.
+    std::string runId, coordinator;
+    double seconds = 0;
+    bool reserved = false;
     struct Device {
         std::string name, kind;
         int64_t memoryBytes = 0;
@@ -42,6 +46,11 @@ struct WorkerPulse {
     int64_t step = 0;
 };
 
+struct StartTaskOptions {
+    bool trace = false, traceLayers = false;  // the task traces every step (a span per layer too)
+    std::string coordinator;                  // who starts it, as other coordinators are told
+};
+
 class WorkerClient {
 public:
     static Result<std::unique_ptr<WorkerClient>> connect(const std::string& label, const std::string& address,
@@ -50,8 +59,14 @@ public:
     const std::string& label() const;
 
     Result<WorkerIdentity> identify(std::chrono::milliseconds timeout);
+    // Holds the idle worker for `runId` for `seconds` (until its startTask, or cancel(runId)).
+    // An error names the run and coordinator that hold it instead.
+    Status reserve(const std::string& runId, const std::string& coordinator, int seconds);
     Status startTask(const std::string& runId, const nlohmann::json& runConfig, const std::string& tfConfig,
-                     const std::string& taskType, int taskIndex);
+                     const std::string& taskType, int taskIndex, const StartTaskOptions& options = {});
+    // Asks the running task to trace its next `steps` steps. OK(true) started; OK(false) the task
+    // cannot now, `why` says so ("worker:1: the task traces every step already").
+    Result<bool> captureTrace(const std::string& runId, int64_t steps, bool layers, std::string* why = nullptr);
     // Calls onEvent for every event until the task ends (OK) or the stream breaks (error).
     Status streamEvents(const std::string& runId, const std::function<void(const WorkerEvent&)>& onEvent);
     // Ends the open stream and refuses later ones (the run is over) until allowStreams().

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
+#include <deque>
 #include <mutex>
 #include <thread>
 
@@ -26,6 +27,7 @@
 #include "remote/ps_client.h"
 #include "remote/rendezvous.h"
 #include "telemetry/bus.h"
+#include "telemetry/sampler.h"
 #include "train/run_config.h"
 #include "worker.grpc.pb.h"
 
@@ -94,6 +96,33 @@ public:
         }
         std::lock_guard lock(m_mutex);
         reply->set_state(m_state);
+        if (m_state == "running") {
+            reply->set_run_id(m_runId);
+            reply->set_coordinator(m_coordinator);
+            reply->set_seconds(secondsSince(m_runStarted));
+        } else if (reservedByOther({})) {
+            reply->set_reserved(true);
+            reply->set_run_id(m_reservedRun);
+            reply->set_coordinator(m_reservedBy);
+            reply->set_seconds(secondsSince(m_reservedAt));
+        }
+        return grpc::Status::OK;
+    }
+
+    grpc::Status Reserve(grpc::ServerContext* ctx, const ReserveRequest* req, ReserveReply*) override
+    {
+        const char* call = "Worker.Reserve";
+        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        if (req->run_id().empty() || req->seconds() < 1 || req->seconds() > 60)
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "need a run_id and 1..60 seconds");
+        std::lock_guard lock(m_mutex);
+        if (m_shutdown) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down");
+        if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
+        if (reservedByOther(req->run_id())) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, reservedText());
+        m_reservedRun = req->run_id();
+        m_reservedBy = req->coordinator().empty() ? ctx->peer() : req->coordinator();
+        m_reservedAt = std::chrono::steady_clock::now();
+        m_reservedUntil = m_reservedAt + std::chrono::seconds(req->seconds());
         return grpc::Status::OK;
     }
 
@@ -140,19 +169,26 @@ public:
                           source + ": a " + (ps ? "parameter-server" : "multi-worker-mirrored") + " run has no " + type + " tasks to start");
         std::lock_guard starting(m_startMutex);  // one StartTask at a time past this point
         std::unique_lock lock(m_mutex);
-        if (m_state == "running")
-            return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, "this worker is already running run " + m_runId);
+        if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
+        if (reservedByOther(req->run_id())) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, reservedText());
         if (m_shutdown) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down");
         lock.unlock();
         if (m_thread.joinable()) m_thread.join();  // the previous task has finished
         lock.lock();
         m_runId = req->run_id();
+        m_coordinator = req->coordinator().empty() ? ctx->peer() : req->coordinator();
+        m_runStarted = std::chrono::steady_clock::now();
+        m_reservedRun.clear();  // taken up
         m_events.clear();
+        m_eventsBase = 0;
+        m_trace = req->trace();
+        m_traceLayers = req->trace_layers();
         m_step = 0;
         m_state = "running";
         m_cancelRequested = false;
         m_cancelReason.clear();
         m_task = withTask->task().toString();
+        m_psTask = type == "ps";
         logLine("starting " + m_task + " of run " + m_runId + " for " + ctx->peer());
         m_thread = std::thread([this, c = std::move(cfg).value(), s = std::move(withTask).value()]() mutable { runTask(std::move(c), std::move(s)); });
         return grpc::Status::OK;
@@ -165,13 +201,20 @@ public:
         if (req->run_id() != m_runId || m_runId.empty())
             return refuse(*ctx, grpc::StatusCode::NOT_FOUND, "Worker.StreamEvents", "no run " + req->run_id() + " on this worker");
         const std::string runId = m_runId;
-        std::size_t sent = 0;
+        // Positions count every event of the run; a new stream starts at the oldest one kept.
+        std::size_t sent = m_eventsBase;
+        ++m_streams;
+        struct Leave {
+            WorkerService& s;
+            ~Leave() { --s.m_streams; }
+        } leave{*this};
+        const auto end = [&] { return m_eventsBase + m_events.size(); };
         for (;;) {
-            m_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return sent < m_events.size() || m_state != "running" || m_shutdown; });
+            m_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return sent < end() || m_state != "running" || m_shutdown; });
             if (m_runId != runId) return grpc::Status(grpc::StatusCode::ABORTED, "a new run replaced " + runId);
             if (ctx->IsCancelled()) return coordinatorGone(lock, ctx->peer());
-            std::vector<Event> batch(m_events.begin() + static_cast<std::ptrdiff_t>(sent), m_events.end());
-            sent = m_events.size();
+            std::vector<Event> batch(m_events.begin() + static_cast<std::ptrdiff_t>(sent - m_eventsBase), m_events.end());
+            sent = end();
             const bool finished = m_state != "running" || m_shutdown;
             lock.unlock();
             bool delivered = true;
@@ -179,7 +222,13 @@ public:
                 if (!(delivered = writer->Write(e))) break;
             lock.lock();
             if (!delivered) return coordinatorGone(lock, ctx->peer());
-            if (finished && sent == m_events.size()) return grpc::Status::OK;
+            // The coordinator has them: a long run (or one that traces every step) would
+            // otherwise keep every event it ever sent in this daemon's memory.
+            if (m_runId == runId && m_streams == 1 && sent > m_eventsBase) {
+                m_events.erase(m_events.begin(), m_events.begin() + static_cast<std::ptrdiff_t>(sent - m_eventsBase));
+                m_eventsBase = sent;
+            }
+            if (finished && sent == end()) return grpc::Status::OK;
         }
     }
 
@@ -202,6 +251,13 @@ public:
     {
         if (auto st = checkToken(*ctx, m_token, "Worker.Cancel"); !st.ok()) return st;
         std::lock_guard lock(m_mutex);
+        if (!req->run_id().empty() && req->run_id() == m_reservedRun) {
+            // The coordinator gives up before starting this task (another of its workers was
+            // busy): the worker is free again at once, not when the reservation lapses.
+            m_reservedRun.clear();
+            logLine("reservation for run " + req->run_id() + " released by " + ctx->peer());
+            return grpc::Status::OK;
+        }
         if (req->run_id() != m_runId) return refuse(*ctx, grpc::StatusCode::NOT_FOUND, "Worker.Cancel", "no run " + req->run_id() + " on this worker");
         m_cancelRequested = true;
         m_cancelReason = req->reason();
@@ -215,6 +271,30 @@ public:
         return grpc::Status::OK;
     }
 
+    grpc::Status CaptureTrace(grpc::ServerContext* ctx, const CaptureTraceRequest* req, CaptureTraceReply* reply) override
+    {
+        const char* call = "Worker.CaptureTrace";
+        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        std::lock_guard lock(m_mutex);
+        if (req->run_id() != m_runId || m_runId.empty())
+            return refuse(*ctx, grpc::StatusCode::NOT_FOUND, call, "no run " + req->run_id() + " on this worker");
+        if (req->steps() <= 0 || req->steps() > 1000000)
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "steps must be in [1, 1000000], got " + std::to_string(req->steps()));
+        auto decline = [&](const std::string& why) {
+            reply->set_started(false);
+            reply->set_reason(m_task + ": " + why);
+            return grpc::Status::OK;
+        };
+        if (m_state != "running") return decline("the task is " + m_state);
+        if (m_psTask) return decline("a ps task has no steps to trace (its spans come with a traced run)");
+        if (!m_trainer) return decline("the task is not training yet");
+        if (m_trace) return decline("the task traces every step already");
+        if (!m_trainer->requestTrace(req->steps(), req->layers())) return decline("another trace is in progress in this daemon");
+        logLine(m_task + " of run " + m_runId + ": tracing the next " + std::to_string(req->steps()) + " step(s) for " + ctx->peer());
+        reply->set_started(true);
+        return grpc::Status::OK;
+    }
+
     grpc::Status Heartbeat(grpc::ServerContext* ctx, const HeartbeatPing*, HeartbeatPong* reply) override
     {
         if (auto st = checkToken(*ctx, m_token, "Worker.Heartbeat"); !st.ok()) return st;
@@ -225,6 +305,30 @@ public:
     }
 
 private:
+    static double secondsSince(std::chrono::steady_clock::time_point t)
+    {
+        return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    }
+    static std::string agoText(double secs)
+    {
+        const long s = std::lround(secs);
+        return s < 120 ? std::to_string(s) + " s" : s < 7200 ? std::to_string(s / 60) + " min" : std::to_string(s / 3600) + " h";
+    }
+    // With m_mutex held: another run than `runId` holds an unexpired reservation.
+    bool reservedByOther(const std::string& runId) const
+    {
+        return !m_reservedRun.empty() && m_reservedRun != runId && std::chrono::steady_clock::now() < m_reservedUntil;
+    }
+    std::string busyText() const
+    {
+        return "this worker is running run " + m_runId + " for " + m_coordinator + " (started " + agoText(secondsSince(m_runStarted)) + " ago)";
+    }
+    std::string reservedText() const
+    {
+        return "this worker is reserved for run " + m_reservedRun + " by " + m_reservedBy + " (" + agoText(secondsSince(m_reservedAt)) +
+               " ago; it starts in a moment)";
+    }
+
     void publish(const std::string& kind, int64_t step, const nlohmann::json& fields, const std::string& device = {})
     {
         Event e;
@@ -241,9 +345,62 @@ private:
         m_cv.notify_all();
     }
 
+    // Spans of one drain go as one "spans" event, at most kSpansPerEvent each (a traced step of a
+    // small model makes dozens: one event apiece would cost more than the spans).
+    static constexpr std::size_t kSpansPerEvent = 1000;
+
+    void forwardSpans(nlohmann::json& spans, int64_t step)
+    {
+        if (spans.empty()) return;
+        publish("spans", step, {{"spans", std::move(spans)}});
+        spans = nlohmann::json::array();
+    }
+
+    // Drains `sub` until `running` is false and it is empty: the trainer's (or a ps task's)
+    // telemetry goes back on the event stream.
+    void forwardBus(telemetry::Subscription& sub, const std::atomic<bool>& running)
+    {
+        nlohmann::json spans = nlohmann::json::array();
+        while (running || sub.pending() > 0) {
+            sub.wait(std::chrono::milliseconds(200));
+            int64_t lastStep = 0;
+            for (const auto& ev : sub.drain()) {
+                if (const auto* sp = std::get_if<telemetry::SpanEvent>(&ev)) {
+                    nlohmann::json j = {{"name", sp->name}, {"category", sp->category}, {"device", sp->stamp.lane.device},
+                                        {"thread", sp->stamp.lane.thread}, {"step", sp->stamp.step}, {"start_us", sp->startUs},
+                                        {"duration_us", sp->durationUs}, {"wall_us", sp->stamp.wallTimeUs}};
+                    if (!sp->args.empty()) j["args"] = sp->args;
+                    spans.push_back(std::move(j));
+                    lastStep = sp->stamp.step;
+                    if (spans.size() >= kSpansPerEvent) forwardSpans(spans, lastStep);
+                } else {
+                    forward(ev);
+                }
+            }
+            forwardSpans(spans, lastStep);
+        }
+    }
+
+    static telemetry::SubscriberOptions streamSubscription()
+    {
+        telemetry::SubscriberOptions so;
+        so.name = "worker stream";
+        so.kinds = telemetry::kindMask<telemetry::DeviceSampleEvent, telemetry::StepBreakdownEvent, telemetry::PipelineSampleEvent,
+                                       telemetry::SpanEvent, telemetry::LogEvent>();
+        so.capacity = 1 << 16;  // a traced step of a layered model makes hundreds of spans
+        so.wakeThreshold = 256;
+        return so;
+    }
+
     void forward(const telemetry::Event& ev)
     {
-        if (const auto* d = std::get_if<telemetry::DeviceSampleEvent>(&ev)) {
+        if (const auto* p = std::get_if<telemetry::PipelineSampleEvent>(&ev)) {
+            publish("pipeline", p->stamp.step, {{"stage", p->stage}, {"produced", p->produced}, {"busy_seconds", p->busySeconds},
+                                                {"queue_depth", p->queueDepth}, {"queue_capacity", p->queueCapacity},
+                                                {"wait_seconds", p->waitSeconds}, {"parallelism", p->parallelism}});
+        } else if (const auto* l = std::get_if<telemetry::LogEvent>(&ev)) {
+            publish("log", l->stamp.step, {{"level", static_cast<int>(l->level)}, {"message", l->message}});
+        } else if (const auto* d = std::get_if<telemetry::DeviceSampleEvent>(&ev)) {
             publish("sample", d->stamp.step, {{"utilisation", d->utilisation}, {"per_core", d->perCore}, {"process_cpu", d->processCpu},
                                               {"memory_used", d->memoryUsed}, {"memory_total", d->memoryTotal},
                                               {"temperature_c", d->temperatureC}, {"power_w", d->powerW}},
@@ -265,6 +422,9 @@ private:
             if (e.staleness >= 0) j["staleness"] = e.staleness;
             m_s.publish("step", e.step, j);
         }
+        // Here, not from the bus: the steps replayed after the resume follow it on the stream, so
+        // the coordinator rewinds the record before they arrive, never after.
+        void onResume(const TrainingPosition& at, const std::string&) override { m_s.publish("resumed", at.step, {{"after_step", at.step}}); }
         void onEpoch(const EpochEvent& e) override
         {
             nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", e.loss}, {"accuracy", e.accuracy},
@@ -294,19 +454,55 @@ private:
     void runParameterServer(const RunConfig& cfg)
     {
         const nlohmann::json optimizer = cfg.optimizer.is_null() ? cfg.model.compile.optimizer : cfg.optimizer;
-        if (auto st = m_ps->host(m_runId, m_task, optimizer, cfg.strategy.backend); !st.ok())
+        // Its telemetry, like a worker's: the host's and this process's CPU and memory, the
+        // shard's counters every second, and with a traced run a span per update and pull.
+        telemetry::EventBus bus;
+        auto sub = bus.subscribe(streamSubscription());
+        bool trace = false;
+        {
+            std::lock_guard lock(m_mutex);
+            trace = m_trace;
+        }
+        if (auto st = m_ps->host(m_runId, m_task, optimizer, cfg.strategy.backend, trace ? &bus : nullptr); !st.ok())
             return finish("failed", st.error().message, st.error().hint);
+        std::atomic<int64_t> version{0};
+        telemetry::SamplerOptions so;
+        so.hz = 2;
+        so.runId = m_runId;
+        so.step = &version;
+        telemetry::DeviceSampler sampler(so);
+        if (auto started = sampler.start(bus); !started.ok()) logLine(m_task + ": no device samples: " + started.error().message);
+        std::atomic<bool> forwarding{true};
+        std::thread forwarder([&] { forwardBus(*sub, forwarding); });
         publish("state", 0, {{"state", "running"}, {"role", "ps"}});
+        auto shardCounters = [](const ShardStats& st) {
+            return nlohmann::json{{"updates", st.version}, {"pulls", st.pulls},  {"elements", st.elements},
+                                  {"bytes_in", st.bytesIn}, {"bytes_out", st.bytesOut}, {"busy_seconds", st.busySeconds}};
+        };
         {
             std::unique_lock lock(m_mutex);
+            auto nextCounters = std::chrono::steady_clock::now() + std::chrono::seconds(1);
             // Progress for the coordinator's heartbeat: the updates applied so far.
             while (!m_cancelRequested && !m_shutdown) {
                 m_cv.wait_for(lock, std::chrono::milliseconds(500));
-                m_step = m_ps->stats().version;
+                const ShardStats st = m_ps->stats();
+                version = st.version;
+                m_step = st.version;
+                if (std::chrono::steady_clock::now() >= nextCounters && st.initialised) {
+                    lock.unlock();
+                    publish("ps", st.version, shardCounters(st));
+                    lock.lock();
+                    nextCounters = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+                }
             }
         }
         const ShardStats st = m_ps->stats();
-        m_ps->unhost();
+        m_ps->unhost();  // before the bus goes: the service publishes spans on it
+        sampler.stop();
+        forwarding = false;
+        forwarder.join();
+        bus.unsubscribe(sub);
+        if (st.initialised) publish("ps", st.version, shardCounters(st));
         publish("final", st.version, {{"updates", st.version}, {"pulls", st.pulls}, {"elements", st.elements},
                                       {"staleness_max", st.maxStaleness},
                                       {"staleness_mean", st.version > 0 ? st.sumStaleness / static_cast<double>(st.version) : 0.0}});
@@ -403,22 +599,22 @@ private:
             if (m_cancelRequested) m_trainer->cancel();
         }
         publish("state", 0, running);
-        // The trainer's device samples and step breakdowns go back on the stream too, each with
-        // its device (the listener above carries the metrics).
+        // The trainer's device samples, step breakdowns, input pipeline samples, trace spans and
+        // notes go back on the stream too, each with its device (the listener above
+        // carries the metrics).
         telemetry::EventBus bus;
-        telemetry::SubscriberOptions so;
-        so.name = "worker stream";
-        so.kinds = telemetry::kindMask<telemetry::DeviceSampleEvent, telemetry::StepBreakdownEvent>();
-        so.wakeThreshold = 64;
-        auto sub = bus.subscribe(so);
-        run.trainer->setTelemetry(&bus, m_runId, false);
+        auto sub = bus.subscribe(streamSubscription());
+        bool trace = false, traceLayers = false;
+        {
+            std::lock_guard lock(m_mutex);
+            trace = m_trace;
+            traceLayers = m_traceLayers;
+        }
+        run.trainer->setTelemetry(&bus, m_runId, trace, traceLayers);
+        // A "pipeline" section: its stall windows per stage (the studio's input view, the advisor).
+        if (run.pipeline) run.pipeline->setTelemetry(&bus, m_runId);
         std::atomic<bool> forwarding{true};
-        std::thread forwarder([&] {
-            while (forwarding || sub->pending() > 0) {
-                sub->wait(std::chrono::milliseconds(200));
-                for (const auto& ev : sub->drain()) forward(ev);
-            }
-        });
+        std::thread forwarder([&] { forwardBus(*sub, forwarding); });
         Listener listener(*this);
         auto result = run.trainer->fit(*run.trainSource(), run.validationSource(), &listener);
         forwarding = false;
@@ -468,7 +664,15 @@ private:
     std::condition_variable m_cv;
     std::string m_state = "idle";
     std::string m_runId, m_task, m_device;
-    std::vector<Event> m_events;
+    std::string m_coordinator;  // who started m_runId
+    std::chrono::steady_clock::time_point m_runStarted;
+    std::string m_reservedRun, m_reservedBy;  // Reserve: held for this run until m_reservedUntil
+    std::chrono::steady_clock::time_point m_reservedAt, m_reservedUntil;
+    std::deque<Event> m_events;  // not yet delivered (and, while several streams read, all)
+    std::size_t m_eventsBase = 0;  // events of this run dropped from the front once delivered
+    int m_streams = 0;             // open StreamEvents calls
+    bool m_trace = false, m_traceLayers = false;  // StartTaskRequest's
+    bool m_psTask = false;
     int64_t m_step = 0;
     Trainer* m_trainer = nullptr;
     std::atomic<bool> m_cancelRequested{false};

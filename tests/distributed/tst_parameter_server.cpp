@@ -339,6 +339,35 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra)
         QCOMPARE(worst->points.size(), expected.size());
         for (const auto& p : worst->points) QCOMPARE(p.value, expected[p.step]);
     }
+    // Every ps task streams telemetry too (it sent none): its host and process samples on its
+    // lane, and its shard's load each second as counter tracks (busy %, updates/s, ...).
+    {
+        auto samples = store->deviceSamples(runId);
+        auto spans = store->spans(runId);
+        QVERIFY(samples.ok() && spans.ok());
+        for (int p = 0; p < ps; ++p) {
+            const std::string name = "ps:" + std::to_string(p);
+            int host = 0, busyTrack = 0, updatesTrack = 0;
+            double updatesPerSec = 0;
+            for (const auto& d : *samples)
+                if (d.stamp.lane.worker == name && d.stamp.lane.device.empty() && d.processCpu >= 0) ++host;
+            for (const auto& sp : *spans) {
+                if (sp.stamp.lane.worker != name || sp.category != "counter") continue;
+                const double v = std::stod(sp.args.at("value"));
+                if (sp.name == "ps busy %") {
+                    ++busyTrack;
+                    QVERIFY2(v >= 0 && v <= 100, qPrintable(QString::number(v)));
+                } else if (sp.name == "ps updates/s") {
+                    ++updatesTrack;
+                    updatesPerSec = std::max(updatesPerSec, v);
+                }
+            }
+            qInfo("%s: %d host samples, %d busy-%% counters, up to %.0f updates/s", name.c_str(), host, busyTrack, updatesPerSec);
+            QVERIFY2(host >= 2, name.c_str());
+            QVERIFY2(busyTrack >= 2 && updatesTrack == busyTrack, name.c_str());
+            QVERIFY2(updatesPerSec > 10, name.c_str());
+        }
+    }
     auto kept = store->checkpoints(runId);
     QVERIFY(kept.ok() && kept->size() == 1);
     QCOMPARE(kept->front().path, weights.toStdString());

@@ -10,8 +10,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "data/dataset.h"
 #include "distributed/worker_process.h"
+#include "model/spec.h"
+#include "remote/coordinator.h"
+#include "remote/task_telemetry.h"
 #include "remote/worker_client.h"
+#include "telemetry/bus.h"
+#include "train/run_config.h"
 #include "store/run_store.h"
 #include "remote/worker_service.h"
 #include "worker.grpc.pb.h"
@@ -111,6 +117,11 @@ private slots:
     void bindsLoopbackUnlessAllowed();
     void servesTls();
     void coordinatedRunIsRecorded();
+    void reservationHoldsTheWorker();
+    void crossedCoordinatorsOneWins();
+    void taskTelemetryIsPublished();
+    void coordinatedRunStreamsTraceAndPipeline();
+    void captureOnRemoteWorkers();
     void preflightNamesUnreachableWorker();
     void killedWorkerIsNamed();
     void restartedRunResumesFromBackup();
@@ -379,6 +390,289 @@ void TestWorker::coordinatedRunIsRecorded()
 // its port (as systemd would); the coordinator waits for it, starts the run again, the tasks
 // resume from the chief daemon's backup (under its --backup-root), and the run ends exactly as
 // an uninterrupted one: same steps, same last-epoch loss and accuracy (bit-equal sums).
+// Reserve holds an idle worker for one run: others are refused with the run and who holds it,
+// until that run starts, cancels the reservation, or lets it lapse.
+void TestWorker::reservationHoldsTheWorker()
+{
+    auto daemon = startDaemon();
+    auto client = WorkerClient::connect("worker:0 at here", "127.0.0.1:" + std::to_string(daemon->port()), kToken);
+    QVERIFY(client.ok());
+    WorkerClient& c = **client;
+    QVERIFY(c.reserve("r1", "coordinator A", 30).ok());
+    QVERIFY(c.reserve("r1", "coordinator A", 30).ok());  // the same run again: refreshed
+    auto who = c.identify(std::chrono::seconds(5));
+    QVERIFY(who.ok());
+    QVERIFY(who->reserved);
+    QCOMPARE(who->runId, std::string("r1"));
+    QCOMPARE(who->coordinator, std::string("coordinator A"));
+    Status taken = c.reserve("r2", "coordinator B", 30);
+    QVERIFY(!taken.ok());
+    QVERIFY2(taken.error().message.find("worker:0 at here is busy: this worker is reserved for run r1 by coordinator A") == 0,
+             taken.error().message.c_str());
+    QVERIFY2(taken.error().hint.find("another coordinator uses this worker") != std::string::npos, taken.error().hint.c_str());
+    // Released by its run's cancel: free at once.
+    QVERIFY(c.cancel("r1", "failed").ok());
+    who = c.identify(std::chrono::seconds(5));
+    QVERIFY(who.ok() && !who->reserved && who->state == "idle");
+    QVERIFY(c.reserve("r2", "coordinator B", 1).ok());
+    QVERIFY(!c.reserve("r3", "coordinator C", 30).ok());
+    QTest::qWait(1300);  // r2's reservation lapses without a StartTask
+    QVERIFY(c.reserve("r3", "coordinator C", 30).ok());
+    for (int bad : {0, 61}) QVERIFY(!c.reserve("r4", "x", bad).ok());
+}
+
+// Two coordinators started at once on the same two workers, with the chief and worker roles
+// crossed: one gets both workers and trains, the other is refused naming the run that holds
+// them (each could take one worker and wait for the other's, and both failed).
+void TestWorker::crossedCoordinatorsOneWins()
+{
+    QTemporaryDir dir;
+    std::unique_ptr<WorkerProcess> a, b;
+    QVERIFY(!startDaemonPair(dir.path(), a, b).isEmpty());
+    auto clusterFile = [&](const QString& name, int chief, int worker) {
+        const QString path = dir.filePath(name);
+        QFile f(path);
+        f.open(QIODevice::WriteOnly);
+        f.write(QString(R"({"cluster": {"chief": ["127.0.0.1:%1"], "worker": ["127.0.0.1:%2"]}})").arg(chief).arg(worker).toUtf8());
+        return path;
+    };
+    const QString ab = clusterFile("ab.json", a->port, b->port), ba = clusterFile("ba.json", b->port, a->port);
+    for (int round = 0; round < 2; ++round) {
+        auto first = startCoordinator(coordinatorArgs(ab, 1500) + QStringList{"--no-record"});
+        auto second = startCoordinator(coordinatorArgs(ba, 1500) + QStringList{"--no-record"});
+        QVERIFY(first->waitForFinished(120000) && second->waitForFinished(120000));
+        const QString outFirst = QString::fromUtf8(first->readAllStandardOutput() + first->readAllStandardError());
+        const QString outSecond = QString::fromUtf8(second->readAllStandardOutput() + second->readAllStandardError());
+        const int won = (first->exitCode() == 0) + (second->exitCode() == 0);
+        QVERIFY2(won == 1, qPrintable(QString("round %1: %2 of 2 trained\n%3\n---\n%4").arg(round).arg(won).arg(outFirst, outSecond)));
+        const QString loser = first->exitCode() == 0 ? outSecond : outFirst;
+        for (const QString& line : loser.split(QLatin1Char('\n')))
+            if (line.startsWith("error:")) qInfo("round %d: %s", round, qPrintable(line));
+        QVERIFY2(loser.contains(" is busy") || loser.contains(" is reserved"), qPrintable(loser));
+        QVERIFY2(loser.contains("for trainstudio-cli on") || loser.contains("by trainstudio-cli on"), qPrintable(loser));
+        QVERIFY2(loser.contains("hint:"), qPrintable(loser));
+        // Both workers are free for the next round.
+        for (int port : {a->port, b->port}) {
+            QElapsedTimer t;
+            t.start();
+            while (daemonState(port) == "running" && t.elapsed() < 10000) QTest::qWait(100);
+        }
+    }
+}
+
+// What a task streams besides its metrics lands on the coordinator's bus on its lane; a ps shard
+// busy >= 80% for 5 intervals in a row gives one "ps-bound" finding per streak.
+void TestWorker::taskTelemetryIsPublished()
+{
+    telemetry::EventBus bus;
+    auto sub = bus.subscribe();
+    PsLoad load;
+    auto event = [](const std::string& worker, const std::string& kind, int64_t step, double wall, nlohmann::json fields) {
+        WorkerEvent e;
+        e.worker = worker;
+        e.kind = kind;
+        e.step = step;
+        e.wallTime = wall;
+        e.fields = std::move(fields);
+        return e;
+    };
+    // 12 one-second intervals: busy 0.9 s of each for 6, then 0.1 s for 2, then 0.9 s for 4.
+    double busy = 0;
+    int findingsSeen = 0;
+    for (int t = 0; t <= 12; ++t) {
+        if (t > 0) busy += t <= 6 || t > 8 ? 0.9 : 0.1;
+        QVERIFY(publishTaskTelemetry("r", event("ps:0", "ps", 100 * t, 1000.0 + t,
+                                                {{"busy_seconds", busy}, {"updates", 400 * t}, {"pulls", 410 * t},
+                                                 {"bytes_in", 1000000 * t}, {"bytes_out", 2000000 * t}}),
+                                     false, bus, load));
+    }
+    std::map<std::string, std::vector<double>> tracks;
+    for (const auto& ev : sub->drain()) {
+        if (const auto* c = std::get_if<telemetry::SpanEvent>(&ev)) {
+            QCOMPARE(c->category, std::string("counter"));
+            QCOMPARE(c->stamp.lane.worker, std::string("ps:0"));
+            tracks[c->name].push_back(std::stod(c->args.at("value")));
+        } else if (const auto* f = std::get_if<telemetry::FindingEvent>(&ev)) {
+            ++findingsSeen;
+            QCOMPARE(f->kind, std::string("ps-bound"));
+            QVERIFY2(f->message.find("ps:0 was busy 90%") == 0, f->message.c_str());
+            QCOMPARE(f->firstStep, int64_t(100));  // the streak's first interval ended at step 100
+            QCOMPARE(f->lastStep, int64_t(500));   // said after 5 intervals, once
+        }
+    }
+    QCOMPARE(findingsSeen, 1);  // the second streak lasted 4 intervals only
+    QCOMPARE(tracks["ps busy %"].size(), std::size_t(12));  // none before the first interval
+    QCOMPARE(qRound(tracks["ps busy %"][0]), 90);
+    QCOMPARE(qRound(tracks["ps busy %"][7]), 10);
+    QCOMPARE(qRound(tracks["ps updates/s"][3]), 400);
+    QCOMPARE(qRound(tracks["ps MB/s out"][3]), 2);
+
+    // Spans keep their device and thread and take the task's lane; a resume rewinds the run only
+    // from the primary task; a malformed batch is skipped.
+    QVERIFY(publishTaskTelemetry("r", event("worker:1", "spans", 7, 1.0,
+                                            {{"spans", {{{"name", "forward"}, {"category", "forward"}, {"device", "cpu:0"},
+                                                         {"thread", "replica 0"}, {"step", 7}, {"start_us", 5}, {"duration_us", 9},
+                                                         {"args", {{"k", "v"}}}},
+                                                        "not a span"}}}),
+                                 false, bus, load));
+    QVERIFY(publishTaskTelemetry("r", event("worker:1", "spans", 7, 1.0, {{"spans", 3}}), false, bus, load));
+    QVERIFY(publishTaskTelemetry("r", event("worker:1", "resumed", 40, 1.0, {{"after_step", 30}}), false, bus, load));
+    QVERIFY(publishTaskTelemetry("r", event("chief:0", "resumed", 40, 1.0, {{"after_step", 30}}), true, bus, load));
+    QVERIFY(publishTaskTelemetry("r", event("worker:1", "log", 3, 1.0, {{"level", 2}, {"message", "slow input"}}), false, bus, load));
+    QVERIFY(!publishTaskTelemetry("r", event("worker:1", "step", 3, 1.0, {}), false, bus, load));
+    int spans = 0, resumes = 0, logs = 0;
+    for (const auto& ev : sub->drain()) {
+        if (const auto* sp = std::get_if<telemetry::SpanEvent>(&ev)) {
+            ++spans;
+            QCOMPARE(sp->stamp.lane, (telemetry::Lane{"worker:1", "cpu:0", "replica 0"}));
+            QCOMPARE(sp->stamp.step, int64_t(7));
+            QCOMPARE(sp->durationUs, int64_t(9));
+            QCOMPARE(sp->args.at("k"), std::string("v"));
+        } else if (const auto* r = std::get_if<telemetry::RunStateEvent>(&ev)) {
+            ++resumes;
+            QCOMPARE(r->stamp.lane.worker, std::string("chief:0"));
+            QCOMPARE(r->resumedAfterStep, int64_t(30));
+        } else if (const auto* l = std::get_if<telemetry::LogEvent>(&ev)) {
+            ++logs;
+            QCOMPARE(l->level, telemetry::LogLevel::Warning);
+            QCOMPARE(l->message, std::string("worker:1: slow input"));
+        }
+    }
+    QCOMPARE(spans, 1);
+    QCOMPARE(resumes, 1);
+    QCOMPARE(logs, 1);
+}
+
+// `train --cluster --trace FILE` with a "pipeline" section: every task's spans reach the file and
+// the store on its own lanes, and every task's input stages are recorded (a coordinated run
+// recorded neither, and --trace wrote nothing).
+void TestWorker::coordinatedRunStreamsTraceAndPipeline()
+{
+    const std::string data = defaultFashionMnistDir();
+    if (!QFileInfo::exists(QString::fromStdString(data) + "/train-images-idx3-ubyte") &&
+        !QFileInfo::exists(QString::fromStdString(data) + "/train-images-idx3-ubyte.gz"))
+        QSKIP("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    QTemporaryDir dir;
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
+    const QString config = dir.filePath("run.json");
+    QFile f(config);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(QString(R"({"model_file": "%1", "epochs": 2, "batch_size": 64,
+        "pipeline": {"source": {"kind": "idx", "dir": "%2"}, "window_steps": 5,
+          "transformations": [{"op": "take", "count": 3200}, {"op": "map", "fn": "normalise"}, {"op": "prefetch", "buffer_size": 2}]}})")
+                .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"), QString::fromStdString(data))
+                .toUtf8());
+    f.close();
+    const QString db = dir.filePath("runs.db"), trace = dir.filePath("trace.json");
+    auto coord = startCoordinator({"train", "--cluster", cluster, "--config", config, "--threads", "1", "--no-validation", "--db", db, "--json",
+                               "--trace", trace});
+    QVERIFY(coord->waitForFinished(120000));
+    const QString out = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out));
+    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    QCOMPARE(j["steps"].get<int>(), 100);  // 2 epochs of 3200 / 64
+    const std::string runId = j["run_id"].get<std::string>();
+    // The trace file: each task's replica lane with its step spans.
+    QFile t(trace);
+    QVERIFY(t.open(QIODevice::ReadOnly));
+    const auto doc = nlohmann::json::parse(t.readAll().toStdString(), nullptr, false);
+    QVERIFY(!doc.is_discarded());
+    const auto& events = doc.is_object() ? doc["traceEvents"] : doc;
+    std::map<int, std::string> processNames;
+    std::map<int, int> allReduces;
+    for (const auto& e : events) {
+        if (e.value("ph", "") == "M" && e.value("name", "") == "process_name") processNames[e.value("pid", -1)] = e["args"].value("name", "");
+        if (e.value("ph", "") == "X" && e.value("name", "") == "all-reduce") ++allReduces[e.value("pid", -1)];
+    }
+    std::set<std::string> tracedTasks;
+    for (const auto& [pid, n] : allReduces) {
+        QVERIFY2(n == 100, qPrintable(QString("%1 all-reduce spans in process %2").arg(n).arg(QString::fromStdString(processNames[pid]))));
+        tracedTasks.insert(processNames[pid]);
+    }
+    QVERIFY2(tracedTasks.size() == 2, nlohmann::json(processNames).dump().c_str());
+    // The store: the spans of both tasks, and both tasks' pipeline stages.
+    auto store = ts::store::RunStore::open(db.toStdString());
+    QVERIFY(store.ok());
+    auto spans = store->spans(runId);
+    QVERIFY(spans.ok());
+    std::set<std::string> spanLanes, pipelineLanes;
+    for (const auto& sp : *spans) spanLanes.insert(sp.stamp.lane.worker);
+    QVERIFY2(spanLanes.count("chief:0") && spanLanes.count("worker:0"), qPrintable(QString::number(spans->size())));
+    auto pipeline = store->pipelineSamples(runId);
+    QVERIFY(pipeline.ok());
+    for (const auto& p : *pipeline) pipelineLanes.insert(p.stamp.lane.worker);
+    QVERIFY2(pipelineLanes == std::set<std::string>({"chief:0", "worker:0"}), qPrintable(QString::number(pipeline->size())));
+}
+
+// The studio's Capture on a remote run: every training task traces its next steps and streams
+// the spans back; a capture with no run in progress is refused.
+void TestWorker::captureOnRemoteWorkers()
+{
+    QTemporaryDir dir;
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
+    CoordinatorOptions o;
+    auto spec = ClusterSpec::fromFile(cluster.toStdString());
+    QVERIFY(spec.ok());
+    o.spec = *spec;
+    o.token = kToken;
+    auto c = Coordinator::create(std::move(o), "multi-worker-mirrored");
+    QVERIFY(c.ok());
+    Coordinator& coordinator = **c;
+    auto refused = coordinator.captureTrace(5);
+    QVERIFY(!refused.ok());
+    QVERIFY2(refused.error().message.find("no run is training") != std::string::npos, refused.error().toString().c_str());
+    auto cfg = RunConfig::fromJson({{"model_file", TS_SOURCE_DIR "/resources/models/seed_mlp.json"}, {"epochs", 1000}, {"max_steps", 3000},
+                                    {"batch_size", 64}, {"data", {{"limit", 1280}}}}, "test");
+    QVERIFY2(cfg.ok(), cfg.ok() ? "" : cfg.error().toString().c_str());
+    QVERIFY(cfg.ok());
+    auto model = loadModelFile(cfg->modelFile);  // the workers get the model inline
+    QVERIFY(model.ok());
+    cfg->model = *model;
+    cfg->modelFile.clear();
+    cfg->validate = false;
+    cfg->strategy.threads = 1;
+    telemetry::EventBus bus;
+    telemetry::SubscriberOptions so;
+    so.capacity = 1 << 17;
+    auto sub = bus.subscribe(so);
+    Result<FitResult> result = makeError(ErrorCode::Internal, "not run");
+    std::thread runner([&] { result = coordinator.run(*cfg, "capture-test", bus); });
+    // Wait for step 50 on the chief, then capture 5 steps.
+    int64_t chiefStep = 0;
+    std::vector<telemetry::Event> seen;
+    QElapsedTimer wait;
+    wait.start();
+    while (chiefStep < 50 && wait.elapsed() < 60000) {
+        sub->wait(std::chrono::milliseconds(100));
+        for (auto& ev : sub->drain()) {
+            if (const auto* m = std::get_if<telemetry::StepMetricsEvent>(&ev)) chiefStep = std::max(chiefStep, m->stamp.step);
+            seen.push_back(std::move(ev));
+        }
+    }
+    auto started = coordinator.captureTrace(5);
+    const int64_t askedAt = chiefStep;
+    if (!started.ok()) coordinator.cancel();
+    runner.join();
+    QVERIFY2(started.ok(), started.ok() ? "" : started.error().toString().c_str());
+    QCOMPARE(*started, 2);
+    QVERIFY2(result.ok(), result.ok() ? "" : result.error().toString().c_str());
+    for (auto& ev : sub->drain()) seen.push_back(std::move(ev));
+    std::map<std::string, std::set<int64_t>> tracedSteps;  // task -> steps with a "step" span
+    for (const auto& ev : seen)
+        if (const auto* sp = std::get_if<telemetry::SpanEvent>(&ev); sp && sp->name == "all-reduce")
+            tracedSteps[sp->stamp.lane.worker].insert(sp->stamp.step);
+    QCOMPARE(tracedSteps.size(), std::size_t(2));
+    for (const auto& [task, steps] : tracedSteps) {
+        QVERIFY2(steps.size() == 5, qPrintable(QString::fromStdString(task) + ": " + QString::number(steps.size()) + " steps traced"));
+        QVERIFY2(*steps.begin() > askedAt, qPrintable(QString::fromStdString(task)));
+    }
+}
+
 void TestWorker::restartedRunResumesFromBackup()
 {
     QTemporaryDir dir;
@@ -427,6 +721,14 @@ void TestWorker::restartedRunResumesFromBackup()
     bool said = false;
     for (const auto& l : *logs) said |= l.message.find("restarting the run from its backup") != std::string::npos;
     QVERIFY(said);
+    // The steps the failed attempt recorded after the backup were replayed: the chief's resume
+    // rewinds the record, so every step is there once (they were 317 when the rewind reached the
+    // store after the first replayed steps); the failed attempt's breakdowns up to the backup
+    // stay (its last batch was cut off with its stream).
+    auto counts = store->counts(runId);
+    QVERIFY(counts.ok());
+    QCOMPARE(counts->steps, int64_t(400));
+    QCOMPARE(counts->breakdowns, int64_t(400));  // the failed attempt's last ones were cut off
 
     // A backup folder that tries to leave the worker's root is refused, naming the setting.
     auto chief = tstest::spawnWorker(dir.path(), "c-chief", kToken, {"--backup-root", root});
@@ -486,6 +788,9 @@ void TestWorker::killedWorkerIsNamed()
     for (const QString& line : out.split('\n'))
         if (line.startsWith("error:")) qInfo("%s (after %.1f s)", qPrintable(line), secs);
     QVERIFY2(out.contains(QString("worker:0 at 127.0.0.1:%1").arg(worker->port)), qPrintable(out));
+    // Said as what happened (it read "closed the connection at once: it may serve TLS").
+    QVERIFY2(out.contains("the connection broke while the task ran") || out.contains("stopped responding"), qPrintable(out));
+    QVERIFY2(!out.contains("TLS"), qPrintable(out));
     QVERIFY2(secs < 10.0, qPrintable(QString("detected after %1 s: ").arg(secs) + out));
     // The chief's daemon survives its failed task and is idle for the next run.
     auto stub = stubFor(chief->port);

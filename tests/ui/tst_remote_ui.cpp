@@ -24,6 +24,8 @@
 #include <QTemporaryDir>
 #include <QtTest>
 
+#include <set>
+
 #include "distributed/worker_process.h"
 #include "dashboard/dashboardwidget.h"
 #include "data/dataset.h"
@@ -285,6 +287,23 @@ void TestRemoteUi::stopEndsTheRemoteRun()
     QSignalSpy finished(w->session(), &TrainingSession::finished);
     QTest::mouseClick(page->trainButton(), Qt::LeftButton);
     QTRY_VERIFY_WITH_TIMEOUT(page->dashboard()->lossPointCount() > 0, 60000);
+    // Capture trace works on a remote run too (it was disabled): every task's spans are recorded.
+    auto* capture = page->findChild<QPushButton*>(QStringLiteral("captureButton"));
+    QVERIFY(capture);
+    QTRY_VERIFY_WITH_TIMEOUT(capture->isEnabled(), 10000);
+    QSignalSpy captured(w->session(), &TrainingSession::captureFinished);
+    QTest::mouseClick(capture, Qt::LeftButton);
+    QTRY_COMPARE_WITH_TIMEOUT(captured.count(), 1, 60000);
+    {
+        auto store = store::RunStore::open(db().toStdString(), {.readOnly = true});
+        QVERIFY(store.ok());
+        auto spans = store->spans(w->session()->runId().toStdString());
+        QVERIFY(spans.ok());
+        std::set<std::string> tasks;
+        for (const auto& sp : *spans)
+            if (sp.name == "all-reduce") tasks.insert(sp.stamp.lane.worker);
+        QVERIFY2(tasks == std::set<std::string>({"chief:0", "worker:0"}), qPrintable(QString::number(spans->size())));
+    }
     QTest::mouseClick(page->stopButton(), Qt::LeftButton);
     QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 1, 30000);
     QCOMPARE(finished.at(0).at(0).value<State>(), State::Cancelled);

@@ -86,6 +86,7 @@ bool TrainingSession::start(const RunConfig& config, const QString& runName, QSt
         o.spec = *ClusterSpec::fromText(remoteSettings.tfConfig.toStdString(), "TF_CONFIG editor");
         o.token = *remote::loadToken(remoteSettings.tokenFile.trimmed().toStdString());
         o.tls.rootCa = remoteSettings.tlsCa.trimmed().toStdString();
+        o.name = "TrainStudio";
         auto c = remote::Coordinator::create(std::move(o), config.strategy.kind);
         if (!c.ok()) return fail(QString::fromStdString(c.error().toString()));
         coordinator = std::move(c).value();
@@ -217,12 +218,20 @@ void TrainingSession::engineRemote(RunConfig config, std::string runName)
     }
     recording->beginRemote(config, *m_bus);
     const std::string runId = recording->runId();
+    {
+        std::lock_guard lock(m_trainerMutex);
+        m_recording = recording.get();  // a capture flushes it
+    }
     QMetaObject::invokeMethod(this, [this, id = QString::fromStdString(runId)] {
         m_runId = id;
         if (m_state == State::Preparing) setState(State::Running);
         Q_EMIT runStarted(id);
     }, Qt::QueuedConnection);
     auto result = coordinator->run(config, runId, *m_bus);
+    {
+        std::lock_guard lock(m_trainerMutex);
+        m_recording = nullptr;
+    }
     recording->setDevices(coordinator->devices());
     recording->fitDone(result, m_interrupted);
     State end = State::Completed;
@@ -325,8 +334,17 @@ bool TrainingSession::captureTrace(int steps, QString* error)
         return false;
     };
     if (steps <= 0) return fail(tr("capture at least one step"));
-    if (m_remote && isActive()) return fail(tr("capture on demand traces this machine's trainer; this run trains on remote workers"));
     std::lock_guard lock(m_trainerMutex);
+    if (m_remote) {
+        // Every training task traces its next steps and streams the spans back; the capture ends
+        // at the chief's step as this session sees it.
+        if (!m_coordinator || m_state != State::Running) return fail(tr("no run is training; press Train first"));
+        if (m_captureUntil > 0) return fail(tr("a capture is already in progress (until step %1)").arg(m_captureUntil));
+        auto started = m_coordinator->captureTrace(steps);
+        if (!started.ok()) return fail(QString::fromStdString(started.error().toString()));
+        m_captureUntil = m_data.lastStep() + steps + 1;
+        return true;
+    }
     if (!m_trainer || (m_state != State::Running && m_state != State::Paused))
         return fail(tr("no run is training; press Train first"));
     if (m_captureUntil > 0) return fail(tr("a capture is already in progress (until step %1)").arg(m_captureUntil));

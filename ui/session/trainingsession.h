@@ -71,7 +71,7 @@ public:
 
     State state() const { return m_state; }
     bool isActive() const;
-    // The run trains on remote workers (pause and capture on demand are local-only).
+    // The run trains on remote workers (pause is local-only; a capture traces every training task).
     bool isRemote() const { return m_remote; }
     static QString stateName(State s);
     // Where a local run's backups go unless the user picks a folder (the engine's default,
@@ -110,7 +110,7 @@ private:
     std::thread m_engine;
     std::mutex m_trainerMutex;       // guards m_trainer against the engine thread's teardown
     Trainer* m_trainer = nullptr;
-    store::RunRecording* m_recording = nullptr;  // the local run's, while it trains (same mutex)
+    store::RunRecording* m_recording = nullptr;  // the run's, while it trains (same mutex)
     std::shared_ptr<remote::Coordinator> m_coordinator;  // set for remote runs, for stop()
     bool m_remote = false;
     std::atomic<bool> m_stopRequested{false}, m_pauseRequested{false}, m_interrupted{false};
