@@ -14,7 +14,7 @@ struct PreparedRun;
 struct RunConfig;
 class TrainListener;
 template <typename T> class Result;
-namespace telemetry { class EventBus; }
+namespace telemetry { class EventBus; class TraceFileSink; }
 }
 
 namespace tscli {
@@ -123,6 +123,9 @@ int runTrain(const TrainOptions& o);
 // train --cluster FILE (coordinator.cpp): pre-flight, start the tasks on the workers, merge their
 // streams into one recorded run. `cfg` is the run built from the flags.
 int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* recording);
+// --trace: writes the trace file (also for a failed run: the timeline up to the failure is what
+// one wants to see), says so unless --quiet/--json, and lists it with the recorded run.
+void finishTraceFile(ts::telemetry::TraceFileSink& sink, const TrainOptions& o, TrainRecording* recording);
 int runValidate(const std::string& file, bool json);
 int runBench(const BenchOptions& o);
 

@@ -161,15 +161,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         recording->setDevices(c.devices());
         recording->fitDone(result);
     }
-    if (traceSink) {
-        // Written for a failed run too: the timeline up to the failure is what one wants to see.
-        ts::Status st = traceSink->finish();
-        if (!st.ok()) printError(st.error());
-        else if (!o.quiet && !o.json)
-            std::printf("Trace written to %s (%zu spans%s)\n", o.trace.c_str(), traceSink->spans(),
-                        traceSink->dropped() ? (", " + std::to_string(traceSink->dropped()) + " events dropped").c_str() : "");
-        if (st.ok() && recording) recording->keepFile("trace", o.trace);
-    }
+    if (traceSink) finishTraceFile(*traceSink, o, recording);
     if (!result.ok()) {
         printError(result.error());
         return 1;

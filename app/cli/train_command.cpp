@@ -292,6 +292,16 @@ ts::Result<ts::remote::ClusterConnection> joinCluster(const ts::ClusterSpec& clu
 
 } // namespace
 
+void finishTraceFile(ts::telemetry::TraceFileSink& sink, const TrainOptions& o, TrainRecording* recording)
+{
+    ts::Status st = sink.finish();
+    if (!st.ok()) printError(st.error());
+    else if (!o.quiet && !o.json)
+        std::printf("Trace written to %s (%zu spans%s)\n", o.trace.c_str(), sink.spans(),
+                    sink.dropped() ? (", " + std::to_string(sink.dropped()) + " events dropped").c_str() : "");
+    if (st.ok() && recording) recording->keepFile("trace", o.trace);
+}
+
 int runTrain(const TrainOptions& options)
 {
     TrainOptions o = options;
@@ -619,15 +629,7 @@ int runTrain(const TrainOptions& options)
         bus.publish(ts::telemetry::Event(std::move(e)));
     }
     if (recording) recording->fitDone(result);
-    if (traceSink) {
-        // Written even for a failed run: the timeline up to the failure is what one wants to see.
-        ts::Status st = traceSink->finish();
-        if (!st.ok()) printError(st.error());
-        else if (!o.quiet && !o.json)
-            std::printf("Trace written to %s (%zu spans%s)\n", o.trace.c_str(), traceSink->spans(),
-                        traceSink->dropped() ? (", " + std::to_string(traceSink->dropped()) + " events dropped").c_str() : "");
-        if (st.ok() && recording) recording->keepFile("trace", o.trace);
-    }
+    if (traceSink) finishTraceFile(*traceSink, o, recording.get());
     if (!result.ok()) {
         printError(result.error());
         return 1;
