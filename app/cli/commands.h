@@ -115,6 +115,15 @@ struct TraceOptions {
 void addTraceCommand(CLI::App& app, TraceOptions& o);
 int runTrace(const TraceOptions& o);
 
+// trainstudio-cli cluster [FILE] ... (cluster_command.cpp): checks a TF_CONFIG cluster, exports
+// each task's TF_CONFIG.
+struct ClusterOptions {
+    std::string file, strategy, task, outDir;
+    bool json = false;
+};
+void addClusterCommand(CLI::App& app, ClusterOptions& o);
+int runCluster(const ClusterOptions& o);
+
 void addTrainCommand(CLI::App& app, TrainOptions& o);
 void addRunsCommand(CLI::App& app, RunsOptions& o);
 int runRuns(const RunsOptions& o);

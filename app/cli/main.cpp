@@ -59,6 +59,8 @@ int main(int argc, char** argv)
     tscli::addRunsCommand(app, runs);
     tscli::TraceOptions trace;
     tscli::addTraceCommand(app, trace);
+    tscli::ClusterOptions cluster;
+    tscli::addClusterCommand(app, cluster);
 
     try {
         app.parse(argc, argv);
@@ -74,6 +76,7 @@ int main(int argc, char** argv)
         if (app.got_subcommand("bench")) return tscli::runBench(bench);
         if (app.got_subcommand("runs")) return tscli::runRuns(runs);
         if (app.got_subcommand("trace")) return tscli::runTrace(trace);
+        if (app.got_subcommand("cluster")) return tscli::runCluster(cluster);
     } catch (const std::bad_alloc&) {
         std::fprintf(stderr, "error: out of memory\nhint: use a smaller model, batch or dataset, or fewer threads\n");
         return 1;

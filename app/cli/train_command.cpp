@@ -254,17 +254,10 @@ ts::Result<ts::ClusterSpec> clusterOfThisTask(const TrainOptions& o)
     if (!spec.ok()) return spec.takeError();
     ts::ClusterSpec cluster = std::move(spec).value();
     if (!o.task.empty()) {
-        const auto colon = o.task.find(':');
-        ts::TaskId t;
-        t.type = o.task.substr(0, colon);
-        // Digits only after the colon: stoi would take " 0" and "-1" too.
-        const std::string index = colon == std::string::npos ? std::string() : o.task.substr(colon + 1);
-        const bool digits = !index.empty() && index.size() <= 6 &&
-                            std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; });
-        if (t.type.empty() || !digits)
+        auto parsed = ts::parseTaskId(o.task);
+        if (!parsed.ok())
             return ts::makeError(ts::ErrorCode::InvalidArgument, "--task " + o.task + ": expected type:index", "e.g. --task worker:1 or --task chief:0");
-        t.index = std::stoi(index);
-        auto withTask = cluster.withTask(t);
+        auto withTask = cluster.withTask(*parsed);
         if (!withTask.ok()) {
             // The task came from the flag, not from the file the message names.
             ts::Error e = withTask.takeError();

@@ -7,6 +7,9 @@
 #include <cstdlib>
 
 #include "common/json_keys.h"
+#include "io/safetensors.h"  // writeFileAtomically
+
+#include <filesystem>
 
 namespace ts {
 namespace {
@@ -224,6 +227,51 @@ Result<std::string> ClusterSpec::tfConfigFor(const TaskId& task) const
 {
     TS_ASSIGN(ClusterSpec c, withTask(task));
     return c.toJson().dump();
+}
+
+Result<TaskId> parseTaskId(const std::string& text)
+{
+    const auto colon = text.find(':');
+    TaskId t;
+    t.type = text.substr(0, colon);
+    // Digits only after the colon: stoi would take " 0" and "-1" too.
+    const std::string index = colon == std::string::npos ? std::string() : text.substr(colon + 1);
+    const bool digits = !index.empty() && index.size() <= 6 && std::all_of(index.begin(), index.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (t.type.empty() || !digits)
+        return makeError(ErrorCode::InvalidArgument, "'" + text + "': expected type:index", "e.g. worker:1 or chief:0");
+    t.index = std::stoi(index);
+    return t;
+}
+
+std::vector<TaskId> ClusterSpec::tasks() const
+{
+    std::vector<TaskId> out;
+    for (const auto& role : roles())
+        for (int i = 0; i < count(role); ++i) out.push_back({role, i});
+    return out;
+}
+
+std::string ClusterSpec::tfConfigFileName(const TaskId& task)
+{
+    return "tf_config-" + task.type + "-" + std::to_string(task.index) + ".json";
+}
+
+Result<std::vector<std::string>> ClusterSpec::writeTfConfigs(const std::string& dir) const
+{
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    if (ec || !std::filesystem::is_directory(dir))
+        return makeError(ErrorCode::IoError, "cannot make the folder " + dir + (ec ? ": " + ec.message() : std::string()),
+                         "choose a folder this user can write");
+    std::vector<std::string> written;
+    for (const TaskId& t : tasks()) {
+        TS_ASSIGN(std::string text, tfConfigFor(t));
+        text += "\n";
+        const std::string path = (std::filesystem::path(dir) / tfConfigFileName(t)).string();
+        if (Status st = writeFileAtomically(path, {text}); !st.ok()) return st.takeError();
+        written.push_back(path);
+    }
+    return written;
 }
 
 Status ClusterSpec::validateFor(const std::string& strategy) const

@@ -30,6 +30,10 @@ struct TaskId {
     std::string toString() const { return type + ":" + std::to_string(index); }  // "worker:1"
 };
 
+// "worker:1" -> {worker, 1}; InvalidArgument unless it is type:index with a decimal index (the
+// type is checked against a cluster by ClusterSpec::withTask).
+Result<TaskId> parseTaskId(const std::string& text);
+
 struct HostPort {
     std::string host;   // without brackets for IPv6
     int port = 0;
@@ -53,6 +57,13 @@ public:
     nlohmann::json toJson() const;
     // TF_CONFIG for `task` of this cluster, as compact JSON text (what to export for it).
     Result<std::string> tfConfigFor(const TaskId& task) const;
+    // Every task of the cluster: chief, workers, ps, evaluators, each in index order.
+    std::vector<TaskId> tasks() const;
+    // "tf_config-worker-0.json": the file writeTfConfigs() gives `task`.
+    static std::string tfConfigFileName(const TaskId& task);
+    // Writes each task's TF_CONFIG (tfConfigFor) to dir/tfConfigFileName(task), atomically,
+    // making `dir` if needed; returns the paths in tasks() order. Errors name the file.
+    Result<std::vector<std::string>> writeTfConfigs(const std::string& dir) const;
     // A copy with its own task set (validated).
     Result<ClusterSpec> withTask(const TaskId& task) const;
 

@@ -325,8 +325,10 @@ private:
     }
     std::string reservedText() const
     {
+        // A coordinator that died between reserving and starting leaves it until it lapses.
+        const double left = std::max(0.0, -secondsSince(m_reservedUntil));
         return "this worker is reserved for run " + m_reservedRun + " by " + m_reservedBy + " (" + agoText(secondsSince(m_reservedAt)) +
-               " ago; it starts in a moment)";
+               " ago; it lapses in " + agoText(std::ceil(left)) + " unless that run starts)";
     }
 
     void publish(const std::string& kind, int64_t step, const nlohmann::json& fields, const std::string& device = {})

@@ -23,6 +23,7 @@ private slots:
     void configWithPipeline();
     void configStrategyAndSeedApply();
     void corruptInputFailsRun();
+    void clusterExportsTfConfigs();
     void periodicCheckpoints();
     void interruptRecordsCancelled();
     void secondInterruptEndsAtOnce();
@@ -291,6 +292,40 @@ void TestCli::configWithPipeline()
     r = cli({"train", "--config", m_dir.filePath("endless.json"), "--no-record", "--json", "--max-steps", "20"});
     QVERIFY2(r.code == 0, qPrintable(r.err));
     QCOMPARE(QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object().value("steps").toInt(), 20);
+}
+
+// `cluster`: each task's TF_CONFIG as shell lines, one task's JSON, one file per task; bad input
+// named.
+void TestCli::clusterExportsTfConfigs()
+{
+    const QString file = m_dir.filePath("cluster3.json");
+    writeFile(file, R"({"cluster": {"chief": ["h0:2222"], "worker": ["h1:2222", "h2:2222"]}})");
+    Run r = cli({"cluster", file});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    QVERIFY2(r.out.contains("# worker:1 at h2:2222\n"), qPrintable(r.out));
+    QVERIFY2(r.out.contains(R"(export TF_CONFIG='{"cluster":{"chief":["h0:2222"],"worker":["h1:2222","h2:2222"]},"task":{"index":1,"type":"worker"}}')"),
+             qPrintable(r.out));
+    QCOMPARE(r.out.count("export TF_CONFIG="), 3);
+    r = cli({"cluster", file, "--task", "worker:0"});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    QCOMPARE(r.out.trimmed(), QString(R"({"cluster":{"chief":["h0:2222"],"worker":["h1:2222","h2:2222"]},"task":{"index":0,"type":"worker"}})"));
+    r = cli({"cluster", file, "--task", "worker:5"});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("--task worker:5:") && r.err.contains("out of range"), qPrintable(r.err));
+    r = cli({"cluster", file, "--strategy", "parameter-server"});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("ps"), qPrintable(r.err));
+    const QString out = m_dir.filePath("tf_configs");
+    r = cli({"cluster", file, "--out-dir", out, "--json"});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    QCOMPARE(QDir(out).entryList(QDir::Files).size(), 3);
+    // The exported file trains: `train --tf-config` reads it as that task (checked, not run).
+    r = cli({"cluster", out + "/tf_config-worker-1.json", "--task", "chief:0"});
+    QVERIFY2(r.code == 0 && r.out.contains(R"("task":{"index":0,"type":"chief"})"), qPrintable(r.out + r.err));
+    // It never overwrites the cluster file it reads.
+    r = cli({"cluster", out + "/tf_config-chief-0.json", "--out-dir", out});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("would overwrite the cluster file"), qPrintable(r.err));
 }
 
 void TestCli::corruptInputFailsRun()

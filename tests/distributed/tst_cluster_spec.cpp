@@ -15,6 +15,9 @@ class TestClusterSpec : public QObject {
 private slots:
     void parsesTensorFlowExample();
     void exportsPerTaskAndRoundTrips();
+    void writesOneFilePerTask();
+    void parsesTaskIds_data();
+    void parsesTaskIds();
     void readsFileAndEnvironment();
     void hostPortSyntax_data();
     void hostPortSyntax();
@@ -88,6 +91,63 @@ void TestClusterSpec::exportsPerTaskAndRoundTrips()
     QVERIFY(noTask.ok());
     QVERIFY(!noTask->hasTask());
     QVERIFY(!noTask->toJson().contains("task"));
+}
+
+// Export…/`cluster --out-dir`: every task's TF_CONFIG in its own file, each read back as that task.
+void TestClusterSpec::writesOneFilePerTask()
+{
+    auto spec = ClusterSpec::fromText(R"({"cluster": {"worker": ["h1:1", "h2:1"], "ps": ["h3:1"], "chief": ["h0:1"]}})", "test");
+    QVERIFY(spec.ok());
+    std::vector<std::string> names;
+    for (const auto& t : spec->tasks()) names.push_back(t.toString());
+    QCOMPARE(names, (std::vector<std::string>{"chief:0", "worker:0", "worker:1", "ps:0"}));
+    QTemporaryDir dir;
+    const std::string out = dir.filePath("nested/tf").toStdString();  // made as needed
+    auto written = spec->writeTfConfigs(out);
+    QVERIFY2(written.ok(), written.ok() ? "" : written.error().toString().c_str());
+    QCOMPARE(written->size(), std::size_t(4));
+    QCOMPARE(written->at(2), out + "/tf_config-worker-1.json");
+    for (const auto& t : spec->tasks()) {
+        auto back = ClusterSpec::fromFile(out + "/" + ClusterSpec::tfConfigFileName(t));
+        QVERIFY2(back.ok(), back.ok() ? "" : back.error().toString().c_str());
+        QVERIFY(back->hasTask());
+        QCOMPARE(back->task(), t);
+        QCOMPARE(back->addresses("worker"), spec->addresses("worker"));
+    }
+    // A folder that cannot be made is named.
+    const QString file = dir.filePath("plain-file");
+    QFile f(file);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.close();
+    auto refused = spec->writeTfConfigs(file.toStdString());
+    QVERIFY(!refused.ok());
+    QVERIFY2(refused.error().message.find(file.toStdString()) != std::string::npos, refused.error().message.c_str());
+}
+
+void TestClusterSpec::parsesTaskIds_data()
+{
+    QTest::addColumn<QString>("text");
+    QTest::addColumn<QString>("type");  // empty: refused
+    QTest::addColumn<int>("index");
+    QTest::newRow("worker") << "worker:1" << "worker" << 1;
+    QTest::newRow("chief") << "chief:0" << "chief" << 0;
+    for (const char* bad : {"worker", "worker:", ":1", "worker:-1", "worker: 1", "worker:1x", "worker:12345678"})
+        QTest::newRow(bad) << bad << "" << 0;
+}
+
+void TestClusterSpec::parsesTaskIds()
+{
+    QFETCH(QString, text);
+    QFETCH(QString, type);
+    QFETCH(int, index);
+    auto t = parseTaskId(text.toStdString());
+    QCOMPARE(t.ok(), !type.isEmpty());
+    if (!t.ok()) {
+        QVERIFY2(t.error().message.find("expected type:index") != std::string::npos, t.error().message.c_str());
+        return;
+    }
+    QCOMPARE(QString::fromStdString(t->type), type);
+    QCOMPARE(t->index, index);
 }
 
 void TestClusterSpec::readsFileAndEnvironment()

@@ -195,6 +195,18 @@ void TestRemoteUi::clusterEditorEnablesStrategies()
     setup.setStrategy("parameter-server");
     QVERIFY2(setup.problems().isEmpty(), qPrintable(setup.problems().join('\n')));
     QCOMPARE(setup.config().strategy.kind, std::string("parameter-server"));
+    // Export… writes each task's TF_CONFIG for machines that run their task themselves.
+    QVERIFY(setup.findChild<QPushButton*>("exportTfConfig"));
+    QTemporaryDir exportDir;
+    const QStringList written = setup.exportTfConfigsTo(exportDir.path());
+    QCOMPARE(written.size(), 2);
+    QVERIFY2(state->text().startsWith("Wrote 2 TF_CONFIG file(s)"), qPrintable(state->text()));
+    QFile ps(exportDir.filePath("tf_config-ps-0.json"));
+    QVERIFY(ps.open(QIODevice::ReadOnly));
+    QVERIFY2(ps.readAll().contains(R"("task":{"index":0,"type":"ps"})"), qPrintable(written.join(' ')));
+    // ... and says why it cannot.
+    QVERIFY(setup.exportTfConfigsTo(exportDir.filePath("tf_config-ps-0.json")).isEmpty());
+    QVERIFY2(state->text().startsWith("Export: cannot make the folder"), qPrintable(state->text()));
 
     // The session refuses a remote strategy without a usable cluster, with the same words.
     TrainingSession session;

@@ -47,6 +47,22 @@ ClusterSummary summarizeCluster(const QString& tfConfig)
     return out;
 }
 
+QStringList exportTfConfigs(const QString& tfConfig, const QString& dir, QString* error)
+{
+    auto fail = [&](const QString& why) {
+        if (error) *error = why;
+        return QStringList();
+    };
+    if (tfConfig.trimmed().isEmpty()) return fail(QObject::tr("no cluster to export: describe the tasks first"));
+    auto spec = ClusterSpec::fromText(tfConfig.toStdString(), kEditorSource);
+    if (!spec.ok()) return fail(text(spec.error()));
+    auto written = spec->writeTfConfigs(dir.toStdString());
+    if (!written.ok()) return fail(text(written.error()));
+    QStringList out;
+    for (const auto& path : *written) out << QString::fromStdString(path);
+    return out;
+}
+
 bool remoteStrategySupported(const QString& strategy)
 {
     return remote::Coordinator::supportsStrategy(strategy.toStdString());

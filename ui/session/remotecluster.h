@@ -32,6 +32,9 @@ struct ClusterSummary {
 
 // Parses the editor's TF_CONFIG text (source name "TF_CONFIG editor").
 ClusterSummary summarizeCluster(const QString& tfConfig);
+// Writes each task's TF_CONFIG ("tf_config-worker-0.json", ...) into `dir` for machines that run
+// their task themselves (train --tf-config FILE); the files written, or empty with `error` set.
+QStringList exportTfConfigs(const QString& tfConfig, const QString& dir, QString* error);
 // Whether the coordinator can run `strategy` ("multi-worker-mirrored", "parameter-server").
 bool remoteStrategySupported(const QString& strategy);
 // What stops `strategy` from running on these settings (cluster roles, token); empty if nothing.

@@ -190,9 +190,17 @@ void RunSetupPanel::buildUi()
     m_tfConfig->setToolTip(tr("The cluster's trainstudio-worker daemons, TensorFlow's TF_CONFIG format; a \"task\" entry is ignored"));
     auto* loadTf = new QPushButton(tr("Load…"));
     loadTf->setToolTip(tr("Read a TF_CONFIG file"));
+    auto* exportTf = new QPushButton(tr("Export…"));
+    exportTf->setObjectName("exportTfConfig");
+    exportTf->setToolTip(tr("Write each task's TF_CONFIG into a folder, one file per task, for machines that run their task "
+                            "themselves (trainstudio-cli train --tf-config FILE)"));
+    auto* tfButtons = new QVBoxLayout;
+    tfButtons->addWidget(loadTf);
+    tfButtons->addWidget(exportTf);
+    tfButtons->addStretch(1);
     auto* tfRow = new QHBoxLayout;
     tfRow->addWidget(m_tfConfig, 1);
-    tfRow->addWidget(loadTf, 0, Qt::AlignTop);
+    tfRow->addLayout(tfButtons);
     wf->addRow(tr("Cluster"), tfRow);
     m_tokenFile = new QLineEdit;
     m_tokenFile->setObjectName("tokenFile");
@@ -228,6 +236,10 @@ void RunSetupPanel::buildUi()
     m_probe = new ClusterProbe(this);
     connect(m_probe, &ClusterProbe::finished, this, &RunSetupPanel::showProbe);
     connect(m_checkWorkers, &QPushButton::clicked, this, &RunSetupPanel::checkWorkers);
+    connect(exportTf, &QPushButton::clicked, this, [this] {
+        const QString dir = QFileDialog::getExistingDirectory(this, tr("Folder for the tasks' TF_CONFIG files"));
+        if (!dir.isEmpty()) exportTfConfigsTo(dir);
+    });
     connect(loadTf, &QPushButton::clicked, this, [this] {
         const QString path = QFileDialog::getOpenFileName(this, tr("TF_CONFIG file"), QString(), tr("JSON (*.json);;All files (*)"));
         if (path.isEmpty()) return;
@@ -671,6 +683,18 @@ void RunSetupPanel::updateCluster()
                                                     (m_cluster.ps ? tr(", %n ps task(s)", nullptr, m_cluster.ps) : QString())
                                               : m_cluster.error);
     updateDerived();
+}
+
+QStringList RunSetupPanel::exportTfConfigsTo(const QString& dir)
+{
+    QString error;
+    const QStringList written = exportTfConfigs(m_tfConfig->toPlainText(), dir, &error);
+    if (written.isEmpty()) m_clusterState->setText(tr("Export: %1").arg(error));
+    else
+        m_clusterState->setText(tr("Wrote %n TF_CONFIG file(s) to %1; on each machine: trainstudio-cli train --tf-config FILE", nullptr,
+                                   static_cast<int>(written.size()))
+                                    .arg(QDir::toNativeSeparators(dir)));
+    return written;
 }
 
 void RunSetupPanel::checkWorkers()

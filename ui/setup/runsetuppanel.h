@@ -65,6 +65,10 @@ public:
     void setPersistent(bool persistent) { m_persistent = persistent; }
     // Pre-flight of every worker now (off the GUI thread); the table shows the answers.
     void checkWorkers();
+    // Export…'s work once a folder is chosen: writes each task's TF_CONFIG file there and says
+    // what it wrote (or why not) under the cluster. Returns the files written.
+    QStringList exportTfConfigsTo(const QString& dir);
+    QLabel* clusterState() const { return m_clusterState; }
     QTableWidget* workerTable() const { return m_workerTable; }
     ClusterProbe* clusterProbe() const { return m_probe; }
 

@@ -1,0 +1,118 @@
+// trainstudio-cli cluster [FILE] [--strategy S] [--task T | --out-dir DIR] [--json]: checks a
+// TF_CONFIG cluster and exports the TF_CONFIG each task needs (TensorFlow's per-task variable):
+// shell lines for every task, one task's JSON, or one file per task for --tf-config.
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "commands.h"
+#include "distribute/cluster_spec.h"
+
+namespace tscli {
+namespace {
+
+void printError(const ts::Error& e)
+{
+    std::cerr << "error: " << e.message << "\n";
+    if (!e.hint.empty()) std::cerr << "hint: " << e.hint << "\n";
+}
+
+// 'text' quoted for a POSIX shell (TF_CONFIG JSON has no single quotes, but a host name could).
+std::string shellQuoted(const std::string& text)
+{
+    std::string out = "'";
+    for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+    return out + "'";
+}
+
+} // namespace
+
+void addClusterCommand(CLI::App& app, ClusterOptions& o)
+{
+    auto* c = app.add_subcommand("cluster", "Check a TF_CONFIG cluster and export each task's TF_CONFIG");
+    c->add_option("file", o.file, "TF_CONFIG file (default: $TF_CONFIG)");
+    c->add_option("--strategy", o.strategy, "also check the roles this strategy needs: multi-worker-mirrored, parameter-server");
+    c->add_option("--task", o.task, "print only this task's TF_CONFIG (e.g. worker:1), for TF_CONFIG=$(...)");
+    c->add_option("--out-dir", o.outDir, "write one file per task (tf_config-<type>-<index>.json) for train --tf-config");
+    c->add_flag("--json", o.json, "print the tasks and their TF_CONFIG as JSON");
+}
+
+int runCluster(const ClusterOptions& o)
+{
+    auto spec = o.file.empty() ? ts::ClusterSpec::fromEnvironment() : ts::ClusterSpec::fromFile(o.file);
+    if (!spec.ok()) {
+        ts::Error e = spec.takeError();
+        if (o.file.empty() && e.code == ts::ErrorCode::NotFound) e.hint = "name the cluster file: trainstudio-cli cluster FILE";
+        printError(e);
+        return 2;
+    }
+    if (!o.strategy.empty())
+        if (ts::Status st = spec->validateFor(o.strategy); !st.ok()) {
+            printError(st.error());
+            return 2;
+        }
+    if (!o.task.empty() && !o.outDir.empty()) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--task and --out-dir exclude each other",
+                                 "--task prints one task's TF_CONFIG; --out-dir writes every task's"));
+        return 2;
+    }
+    if (!o.task.empty()) {
+        auto task = ts::parseTaskId(o.task);
+        if (!task.ok()) {
+            printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--task " + o.task + ": expected type:index", "e.g. --task worker:1"));
+            return 2;
+        }
+        auto tf = spec->tfConfigFor(*task);
+        if (!tf.ok()) {
+            ts::Error e = tf.takeError();
+            e.message = "--task " + o.task + ": " + e.message;
+            printError(e);
+            return 2;
+        }
+        std::printf("%s\n", tf->c_str());
+        return 0;
+    }
+    if (!o.outDir.empty()) {
+        // The cluster file itself must not be overwritten by one of the exports.
+        std::error_code ec;
+        for (const auto& t : spec->tasks())
+            if (!o.file.empty() &&
+                std::filesystem::equivalent(o.file, std::filesystem::path(o.outDir) / ts::ClusterSpec::tfConfigFileName(t), ec)) {
+                printError(ts::makeError(ts::ErrorCode::InvalidArgument,
+                                         "--out-dir " + o.outDir + " would overwrite the cluster file " + o.file + " with " + t.toString() + "'s TF_CONFIG",
+                                         "choose another folder"));
+                return 2;
+            }
+        auto written = spec->writeTfConfigs(o.outDir);
+        if (!written.ok()) {
+            printError(written.error());
+            return 1;
+        }
+        if (o.json) {
+            std::cout << nlohmann::json{{"files", *written}}.dump() << "\n";
+        } else {
+            for (const auto& path : *written) std::printf("%s\n", path.c_str());
+            std::printf("Wrote %zu TF_CONFIG file(s); on each machine: trainstudio-cli train --tf-config FILE ...\n", written->size());
+        }
+        return 0;
+    }
+    nlohmann::json tasks = nlohmann::json::array();
+    for (const auto& t : spec->tasks()) {
+        const std::string address = *spec->address(t);
+        const std::string tf = *spec->tfConfigFor(t);
+        if (o.json) {
+            tasks.push_back({{"task", t.toString()}, {"address", address}, {"tf_config", nlohmann::json::parse(tf)}});
+        } else {
+            std::printf("# %s at %s\n", t.toString().c_str(), address.c_str());
+            std::printf("export TF_CONFIG=%s\n", shellQuoted(tf).c_str());
+        }
+    }
+    if (o.json) std::cout << nlohmann::json{{"tasks", tasks}}.dump() << "\n";
+    return 0;
+}
+
+} // namespace tscli
