@@ -134,6 +134,9 @@ int runTrain(const TrainOptions& o);
 int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* recording);
 // --trace: writes the trace file (also for a failed run: the timeline up to the failure is what
 // one wants to see), says so unless --quiet/--json, and lists it with the recorded run.
+// --trace FILE (and --trace-layers): the sink on `bus`, opened before any work so a bad path fails
+// first; null without --trace.
+ts::Result<std::unique_ptr<ts::telemetry::TraceFileSink>> openTraceFile(ts::telemetry::EventBus& bus, const TrainOptions& o);
 void finishTraceFile(ts::telemetry::TraceFileSink& sink, const TrainOptions& o, TrainRecording* recording);
 int runValidate(const std::string& file, bool json);
 int runBench(const BenchOptions& o);

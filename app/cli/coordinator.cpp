@@ -78,6 +78,20 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
                                  "workers write no files the coordinator names; train with --tf-config on each machine to keep weights"));
         return 2;
     }
+    ts::telemetry::EventBus bus;
+    // --trace: every task traces every step and streams its spans here; one file holds them all,
+    // a lane per task, device and thread (remote clocks as the machines keep them).
+    auto traceOpened = openTraceFile(bus, o);
+    if (!traceOpened.ok()) {
+        printError(traceOpened.error());
+        return 2;
+    }
+    std::unique_ptr<ts::telemetry::TraceFileSink> traceSink = std::move(traceOpened).value();
+    if (traceSink) {
+        traceSink->setMetadata("model", cfg.model.name);
+        traceSink->setMetadata("strategy", strategy);
+        traceSink->setMetadata("cluster", o.cluster);
+    }
     ts::remote::CoordinatorOptions copts;
     copts.spec = std::move(spec).value();
     copts.token = *token;
@@ -85,10 +99,6 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     copts.name = "trainstudio-cli";
     copts.trace = !o.trace.empty();
     copts.traceLayers = o.traceLayers;
-    if (o.traceLayers && o.trace.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--trace-layers needs --trace FILE"));
-        return 2;
-    }
     auto coordinator = ts::remote::Coordinator::create(std::move(copts), strategy);
     if (!coordinator.ok()) {
         printError(coordinator.error());
@@ -110,21 +120,6 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     }
 
     cfg.strategy.kind = strategy;  // what the record shows; run() forces it too
-    ts::telemetry::EventBus bus;
-    // --trace: every task traces every step and streams its spans here; one file holds them all,
-    // a lane per task, device and thread (remote clocks as the machines keep them).
-    std::unique_ptr<ts::telemetry::TraceFileSink> traceSink;
-    if (!o.trace.empty()) {
-        auto sink = ts::telemetry::TraceFileSink::create(bus, o.trace);
-        if (!sink.ok()) {
-            printError(sink.error());
-            return 2;
-        }
-        traceSink = std::move(sink).value();
-        traceSink->setMetadata("model", cfg.model.name);
-        traceSink->setMetadata("strategy", strategy);
-        traceSink->setMetadata("cluster", o.cluster);
-    }
     if (recording) recording->beginRemote(cfg, bus);
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()

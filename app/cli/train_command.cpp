@@ -285,6 +285,13 @@ ts::Result<ts::remote::ClusterConnection> joinCluster(const ts::ClusterSpec& clu
 
 } // namespace
 
+ts::Result<std::unique_ptr<ts::telemetry::TraceFileSink>> openTraceFile(ts::telemetry::EventBus& bus, const TrainOptions& o)
+{
+    if (o.traceLayers && o.trace.empty()) return ts::makeError(ts::ErrorCode::InvalidArgument, "--trace-layers needs --trace FILE");
+    if (o.trace.empty()) return std::unique_ptr<ts::telemetry::TraceFileSink>();
+    return ts::telemetry::TraceFileSink::create(bus, o.trace);
+}
+
 void finishTraceFile(ts::telemetry::TraceFileSink& sink, const TrainOptions& o, TrainRecording* recording)
 {
     ts::Status st = sink.finish();
@@ -489,19 +496,12 @@ int runTrain(const TrainOptions& options)
     // --trace: the trace sink subscribes to the run's telemetry bus (opened first: a bad path
     // fails before any work).
     ts::telemetry::EventBus bus;
-    std::unique_ptr<ts::telemetry::TraceFileSink> traceSink;
-    if (o.traceLayers && o.trace.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--trace-layers needs --trace FILE"));
+    auto traceOpened = openTraceFile(bus, o);
+    if (!traceOpened.ok()) {
+        printError(traceOpened.error());
         return 2;
     }
-    if (!o.trace.empty()) {
-        auto sink = ts::telemetry::TraceFileSink::create(bus, o.trace);
-        if (!sink.ok()) {
-            printError(sink.error());
-            return 2;
-        }
-        traceSink = std::move(sink).value();
-    }
+    std::unique_ptr<ts::telemetry::TraceFileSink> traceSink = std::move(traceOpened).value();
     auto useCluster = [&] {
         cfg.strategy.crossProcess = cluster->communicator;
         cfg.strategy.processRank = cluster->rank;

@@ -20,6 +20,16 @@ public:
         attachToken(ctx, token);
         ctx.set_deadline(std::chrono::system_clock::now() + timeout);
     }
+    // A worker that runs, or is reserved for, another run refuses with FAILED_PRECONDITION and
+    // says which run and whose.
+    Error failOrBusy(const grpc::Status& st, const std::string& what) const
+    {
+        if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
+            return makeError(ErrorCode::InvalidArgument, label + " is busy: " + st.error_message(),
+                             "another coordinator uses this worker: start this run again once that one has ended, or give it other "
+                             "workers");
+        return fail(st, what);
+    }
     Error fail(const grpc::Status& st, const std::string& what) const
     {
         if (auto t = connectTrouble(st, address, tls)) {
@@ -100,11 +110,7 @@ Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& r
     req.set_coordinator(options.coordinator);
     StartTaskReply reply;
     const grpc::Status st = m_impl->stub->StartTask(&ctx, req, &reply);
-    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
-        return makeError(ErrorCode::InvalidArgument, m_impl->label + " is busy: " + st.error_message(),
-                         "another coordinator uses this worker: start this run again once that one has ended, or give it other "
-                         "workers");
-    if (!st.ok()) return m_impl->fail(st, "refused the task");
+    if (!st.ok()) return m_impl->failOrBusy(st, "refused the task");
     return okStatus();
 }
 
@@ -118,11 +124,7 @@ Status WorkerClient::reserve(const std::string& runId, const std::string& coordi
     req.set_seconds(seconds);
     ReserveReply reply;
     const grpc::Status st = m_impl->stub->Reserve(&ctx, req, &reply);
-    if (st.error_code() == grpc::StatusCode::FAILED_PRECONDITION)
-        return makeError(ErrorCode::InvalidArgument, m_impl->label + " is busy: " + st.error_message(),
-                         "another coordinator uses this worker: start this run again once that one has ended, or give it other "
-                         "workers");
-    if (!st.ok()) return m_impl->fail(st, "refused the reservation");
+    if (!st.ok()) return m_impl->failOrBusy(st, "refused the reservation");
     return okStatus();
 }
 
