@@ -44,10 +44,18 @@ struct Inbox {
     std::deque<std::pair<std::size_t, WorkerEvent>> events;  // (task, event)
     std::vector<std::pair<std::size_t, Error>> failures;
     std::vector<bool> ended;
+    std::vector<bool> silent;  // stopped answering heartbeats: its stream may never end
     bool allEnded() const
     {
         for (bool e : ended)
             if (!e) return false;
+        return true;
+    }
+    // Every stream has ended but those of tasks that went silent.
+    bool allAnsweringEnded() const
+    {
+        for (std::size_t i = 0; i < ended.size(); ++i)
+            if (!ended[i] && !silent[i]) return false;
         return true;
     }
 };
@@ -354,6 +362,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     const nlohmann::json runConfig = cfg.toJson();
     Inbox inbox;
     inbox.ended.assign(m_tasks.size(), false);
+    inbox.silent.assign(m_tasks.size(), false);
     // parameter-server: the run is over when every worker has ended (the ps tasks serve on).
     auto trainingEnded = [&] {
         for (std::size_t i = 0; i < m_tasks.size(); ++i)
@@ -464,6 +473,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 if (p.ok()) lastSeen[i] = now;
                 else if (now - lastSeen[i] > limit) {
                     reported[i] = true;
+                    {
+                        std::lock_guard lock(inbox.mutex);
+                        inbox.silent[i] = true;
+                    }
                     fail(i, makeError(ErrorCode::IoError,
                                       m_tasks[i]->label + " stopped responding (no heartbeat for " + secs.substr(0, secs.find('.') + 2) +
                                           " s): " + p.error().message,
@@ -666,9 +679,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     if (failure) {
         for (auto& t : m_tasks) (void)t->client->cancel(taskRun, "failed");
         // What the tasks measured up to the failure (their last breakdowns, samples and spans
-        // leave in batches) is still on its way: let the streams end on their own for a moment.
+        // leave in batches) is still on its way: let the streams end on their own for a moment
+        // (not waiting for a silent task's, which a frozen machine never ends).
         lock.lock();
-        inbox.cv.wait_for(lock, 2s, [&] { return inbox.allEnded(); });
+        inbox.cv.wait_for(lock, 1s, [&] { return inbox.allAnsweringEnded(); });
         for (auto& [i, e] : inbox.events) {
             if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
             else (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i]);
