@@ -80,7 +80,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     }
     ts::telemetry::EventBus bus;
     // --trace: every task traces every step and streams its spans here; one file holds them all,
-    // a lane per task, device and thread (remote clocks as the machines keep them).
+    // a lane per task, device and thread (moved onto this machine's clock when a task's clock differs).
     auto traceOpened = openTraceFile(bus, o);
     if (!traceOpened.ok()) {
         printError(traceOpened.error());

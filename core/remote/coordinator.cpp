@@ -8,6 +8,7 @@
 #include <cmath>
 #include <condition_variable>
 #include <deque>
+#include <limits>
 #include <map>
 #include <filesystem>
 #include <optional>
@@ -45,6 +46,14 @@ struct Inbox {
     std::vector<std::pair<std::size_t, Error>> failures;
     std::vector<bool> ended;
     std::vector<bool> silent;  // stopped answering heartbeats: its stream may never end
+    // Each task's clock minus ours, from the heartbeat with the shortest round trip so far.
+    std::vector<int64_t> clockOffsetUs, clockRoundTripUs;
+    void noteClock(std::size_t i, const WorkerPulse& p)
+    {
+        if (p.roundTripUs <= 0 || p.roundTripUs >= clockRoundTripUs[i]) return;
+        clockRoundTripUs[i] = p.roundTripUs;
+        clockOffsetUs[i] = significantClockOffset(p.clockOffsetUs, p.roundTripUs);
+    }
     bool allEnded() const
     {
         for (bool e : ended)
@@ -363,6 +372,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     Inbox inbox;
     inbox.ended.assign(m_tasks.size(), false);
     inbox.silent.assign(m_tasks.size(), false);
+    inbox.clockOffsetUs.assign(m_tasks.size(), 0);
+    inbox.clockRoundTripUs.assign(m_tasks.size(), std::numeric_limits<int64_t>::max());
     // parameter-server: the run is over when every worker has ended (the ps tasks serve on).
     auto trainingEnded = [&] {
         for (std::size_t i = 0; i < m_tasks.size(); ++i)
@@ -405,6 +416,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         return r;
     };
 
+    // A first estimate of each task's clock (the heartbeats refine it), so that the first spans
+    // already land on this machine's clock.
+    for (std::size_t i = 0; i < m_tasks.size(); ++i)
+        if (auto p = m_tasks[i]->client->heartbeat(1s); p.ok()) inbox.noteClock(i, *p);
     // Reserve every task's worker first, in address order: every coordinator takes shared
     // workers in the same order, so of two started at once on crossed clusters one gets all of
     // its workers and the other is refused at the first shared one, instead of each holding a
@@ -470,7 +485,11 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 if (reported[i]) continue;
                 auto p = m_tasks[i]->client->heartbeat(std::min<std::chrono::milliseconds>(limit, 1s));
                 const auto now = std::chrono::steady_clock::now();
-                if (p.ok()) lastSeen[i] = now;
+                if (p.ok()) {
+                    lastSeen[i] = now;
+                    std::lock_guard lock(inbox.mutex);
+                    inbox.noteClock(i, *p);
+                }
                 else if (now - lastSeen[i] > limit) {
                     reported[i] = true;
                     {
@@ -530,6 +549,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         while (!inbox.events.empty()) {
             auto [i, e] = std::move(inbox.events.front());
             inbox.events.pop_front();
+            const int64_t clockOffset = inbox.clockOffsetUs[i];
             lock.unlock();
             Task& t = *m_tasks[i];
             const bool chief = i == primary;
@@ -596,7 +616,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 }
                 if (onEpoch) onEpoch(m);
                 bus.publish(tm::Event(std::move(m)));
-            } else if (publishTaskTelemetry(runId, e, chief, bus, psLoad[i])) {
+            } else if (publishTaskTelemetry(runId, e, chief, bus, psLoad[i], clockOffset)) {
             } else if (e.kind == "final" && psRun) {
                 m_summary[t.id.toString()] = f;
                 if (!t.ps) {
@@ -665,7 +685,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             inbox.events.pop_front();
             if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
             else if (e.kind == "final") m_summary[m_tasks[i]->id.toString()] = e.fields;
-            else if (publishTaskTelemetry(runId, e, false, bus, psLoad[i])) {
+            else if (publishTaskTelemetry(runId, e, false, bus, psLoad[i], inbox.clockOffsetUs[i])) {
             }
             else if (e.kind == "error" && !failure)
                 failure = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
@@ -685,7 +705,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         inbox.cv.wait_for(lock, 1s, [&] { return inbox.allAnsweringEnded(); });
         for (auto& [i, e] : inbox.events) {
             if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
-            else (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i]);
+            else (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
         }
         inbox.events.clear();
         lock.unlock();

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 
 #include "telemetry/bus.h"
 #include "telemetry/tracer.h"
@@ -21,7 +22,13 @@ tm::Stamp taskStamp(const std::string& runId, const std::string& worker, const s
     return s;
 }
 
-bool publishTaskTelemetry(const std::string& runId, const WorkerEvent& e, bool primary, tm::EventBus& bus, PsLoad& load)
+int64_t significantClockOffset(int64_t offsetUs, int64_t roundTripUs)
+{
+    return std::llabs(offsetUs) > std::max<int64_t>(roundTripUs, 1000) ? offsetUs : 0;
+}
+
+bool publishTaskTelemetry(const std::string& runId, const WorkerEvent& e, bool primary, tm::EventBus& bus, PsLoad& load,
+                          int64_t clockOffsetUs)
 {
     const auto& f = e.fields;
     if (e.kind == "sample") {
@@ -67,11 +74,11 @@ bool publishTaskTelemetry(const std::string& runId, const WorkerEvent& e, bool p
             tm::SpanEvent sp;
             sp.stamp.runId = runId;
             sp.stamp.step = j.value("step", int64_t{0});
-            sp.stamp.wallTimeUs = j.value("wall_us", int64_t{0});
+            sp.stamp.wallTimeUs = j.value("wall_us", int64_t{0}) - clockOffsetUs;
             sp.stamp.lane = tm::Lane{e.worker, j.value("device", ""), j.value("thread", "")};
             sp.name = j.value("name", "");
             sp.category = j.value("category", "");
-            sp.startUs = j.value("start_us", int64_t{0});
+            sp.startUs = j.value("start_us", int64_t{0}) - clockOffsetUs;
             sp.durationUs = j.value("duration_us", int64_t{0});
             if (j.contains("args") && j["args"].is_object())
                 for (const auto& [k, v] : j["args"].items())
@@ -102,7 +109,7 @@ bool publishTaskTelemetry(const std::string& runId, const WorkerEvent& e, bool p
         const double dt = load.wall >= 0 ? e.wallTime - load.wall : 0;
         if (dt > 0.2) {
             const double share = std::clamp((busy - load.busy) / dt, 0.0, 1.0);
-            const int64_t wallUs = static_cast<int64_t>(e.wallTime * 1e6);
+            const int64_t wallUs = static_cast<int64_t>(e.wallTime * 1e6) - clockOffsetUs;
             const std::pair<const char*, double> tracks[] = {{"ps busy %", 100 * share},
                                                              {"ps updates/s", static_cast<double>(updates - load.updates) / dt},
                                                              {"ps pulls/s", static_cast<double>(pulls - load.pulls) / dt},

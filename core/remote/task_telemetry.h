@@ -38,7 +38,14 @@ inline constexpr int kPsBusyIntervals = 5;
 // from the task whose metrics are the run's (only its breakdowns are the run's, and a resume
 // rewinds the run only from there).
 // "ps" events become counter tracks (busy %, updates/s, pulls/s, MB/s in and out) on the ps's
-// lane, and the "ps-bound" finding.
-bool publishTaskTelemetry(const std::string& runId, const WorkerEvent& e, bool primary, telemetry::EventBus& bus, PsLoad& load);
+// lane, and the "ps-bound" finding. `clockOffsetUs`: the task's clock minus this machine's; span
+// times are moved onto this machine's clock by it, so the lanes of tasks on other machines line
+// up in the trace (0: the same clock).
+bool publishTaskTelemetry(const std::string& runId, const WorkerEvent& e, bool primary, telemetry::EventBus& bus, PsLoad& load,
+                          int64_t clockOffsetUs = 0);
+
+// The offset to apply from a heartbeat's estimate: 0 when it is within the estimate's error (half
+// the round trip, with a margin: tasks on this machine share its clock), else the estimate.
+int64_t significantClockOffset(int64_t offsetUs, int64_t roundTripUs);
 
 } // namespace ts::remote

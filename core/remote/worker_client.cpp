@@ -218,9 +218,17 @@ Result<WorkerPulse> WorkerClient::heartbeat(std::chrono::milliseconds timeout)
     grpc::ClientContext ctx;
     m_impl->prepare(ctx, timeout);
     HeartbeatPong reply;
+    const auto wallUs = [] {
+        return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+    };
+    const int64_t sent = wallUs();
     const grpc::Status st = m_impl->stub->Heartbeat(&ctx, HeartbeatPing(), &reply);
+    const int64_t received = wallUs();
     if (!st.ok()) return m_impl->fail(st, "no heartbeat");
-    return WorkerPulse{reply.state(), reply.step()};
+    WorkerPulse pulse{reply.state(), reply.step()};
+    pulse.roundTripUs = received - sent;
+    if (reply.wall_time() > 0) pulse.clockOffsetUs = static_cast<int64_t>(reply.wall_time() * 1e6) - (sent + received) / 2;
+    return pulse;
 }
 
 } // namespace ts::remote

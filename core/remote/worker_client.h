@@ -44,6 +44,10 @@ struct WorkerEvent {
 struct WorkerPulse {
     std::string state;
     int64_t step = 0;
+    // The worker's clock minus this machine's, estimated as its wall time minus the midpoint of
+    // the call (NTP's estimate: off by at most half the round trip), and that round trip.
+    int64_t clockOffsetUs = 0;
+    int64_t roundTripUs = 0;
 };
 
 struct StartTaskOptions {

@@ -301,6 +301,7 @@ public:
         std::lock_guard lock(m_mutex);
         reply->set_state(m_state);
         reply->set_step(m_step);
+        reply->set_wall_time(nowSeconds());
         return grpc::Status::OK;
     }
 

@@ -398,6 +398,13 @@ void TestWorker::reservationHoldsTheWorker()
     auto client = WorkerClient::connect("worker:0 at here", "127.0.0.1:" + std::to_string(daemon->port()), kToken);
     QVERIFY(client.ok());
     WorkerClient& c = **client;
+    // The heartbeat carries the daemon's clock: the same machine's, so the estimate is within
+    // its error and nothing is applied.
+    auto pulse = c.heartbeat(std::chrono::seconds(5));
+    QVERIFY(pulse.ok());
+    QVERIFY(pulse->roundTripUs > 0);
+    QVERIFY2(std::llabs(pulse->clockOffsetUs) <= pulse->roundTripUs, qPrintable(QString::number(pulse->clockOffsetUs)));
+    QCOMPARE(significantClockOffset(pulse->clockOffsetUs, pulse->roundTripUs), int64_t(0));
     QVERIFY(c.reserve("r1", "coordinator A", 30).ok());
     QVERIFY(c.reserve("r1", "coordinator A", 30).ok());  // the same run again: refreshed
     auto who = c.identify(std::chrono::seconds(5));
@@ -541,6 +548,21 @@ void TestWorker::taskTelemetryIsPublished()
     QCOMPARE(spans, 1);
     QCOMPARE(resumes, 1);
     QCOMPARE(logs, 1);
+
+    // A task whose clock runs 5 ms ahead: its spans move onto this machine's clock.
+    QVERIFY(publishTaskTelemetry("r", event("worker:1", "spans", 8, 1.0,
+                                            {{"spans", {{{"name", "forward"}, {"step", 8}, {"start_us", 10000}, {"wall_us", 10000},
+                                                         {"duration_us", 9}}}}}),
+                                 false, bus, load, 5000));
+    auto shifted = sub->drain();
+    QCOMPARE(shifted.size(), std::size_t(1));
+    QCOMPARE(std::get<telemetry::SpanEvent>(shifted[0]).startUs, int64_t(5000));
+    QCOMPARE(std::get<telemetry::SpanEvent>(shifted[0]).stamp.wallTimeUs, int64_t(5000));
+    // Offsets within the estimate's error (half the round trip, at least 1 ms) are not applied.
+    QCOMPARE(significantClockOffset(400, 300), int64_t(0));
+    QCOMPARE(significantClockOffset(-900, 200), int64_t(0));
+    QCOMPARE(significantClockOffset(-5000, 800), int64_t(-5000));
+    QCOMPARE(significantClockOffset(3000, 4000), int64_t(0));
 }
 
 // `train --cluster --trace FILE` with a "pipeline" section: every task's spans reach the file and
