@@ -426,6 +426,10 @@ void TestWorker::reservationHoldsTheWorker()
     QTest::qWait(1300);  // r2's reservation lapses without a StartTask
     QVERIFY(c.reserve("r3", "coordinator C", 30).ok());
     for (int bad : {0, 61}) QVERIFY(!c.reserve("r4", "x", bad).ok());
+    // A capture for a run this worker does not have is refused, naming it.
+    auto capture = c.captureTrace("r9", 5, false);
+    QVERIFY(!capture.ok());
+    QVERIFY2(capture.error().message.find("no run r9 on this worker") != std::string::npos, capture.error().message.c_str());
 }
 
 // Two coordinators started at once on the same two workers, with the chief and worker roles
