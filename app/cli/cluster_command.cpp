@@ -1,6 +1,7 @@
-// trainstudio-cli cluster [FILE] [--strategy S] [--task T | --out-dir DIR] [--json]: checks a
-// TF_CONFIG cluster and exports the TF_CONFIG each task needs (TensorFlow's per-task variable):
-// shell lines for every task, one task's JSON, or one file per task for --tf-config.
+// trainstudio-cli cluster [FILE] [--strategy S] [--task T | --out-dir DIR | --probe] [--json]:
+// checks a TF_CONFIG cluster and exports the TF_CONFIG each task needs (TensorFlow's per-task
+// variable): shell lines for every task, one task's JSON, or one file per task for --tf-config;
+// or asks every task's trainstudio-worker whether it is ready (the coordinator's pre-flight).
 
 #include <cstdio>
 #include <filesystem>
@@ -11,6 +12,8 @@
 
 #include "commands.h"
 #include "distribute/cluster_spec.h"
+#include "remote/auth.h"
+#include "remote/coordinator.h"
 
 namespace tscli {
 namespace {
@@ -38,8 +41,64 @@ void addClusterCommand(CLI::App& app, ClusterOptions& o)
     c->add_option("--strategy", o.strategy, "also check the roles this strategy needs: multi-worker-mirrored, parameter-server");
     c->add_option("--task", o.task, "print only this task's TF_CONFIG (e.g. worker:1), for TF_CONFIG=$(...)");
     c->add_option("--out-dir", o.outDir, "write one file per task (tf_config-<type>-<index>.json) for train --tf-config");
-    c->add_flag("--json", o.json, "print the tasks and their TF_CONFIG as JSON");
+    c->add_flag("--probe", o.probe, "ask every task's trainstudio-worker whether it is ready (reachable, same version, idle)");
+    c->add_option("--token-file", o.tokenFile, "with --probe: the cluster's shared token (default: $" + std::string(ts::remote::kTokenEnv) + ")");
+    c->add_option("--tls-ca", o.tlsCa, "with --probe: PEM CA that signed the workers' certificates");
+    c->add_flag("--json", o.json, "print the tasks and their TF_CONFIG (or, with --probe, their state) as JSON");
 }
+
+namespace {
+
+// --probe: the pre-flight a coordinator runs, for every task it would start (the ps and worker
+// tasks of a cluster with ps tasks, else the chief and workers). Exit 0 when all are ready.
+int probeCluster(const ts::ClusterSpec& spec, const ClusterOptions& o)
+{
+    auto token = ts::remote::loadToken(o.tokenFile);
+    if (!token.ok()) {
+        printError(token.error());
+        return 2;
+    }
+    const std::string strategy = o.strategy.empty() ? (spec.count("ps") > 0 ? "parameter-server" : "multi-worker-mirrored") : o.strategy;
+    ts::remote::CoordinatorOptions copts;
+    copts.spec = spec;
+    copts.token = *token;
+    copts.tls.rootCa = o.tlsCa;
+    copts.name = "trainstudio-cli cluster --probe";
+    auto c = ts::remote::Coordinator::create(std::move(copts), strategy);
+    if (!c.ok()) {
+        printError(c.error());
+        return 2;
+    }
+    int notReady = 0;
+    nlohmann::json tasks = nlohmann::json::array();
+    for (const auto& p : (*c)->probe(std::chrono::seconds(3))) {
+        notReady += p.ok ? 0 : 1;
+        if (o.json) {
+            nlohmann::json t = {{"task", p.id.toString()}, {"address", p.address}, {"ready", p.ok}};
+            if (p.ok) {
+                t["worker"] = p.identity.worker;
+                t["hostname"] = p.identity.hostname;
+                t["pid"] = p.identity.pid;
+                t["devices"] = p.identity.devices.size();
+                t["version"] = p.identity.version;
+            } else {
+                t["problem"] = p.problem;
+                t["hint"] = p.hint;
+            }
+            tasks.push_back(std::move(t));
+        } else if (p.ok) {
+            std::printf("ready    %s: %s (%s, pid %d, %zu device(s), TrainStudio %s)\n", p.label.c_str(), p.identity.worker.c_str(),
+                        p.identity.hostname.c_str(), p.identity.pid, p.identity.devices.size(), p.identity.version.c_str());
+        } else {
+            std::printf("problem  %s\n         hint: %s\n", p.problem.c_str(), p.hint.c_str());
+        }
+    }
+    if (o.json) std::cout << nlohmann::json{{"tasks", tasks}, {"ready", notReady == 0}}.dump() << "\n";
+    else if (notReady > 0) std::printf("%d task(s) not ready\n", notReady);
+    return notReady == 0 ? 0 : 1;
+}
+
+} // namespace
 
 int runCluster(const ClusterOptions& o)
 {
@@ -55,11 +114,12 @@ int runCluster(const ClusterOptions& o)
             printError(st.error());
             return 2;
         }
-    if (!o.task.empty() && !o.outDir.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--task and --out-dir exclude each other",
-                                 "--task prints one task's TF_CONFIG; --out-dir writes every task's"));
+    if (static_cast<int>(!o.task.empty()) + static_cast<int>(!o.outDir.empty()) + static_cast<int>(o.probe) > 1) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--task, --out-dir and --probe exclude each other",
+                                 "--task prints one task's TF_CONFIG; --out-dir writes every task's; --probe asks the workers"));
         return 2;
     }
+    if (o.probe) return probeCluster(*spec, o);
     if (!o.task.empty()) {
         auto task = ts::parseTaskId(o.task);
         if (!task.ok()) {

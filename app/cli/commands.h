@@ -120,6 +120,8 @@ int runTrace(const TraceOptions& o);
 struct ClusterOptions {
     std::string file, strategy, task, outDir;
     bool json = false;
+    bool probe = false;           // ask every task's trainstudio-worker whether it is ready
+    std::string tokenFile, tlsCa;  // for --probe
 };
 void addClusterCommand(CLI::App& app, ClusterOptions& o);
 int runCluster(const ClusterOptions& o);

@@ -785,6 +785,27 @@ void TestWorker::preflightNamesUnreachableWorker()
                               .arg(deadPort)),
              qPrintable(out));
     QVERIFY2(out.contains("is trainstudio-worker running at"), qPrintable(out));
+    // `cluster --probe` asks the same without starting anything: the chief ready, the worker not.
+    auto probe = startCoordinator({"cluster", cluster, "--probe", "--json"});
+    QVERIFY(probe->waitForFinished(60000));
+    const QString probed = QString::fromUtf8(probe->readAllStandardOutput());
+    QCOMPARE(probe->exitCode(), 1);
+    const auto j = nlohmann::json::parse(probed.trimmed().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && !j.value("ready", true), qPrintable(probed));
+    QCOMPARE(j["tasks"].size(), std::size_t(2));
+    QVERIFY(j["tasks"][0].value("ready", false));
+    QCOMPARE(j["tasks"][0].value("pid", 0), int(chief->process->processId()));
+    QVERIFY(!j["tasks"][1].value("ready", true));
+    QVERIFY2(j["tasks"][1].value("problem", "").find("nothing listens at 127.0.0.1:" + std::to_string(deadPort)) != std::string::npos,
+             qPrintable(probed));
+    // ... and exits 0 once every task is ready.
+    auto second = spawnWorker(dir.path(), "second");
+    QVERIFY(second->port > 0);
+    probe = startCoordinator({"cluster", writeCluster(dir.path(), {chief->port, second->port}), "--probe"});
+    QVERIFY(probe->waitForFinished(60000));
+    const QString ready = QString::fromUtf8(probe->readAllStandardOutput());
+    QCOMPARE(probe->exitCode(), 0);
+    QCOMPARE(ready.count("ready    "), 2);
 }
 
 void TestWorker::killedWorkerIsNamed()
