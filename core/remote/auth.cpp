@@ -9,6 +9,7 @@
 #include "common/json_document.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
@@ -97,6 +98,12 @@ grpc::Status checkToken(const grpc::ServerContext& context, const std::string& t
     if (!token.empty() && constantTimeEquals(got, "Bearer " + token)) return grpc::Status::OK;
     logLine(std::string("refused ") + call + " from " + context.peer() + ": " + (it == md.end() ? "no token" : "wrong token"));
     return grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "missing or wrong token");
+}
+
+std::string elapsedText(double seconds)
+{
+    const long s = std::lround(seconds);
+    return s < 120 ? std::to_string(s) + " s" : s < 7200 ? std::to_string(s / 60) + " min" : std::to_string(s / 3600) + " h";
 }
 
 void logLine(const std::string& line)

@@ -25,6 +25,9 @@ void attachToken(grpc::ClientContext& context, const std::string& token);
 // OK, or UNAUTHENTICATED (logged with the peer's address and `call`).
 grpc::Status checkToken(const grpc::ServerContext& context, const std::string& token, const char* call);
 
+// "12 s", "5 min", "3 h": how long ago something began, in the services' messages.
+std::string elapsedText(double seconds);
+
 // Where refusals and server-side problems are logged (stderr with a "[trainstudio]" prefix).
 void logLine(const std::string& line);
 // Sends gRPC's own log lines (bind failures, TLS handshakes a server refused) through logLine as

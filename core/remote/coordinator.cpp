@@ -5,7 +5,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <condition_variable>
 #include <deque>
 #include <limits>
@@ -69,12 +68,10 @@ struct Inbox {
     }
 };
 
-
 bool isParameterServer(const std::string& kind)
 {
     return kind == "parameter-server" || kind == "parameter_server";
 }
-
 
 // The coordinator's view of a parameter-server run's weights: a one-device model that pulls the
 // ps tasks' current values and evaluates them on the test split.
@@ -242,8 +239,7 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
                 p.problem = t.label + " runs TrainStudio " + p.identity.version + ", this coordinator " + TS_VERSION;
                 p.hint = "install the same version on every machine";
             } else if (p.identity.state == "running" || p.identity.reserved) {
-                const long s = std::lround(p.identity.seconds);
-                const std::string ago = s < 120 ? std::to_string(s) + " s" : s < 7200 ? std::to_string(s / 60) + " min" : std::to_string(s / 3600) + " h";
+                const std::string ago = elapsedText(p.identity.seconds);
                 p.problem = t.label + (p.identity.reserved ? " is reserved for run " : " is busy with run ") + p.identity.runId +
                             (p.identity.reserved ? " by " : " for ") +
                             (p.identity.coordinator.empty() ? std::string("another coordinator") : p.identity.coordinator) +
@@ -416,10 +412,6 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         return r;
     };
 
-    // A first estimate of each task's clock (the heartbeats refine it), so that the first spans
-    // already land on this machine's clock.
-    for (std::size_t i = 0; i < m_tasks.size(); ++i)
-        if (auto p = m_tasks[i]->client->heartbeat(1s); p.ok()) inbox.noteClock(i, *p);
     // Reserve every task's worker first, in address order: every coordinator takes shared
     // workers in the same order, so of two started at once on crossed clusters one gets all of
     // its workers and the other is refused at the first shared one, instead of each holding a
@@ -616,7 +608,6 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 }
                 if (onEpoch) onEpoch(m);
                 bus.publish(tm::Event(std::move(m)));
-            } else if (publishTaskTelemetry(runId, e, chief, bus, psLoad[i], clockOffset)) {
             } else if (e.kind == "final" && psRun) {
                 m_summary[t.id.toString()] = f;
                 if (!t.ps) {
@@ -631,6 +622,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 fit.steps = f.value("steps", int64_t{0});
                 fit.samplesPerSec = f.value("samples_per_sec", 0.0);
                 fit.seconds = f.value("seconds", 0.0);
+            } else {
+                (void)publishTaskTelemetry(runId, e, chief, bus, psLoad[i], clockOffset);
             }
             lock.lock();
         }
@@ -685,10 +678,11 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             inbox.events.pop_front();
             if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
             else if (e.kind == "final") m_summary[m_tasks[i]->id.toString()] = e.fields;
-            else if (publishTaskTelemetry(runId, e, false, bus, psLoad[i], inbox.clockOffsetUs[i])) {
-            }
-            else if (e.kind == "error" && !failure)
-                failure = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
+            else if (e.kind == "error") {
+                if (!failure)
+                    failure = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
+            } else
+                (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
         }
         if (!inbox.failures.empty() && !failure) failure = inbox.failures.front().second;
         lock.unlock();

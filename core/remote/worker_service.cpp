@@ -310,11 +310,6 @@ private:
     {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     }
-    static std::string agoText(double secs)
-    {
-        const long s = std::lround(secs);
-        return s < 120 ? std::to_string(s) + " s" : s < 7200 ? std::to_string(s / 60) + " min" : std::to_string(s / 3600) + " h";
-    }
     // With m_mutex held: another run than `runId` holds an unexpired reservation.
     bool reservedByOther(const std::string& runId) const
     {
@@ -322,14 +317,14 @@ private:
     }
     std::string busyText() const
     {
-        return "this worker is running run " + m_runId + " for " + m_coordinator + " (started " + agoText(secondsSince(m_runStarted)) + " ago)";
+        return "this worker is running run " + m_runId + " for " + m_coordinator + " (started " + elapsedText(secondsSince(m_runStarted)) + " ago)";
     }
     std::string reservedText() const
     {
         // A coordinator that died between reserving and starting leaves it until it lapses.
         const double left = std::max(0.0, -secondsSince(m_reservedUntil));
-        return "this worker is reserved for run " + m_reservedRun + " by " + m_reservedBy + " (" + agoText(secondsSince(m_reservedAt)) +
-               " ago; it lapses in " + agoText(std::ceil(left)) + " unless that run starts)";
+        return "this worker is reserved for run " + m_reservedRun + " by " + m_reservedBy + " (" + elapsedText(secondsSince(m_reservedAt)) +
+               " ago; it lapses in " + elapsedText(std::ceil(left)) + " unless that run starts)";
     }
 
     void publish(const std::string& kind, int64_t step, const nlohmann::json& fields, const std::string& device = {})

@@ -335,19 +335,18 @@ bool TrainingSession::captureTrace(int steps, QString* error)
     };
     if (steps <= 0) return fail(tr("capture at least one step"));
     std::lock_guard lock(m_trainerMutex);
+    const bool training = m_remote ? m_coordinator && m_state == State::Running
+                                   : m_trainer && (m_state == State::Running || m_state == State::Paused);
+    if (!training) return fail(tr("no run is training; press Train first"));
+    if (m_captureUntil > 0) return fail(tr("a capture is already in progress (until step %1)").arg(m_captureUntil));
     if (m_remote) {
         // Every training task traces its next steps and streams the spans back; the capture ends
         // at the chief's step as this session sees it.
-        if (!m_coordinator || m_state != State::Running) return fail(tr("no run is training; press Train first"));
-        if (m_captureUntil > 0) return fail(tr("a capture is already in progress (until step %1)").arg(m_captureUntil));
         auto started = m_coordinator->captureTrace(steps);
         if (!started.ok()) return fail(QString::fromStdString(started.error().toString()));
         m_captureUntil = m_data.lastStep() + steps + 1;
         return true;
     }
-    if (!m_trainer || (m_state != State::Running && m_state != State::Paused))
-        return fail(tr("no run is training; press Train first"));
-    if (m_captureUntil > 0) return fail(tr("a capture is already in progress (until step %1)").arg(m_captureUntil));
     if (!m_trainer->requestTrace(steps))
         return fail(tr("this run cannot capture a trace (it already traces every step)"));
     m_captureUntil = m_trainer->stepCounter().load() + steps + 1;
