@@ -250,6 +250,16 @@ Status Pipeline::startEpoch(int64_t epoch)
     m_started = true;
     m_failed.reset();
     m_openStart = -1;  // a step never spans two epochs (validation runs in between)
+    if (!m_notePublished && m_options.bus && !m_options.note.empty()) {
+        m_notePublished = true;
+        telemetry::LogEvent e;
+        e.stamp.runId = m_options.runId;
+        e.stamp.step = m_options.stepOffset;
+        e.stamp.wallTimeUs = wallTimeUs();
+        e.stamp.lane = m_options.lane;
+        e.message = m_options.note;
+        m_options.bus->publish(telemetry::Event(std::move(e)));
+    }
     return okStatus();
 }
 
@@ -351,6 +361,10 @@ Result<std::optional<Batch>> Pipeline::next()
     if (!b.ok()) {
         m_failed = b.error();
         return b.takeError();
+    }
+    if (m_options.globalBatch > 0) {
+        b->localShard = true;
+        b->globalRows = m_options.globalBatch;
     }
     return std::optional<Batch>(std::move(b).value());
 }

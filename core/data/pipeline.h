@@ -58,6 +58,12 @@ struct PipelineOptions {
     telemetry::Lane lane{"local", "", "input"};
     int64_t stepOffset = 0;              // added to the pipeline's step count in event stamps
     Shape featureShape;                  // non-empty: batches' x reshaped to (B, featureShape...)
+    // > 0: the spec is one worker's auto-sharded pipeline (data/auto_shard.h) and its batches
+    // are that worker's share of global batches of this many rows (Batch::localShard).
+    int64_t globalBatch = 0;
+    // Published once, as an info LogEvent, when the first epoch starts with a bus (how
+    // auto-sharding divided the input, for the run's log).
+    std::string note;
 };
 
 struct StepRecord {
@@ -94,6 +100,7 @@ public:
     // True when a repeat without a count makes the pipeline endless: an epoch never ends.
     bool endless() const;
     void cancel() override;
+    int64_t shardedGlobalBatch() const override { return m_options.globalBatch; }
 
     // Where window events go, and the run id they carry; for a pipeline built before its run
     // was recorded. Consumer thread, between steps.
@@ -158,6 +165,7 @@ private:
     int64_t m_nextEpoch = -1;
     int64_t m_epoch = 0;
     bool m_started = false;
+    bool m_notePublished = false;
     std::optional<Error> m_failed;
     std::atomic<bool> m_cancelled{false};
 

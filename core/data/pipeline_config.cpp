@@ -125,8 +125,21 @@ std::string TransformSpec::label() const
     case TransformKind::Repeat: return count < 0 ? std::string("repeat") : "repeat(" + std::to_string(count) + ")";
     case TransformKind::Take: return "take(" + std::to_string(count) + ")";
     case TransformKind::Skip: return "skip(" + std::to_string(count) + ")";
-    case TransformKind::Shard: return "shard(" + std::to_string(numShards) + ", " + std::to_string(shardIndex) + ")";
+    case TransformKind::Shard:
+        return "shard(" + std::to_string(numShards) + ", " + std::to_string(shardIndex) +
+               (shardBlock > 0 && shardBlock != numShards ? ", block " + std::to_string(shardBlock) : std::string()) + ")";
     case TransformKind::Interleave: return "interleave(" + countText(cycleLength) + ")";
+    }
+    return "?";
+}
+
+const char* autoShardPolicyName(AutoShardPolicy policy)
+{
+    switch (policy) {
+    case AutoShardPolicy::Auto: return "auto";
+    case AutoShardPolicy::File: return "file";
+    case AutoShardPolicy::Data: return "data";
+    case AutoShardPolicy::Off: return "off";
     }
     return "?";
 }
@@ -200,12 +213,13 @@ TransformSpec TransformSpec::skip(int64_t count)
     return o;
 }
 
-TransformSpec TransformSpec::shard(int64_t numShards, int64_t index)
+TransformSpec TransformSpec::shard(int64_t numShards, int64_t index, int64_t block)
 {
     TransformSpec o;
     o.kind = TransformKind::Shard;
     o.numShards = numShards;
     o.shardIndex = index;
+    o.shardBlock = block;
     return o;
 }
 
@@ -373,6 +387,9 @@ Status PipelineSpec::validate(const std::string& where) const
                 return bad(at + ".index: " + std::to_string(o.shardIndex) + " is not in [0, " +
                            std::to_string(o.numShards) + ")",
                            "each worker takes one index from 0 to num_shards - 1");
+            if (o.shardBlock != 0 && o.shardBlock < o.numShards)
+                return bad(at + ".block: " + std::to_string(o.shardBlock) + " is smaller than num_shards " + std::to_string(o.numShards),
+                           "deal blocks of at least num_shards elements (or leave block out: one element each)");
             break;
         case TransformKind::Interleave:
             if (i != 0 || (s.kind != SourceKind::Csv && s.kind != SourceKind::Npz))
@@ -627,12 +644,13 @@ Result<TransformSpec> opFromJson(const json& j, const std::string& at)
         TS_ASSIGN(int64_t c, getInt(j, "count", at, false, 0));
         o = op == "take" ? TransformSpec::take(c) : TransformSpec::skip(c);
     } else if (op == "shard") {
-        TS_TRY(checkJsonKeys(j, {"op", "num_shards", "index"}, at));
+        TS_TRY(checkJsonKeys(j, {"op", "num_shards", "index", "block"}, at));
         if (!j.contains("num_shards") || !j.contains("index"))
             return jsonError(at, "a shard needs \"num_shards\" and \"index\"", "e.g. one shard per worker: index = the worker's rank");
         TS_ASSIGN(int64_t n, getInt(j, "num_shards", at, false, 1));
         TS_ASSIGN(int64_t i, getInt(j, "index", at, false, 0));
-        o = TransformSpec::shard(n, i);
+        TS_ASSIGN(int64_t b, getInt(j, "block", at, false, 0));
+        o = TransformSpec::shard(n, i, b);
     } else if (op == "interleave") {
         TS_TRY(checkJsonKeys(j, {"op", "cycle_length", "block_length", "num_parallel_calls", "deterministic"}, at));
         TS_ASSIGN(int64_t c, getInt(j, "cycle_length", at, true, kAutotune));
@@ -678,6 +696,7 @@ json opToJson(const TransformSpec& o)
     case TransformKind::Shard:
         j["num_shards"] = o.numShards;
         j["index"] = o.shardIndex;
+        if (o.shardBlock > 0 && o.shardBlock != o.numShards) j["block"] = o.shardBlock;
         break;
     case TransformKind::Interleave:
         j["cycle_length"] = countJson(o.cycleLength);
@@ -705,13 +724,15 @@ nlohmann::json PipelineSpec::toJson() const
              {{"enabled", autotune.enabled},
               {"cpu_budget", autotune.cpuBudget},
               {"ram_budget_mb", autotune.ramBudgetBytes / (1024 * 1024)},
-              {"interval_seconds", autotune.intervalSeconds}}}};
+              {"interval_seconds", autotune.intervalSeconds}}},
+            {"auto_shard", autoShardPolicyName(autoShard)}};
 }
 
 Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::string& where)
 {
     if (!j.is_object()) return jsonError(where, "expected an object with \"source\" and \"transformations\"");
-    TS_TRY(checkJsonKeys(j, {"source", "transformations", "seed", "deterministic", "skip_bad_records", "window_steps", "autotune"}, where));
+    TS_TRY(checkJsonKeys(j, {"source", "transformations", "seed", "deterministic", "skip_bad_records", "window_steps", "autotune", "auto_shard"},
+                         where));
     PipelineSpec p;
     if (!j.contains("source")) return jsonError(where, "missing \"source\"", "e.g. {\"kind\": \"idx\", \"dir\": \"...\"}");
     TS_ASSIGN(p.source, sourceFromJson(j["source"], where + ".source"));
@@ -749,6 +770,19 @@ Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::
                 p.autotune.intervalSeconds = a["interval_seconds"].get<double>();
             }
         }
+    }
+    if (j.contains("auto_shard")) {
+        const json& a = j["auto_shard"];
+        const std::string name = a.is_string() ? a.get<std::string>() : std::string();
+        bool known = false;
+        for (AutoShardPolicy policy : {AutoShardPolicy::Auto, AutoShardPolicy::File, AutoShardPolicy::Data, AutoShardPolicy::Off})
+            if (name == autoShardPolicyName(policy)) {
+                p.autoShard = policy;
+                known = true;
+            }
+        if (!known)
+            return jsonError(where + ".auto_shard", "expected \"auto\", \"file\", \"data\" or \"off\", got " + a.dump(),
+                             "\"auto\" shards by file when there are enough files, else by element");
     }
     TS_TRY(p.validate(where));
     return p;

@@ -10,7 +10,7 @@
 //     {"op": "batch", "size": 256, "drop_remainder": false},
 //     {"op": "prefetch", "buffer_size": "AUTOTUNE"}],
 //  "seed": 0, "deterministic": true, "skip_bad_records": false, "window_steps": 50,
-//  "autotune": {"enabled": true, "cpu_budget": 0, "ram_budget_mb": 0}}
+//  "autotune": {"enabled": true, "cpu_budget": 0, "ram_budget_mb": 0}, "auto_shard": "auto"}
 //
 // Sources ("kind"): idx (files "images"/"labels", or "dir" + "split"), csv ("paths",
 // "label_column", "feature_columns", "delimiter", "label_type"), npy ("x", "y"), npz ("paths",
@@ -104,8 +104,11 @@ struct TransformSpec {
     std::string cacheFile;
     // repeat (-1: forever), take, skip
     int64_t count = -1;
-    // shard
-    int64_t numShards = 1, shardIndex = 0;
+    // shard: elements are dealt in blocks of shardBlock (0: num_shards); shard i of n keeps the
+    // positions [block * i / n, block * (i + 1) / n) of each block. With the default block that
+    // is tf.data's position % num_shards == index; auto-sharding deals blocks of the global batch
+    // so that every worker's batches are its share of the global ones.
+    int64_t numShards = 1, shardIndex = 0, shardBlock = 0;
     // interleave (only directly after a csv/npz source): files read at once, and consecutive
     // elements taken from each; cycle_length kAutotune = min(files, cores). With
     // num_parallel_calls > 1 (or kAutotune) every open file is read ahead on its own thread; the
@@ -123,10 +126,15 @@ struct TransformSpec {
     static TransformSpec repeat(int64_t count = -1);
     static TransformSpec take(int64_t count);
     static TransformSpec skip(int64_t count);
-    static TransformSpec shard(int64_t numShards, int64_t index);
+    static TransformSpec shard(int64_t numShards, int64_t index, int64_t block = 0);
     static TransformSpec interleave(int64_t cycleLength = kAutotune, int64_t blockLength = 1,
                              int64_t numParallelCalls = kAutotune, std::optional<bool> deterministic = {});
 };
+
+// How a multi-worker run divides a pipeline's data among its worker processes (tf.data's
+// AutoShardPolicy, data/auto_shard.h): "auto" (file, else data), "file", "data" or "off".
+enum class AutoShardPolicy { Auto, File, Data, Off };
+const char* autoShardPolicyName(AutoShardPolicy policy);  // "auto", "file", "data", "off"
 
 struct AutotuneOptions {
     bool enabled = true;           // tune kAutotune knobs; off: they take their starting values
@@ -143,6 +151,7 @@ struct PipelineSpec {
     bool skipBadRecords = false;   // drop and count undecodable records instead of failing
     int64_t windowSteps = 50;      // steps per stall verdict window
     AutotuneOptions autotune;
+    AutoShardPolicy autoShard = AutoShardPolicy::Auto;  // multi-worker runs only ("auto_shard")
 
     PipelineSpec() = default;
     explicit PipelineSpec(SourceSpec s) : source(std::move(s)) {}

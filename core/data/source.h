@@ -22,6 +22,12 @@ struct Batch {
     // [offset, offset + size()) of a global batch of globalRows; -1: the batch is the whole one.
     int64_t globalRows = -1;
     int64_t offset = 0;
+    // An auto-sharded pipeline (data/auto_shard.h) serves this process's own elements instead:
+    // the global batch is the union of every process's batch, globalRows its nominal size (the
+    // batch size) and offset 0. The true size is learnt in the step's all-reduce: at the end of
+    // an epoch shards may run out unevenly, and an exhausted process joins the remaining steps
+    // with an empty batch (x and y undefined).
+    bool localShard = false;
     int64_t size() const { return x.defined() ? x.shape()[0] : 0; }
     int64_t globalSize() const { return globalRows >= 0 ? globalRows : size(); }
 };
@@ -36,6 +42,8 @@ public:
     virtual int64_t batchesPerEpoch() const = 0;
     virtual int64_t examplesPerEpoch() const = 0;
     virtual void cancel() {}
+    // > 0: every batch is a localShard of global batches of this many rows (see Batch).
+    virtual int64_t shardedGlobalBatch() const { return 0; }
 };
 
 } // namespace ts

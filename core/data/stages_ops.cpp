@@ -1,6 +1,7 @@
 // Transformation stages: map (sequential; parallel in stages_async.cpp), shuffle, batch,
 // prefetch, cache (memory and file), repeat, take, skip, shard.
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -642,12 +643,20 @@ private:
     int64_t m_count;
 };
 
+// Shard `index` of `shards` keeps positions [block * index / shards, block * (index + 1) / shards)
+// of every block of `block` elements (block == shards: position % shards == index).
+bool shardKeeps(int64_t pos, int64_t shards, int64_t index, int64_t block)
+{
+    const int64_t at = pos % block;
+    return at >= block * index / shards && at < block * (index + 1) / shards;
+}
+
 // take / skip / shard: keep elements by their position in the input.
 class SelectIterator final : public Iterator {
 public:
     enum class Mode { Take, Skip, Shard };
-    SelectIterator(IteratorPtr input, Stage& stage, Mode mode, int64_t a, int64_t b, const IterContext& ctx)
-        : m_input(std::move(input)), m_stage(stage), m_mode(mode), m_a(a), m_b(b), m_ctx(ctx)
+    SelectIterator(IteratorPtr input, Stage& stage, Mode mode, int64_t a, int64_t b, int64_t block, const IterContext& ctx)
+        : m_input(std::move(input)), m_stage(stage), m_mode(mode), m_a(a), m_b(b), m_block(block), m_ctx(ctx)
     {
     }
     Next next() override
@@ -664,7 +673,7 @@ public:
             const int64_t pos = m_pos++;
             bool keep = true;
             if (m_mode == Mode::Skip) keep = m_a >= 0 && pos >= m_a;
-            else if (m_mode == Mode::Shard) keep = pos % m_a == m_b;
+            else if (m_mode == Mode::Shard) keep = shardKeeps(pos, m_a, m_b, m_block);
             if (!keep) continue;
             m_stage.counters.countProduced(**r);
             return r;
@@ -675,21 +684,21 @@ private:
     IteratorPtr m_input;
     Stage& m_stage;
     Mode m_mode;
-    int64_t m_a, m_b;
+    int64_t m_a, m_b, m_block;
     IterContext m_ctx;
     int64_t m_pos = 0;
 };
 
 class SelectStage final : public Stage {
 public:
-    SelectStage(const TransformSpec& op, SelectIterator::Mode mode, int64_t a, int64_t b)
-        : Stage(op.label(), transformKindName(op.kind), false), m_mode(mode), m_a(a), m_b(b)
+    SelectStage(const TransformSpec& op, SelectIterator::Mode mode, int64_t a, int64_t b, int64_t block = 1)
+        : Stage(op.label(), transformKindName(op.kind), false), m_mode(mode), m_a(a), m_b(b), m_block(block)
     {
     }
     Result<IteratorPtr> makeIterator(const IterContext& ctx) override
     {
         TS_ASSIGN(IteratorPtr in, input->makeIterator(ctx));
-        return IteratorPtr(new SelectIterator(std::move(in), *this, m_mode, m_a, m_b, ctx));
+        return IteratorPtr(new SelectIterator(std::move(in), *this, m_mode, m_a, m_b, m_block, ctx));
     }
     int64_t cardinality() const override
     {
@@ -702,15 +711,18 @@ public:
         case SelectIterator::Mode::Skip:
             if (m_a < 0) return 0;
             return n < 0 ? n : std::max<int64_t>(0, n - m_a);
-        case SelectIterator::Mode::Shard:
-            return n < 0 ? n : (n > m_b ? (n - m_b + m_a - 1) / m_a : 0);
+        case SelectIterator::Mode::Shard: {
+            if (n < 0) return n;
+            const int64_t lo = m_block * m_b / m_a, hi = m_block * (m_b + 1) / m_a;
+            return n / m_block * (hi - lo) + std::clamp<int64_t>(n % m_block - lo, 0, hi - lo);
+        }
         }
         return n;
     }
 
 private:
     SelectIterator::Mode m_mode;
-    int64_t m_a, m_b;
+    int64_t m_a, m_b, m_block;
 };
 
 } // namespace
@@ -734,7 +746,8 @@ std::unique_ptr<Stage> makeSkipStage(const TransformSpec& op)
 }
 std::unique_ptr<Stage> makeShardStage(const TransformSpec& op)
 {
-    return std::make_unique<SelectStage>(op, SelectIterator::Mode::Shard, op.numShards, op.shardIndex);
+    return std::make_unique<SelectStage>(op, SelectIterator::Mode::Shard, op.numShards, op.shardIndex,
+                                         op.shardBlock > 0 ? op.shardBlock : op.numShards);
 }
 
 } // namespace ts::pipeline_detail

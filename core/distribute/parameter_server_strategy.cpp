@@ -63,6 +63,7 @@ public:
         auto [b, e] = sliceOf(batch.globalSize());
         b -= batch.offset;  // a sharded source served only this worker's rows
         e -= batch.offset;
+        if (batch.localShard) b = 0, e = batch.size();  // an auto-sharded pipeline: all of it is ours
         if (b < 0 || e > batch.size())
             return makeError(ErrorCode::Internal, "worker " + std::to_string(m_rank) + " got rows [" + std::to_string(batch.offset) +
                                                       ", " + std::to_string(batch.offset + batch.size()) + ") without its share");

@@ -157,10 +157,19 @@ public:
         return {rows * g / n, rows * (g + 1) / n};
     }
 
+    // Rows of a local-shard batch of `rows` for local replica r.
+    std::pair<int64_t, int64_t> localSliceOf(int r, int64_t rows) const
+    {
+        const int64_t n = numReplicas();
+        return {rows * r / n, rows * (r + 1) / n};
+    }
+
+    bool lockstep() const override { return m_cross != nullptr; }
+
     // A sharded batch must hold exactly this process's rows of the global batch.
     Status checkShard(const Batch& batch) const
     {
-        if (batch.globalRows < 0) return okStatus();
+        if (batch.globalRows < 0 || batch.localShard) return okStatus();
         const int64_t g = batch.globalRows;
         const int64_t lo = g * m_processRank / m_processCount, hi = g * (m_processRank + 1) / m_processCount;
         if (batch.offset != lo || batch.size() != hi - lo)
@@ -219,7 +228,7 @@ public:
             Replica& rep = m_replicas[static_cast<std::size_t>(r)];
             Program& prog = *rep.program;
             Backend& be = *rep.backend;
-            auto [b, e] = sliceOf(r, rows);
+            auto [b, e] = batch.localShard ? localSliceOf(r, batch.size()) : sliceOf(r, rows);
             rep.stats = {};
             rep.statsGlobal = false;
             Tensor grads = prog.gradientArena();
@@ -245,6 +254,7 @@ public:
                 PhaseScope phase(StepPart::Backward, "backward");
                 TS_TRY(be.scale(0.f, grads));  // no rows for this replica: contribute nothing
             }
+            bool apply = true;
             if (global > 1 && grads.defined()) {
                 PhaseScope phase(StepPart::Communication, "all-reduce");
                 if (m_cross) {
@@ -263,11 +273,18 @@ public:
                     TS_TRY(be.copyToHost(tail, summed));
                     rep.stats = {summed[0], static_cast<int64_t>(summed[1]), static_cast<int64_t>(summed[2])};
                     rep.statsGlobal = true;
+                    if (batch.localShard && rep.stats.count != rows) {
+                        // Shards ran out unevenly: every process's batch was empty (the epoch is
+                        // over, nothing to apply), or the global batch was smaller than nominal
+                        // and the gradients, divided by the nominal size, become the mean again.
+                        if (rep.stats.count == 0) apply = false;
+                        else TS_TRY(be.scale(static_cast<float>(rows) / static_cast<float>(rep.stats.count), grads));
+                    }
                 } else {
                     TS_TRY(m_comm->allReduceSum(r, grads));
                 }
             }
-            if (grads.defined()) {
+            if (grads.defined() && apply) {
                 PhaseScope phase(StepPart::Optimizer, "optimizer update");
                 const int64_t total = grads.numel();
                 if (m_sharedParams) {
@@ -279,7 +296,7 @@ public:
                 }
             }
             Tensor frozen = prog.nonTrainableArena();
-            if (global > 1 && frozen.defined()) {
+            if (global > 1 && frozen.defined() && apply) {
                 // BatchNorm moving statistics: the mean over replicas (TF's MirroredVariable MEAN).
                 PhaseScope phase(StepPart::Communication, "all-reduce (batch-norm statistics)");
                 TS_TRY(m_comm->allReduceSum(r, frozen));
@@ -308,7 +325,7 @@ public:
         TS_TRY(checkShard(batch));
         TS_TRY(runAll([&](int r) -> Status {
             Replica& rep = m_replicas[static_cast<std::size_t>(r)];
-            auto [b, e] = sliceOf(r, rows);
+            auto [b, e] = batch.localShard ? localSliceOf(r, batch.size()) : sliceOf(r, rows);
             b -= batch.offset;
             e -= batch.offset;
             rep.stats = {};

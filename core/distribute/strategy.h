@@ -76,9 +76,15 @@ public:
 
     // Initialises replica 0's parameters from seed and mirrors them to the others.
     virtual Status initialise(uint64_t seed) = 0;
-    // One synchronous step on a global batch.
+    // One synchronous step on a global batch. A Batch::localShard is this process's part of it
+    // (nominal size batch.globalRows); the returned count is then the true global size, and a
+    // step in which every process's batch is empty (their shards have run out) updates nothing
+    // and returns a count of 0.
     virtual Result<StepStats> trainStep(const Batch& batch, float lr, int64_t step, uint64_t seed) = 0;
     virtual Result<StepStats> evalStep(const Batch& batch) = 0;
+    // True when every process takes part in every step (multi-worker mirrored): a process whose
+    // local shard has run out must join the others' remaining steps with empty batches.
+    virtual bool lockstep() const { return false; }
 
     virtual Result<std::vector<std::pair<std::string, Tensor>>> exportParameters() = 0;
     virtual Status importParameters(const std::vector<std::pair<std::string, Tensor>>& tensors,

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "common/json_keys.h"
+#include "data/auto_shard.h"
 #include "distribute/communicator.h"
 
 namespace ts {
@@ -191,9 +192,16 @@ namespace {
 // when it has none, built, and its first batch checked against the model.
 // `stepLimited`: the run stops after max_steps, so an endless (repeat without a count) training
 // pipeline is fine; Keras likewise refuses an infinite dataset without steps_per_epoch.
+// `workers` > 1: this process is worker `index` of a multi-worker run, and builds its auto-sharded
+// part of the pipeline (data/auto_shard.h); `spec` stays the run's whole pipeline.
+struct InputShare {
+    int workers = 1;
+    int index = 0;
+};
+
 Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batchSize, const GraphAnalysis& analysis,
                                                 const Shape& inShape, const PipelineOptions& options, const std::string& what,
-                                                bool stepLimited)
+                                                bool stepLimited, InputShare share = {})
 {
     if (spec.batchSize() == 0) {
         std::size_t at = spec.ops.size();
@@ -202,7 +210,17 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     }
     PipelineOptions po = options;
     po.featureShape = inShape;
-    TS_ASSIGN(std::unique_ptr<Pipeline> p, Pipeline::create(spec, po));
+    ShardedPipeline sharded;
+    const PipelineSpec* built = &spec;
+    if (share.workers > 1) {
+        TS_ASSIGN(sharded, autoShardPipeline(spec, share.workers, share.index, what));
+        if (sharded.policy != AutoShardPolicy::Off) {
+            built = &sharded.spec;
+            po.globalBatch = sharded.globalBatch;
+        }
+        po.note = what + ": " + sharded.description;
+    }
+    TS_ASSIGN(std::unique_ptr<Pipeline> p, Pipeline::create(*built, po));
     if (p->endless() && !stepLimited)
         return makeError(ErrorCode::InvalidArgument,
                          what + ": repeat() without a count makes it endless, so " +
@@ -268,12 +286,19 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
     PipelineSpec& spec = *cfg.pipeline;
     if (spec.batchSize() > 0) cfg.batchSize = spec.batchSize();
     TS_TRY(checkModelFitsLabels(analysis, loss, 0, "the input pipeline"));
-    TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, inShape, options, "training pipeline", cfg.maxSteps > 0));
+    // Multi-worker and parameter-server processes each read their part of the data. Validation
+    // is shared only where the processes sum it in lockstep (multi-worker mirrored).
+    const int processes = cfg.strategy.crossProcess ? cfg.strategy.crossProcess->size()
+                          : cfg.strategy.parameterStore ? cfg.strategy.numWorkers
+                                                        : 1;
+    const InputShare share{processes, cfg.strategy.processRank};
+    TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, inShape, options, "training pipeline", cfg.maxSteps > 0, share));
     if (cfg.validationPipeline) {
         PipelineOptions vo = options;
         vo.lane.thread = "validation input";
         TS_ASSIGN(run.validationPipeline, buildPipeline(*cfg.validationPipeline, std::max<int64_t>(cfg.batchSize, 1000),
-                                                        analysis, inShape, vo, "validation pipeline", false));
+                                                        analysis, inShape, vo, "validation pipeline", false,
+                                                        cfg.strategy.crossProcess ? share : InputShare{}));
     } else if (cfg.validate && spec.source.kind == SourceKind::Idx && spec.source.paths.empty()) {
         // The idx folder's test split, scaled to [0, 1] like normalise's default.
         const std::string& dir = spec.source.dir;

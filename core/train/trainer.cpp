@@ -265,6 +265,13 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
     if (resume) result.resumedFromStep = resume->step;
     result.epochs = firstEpoch - 1;
     const bool backups = m_config.backup.enabled() && m_strategy->processRank() == 0;
+    // An auto-sharded pipeline in a lockstep (multi-worker) run: shards may run out unevenly, so
+    // a process whose shard is exhausted keeps joining the steps with an empty batch until the
+    // step's all-reduce says every shard is (a global count of 0).
+    const bool join = train.shardedGlobalBatch() > 0 && m_strategy->lockstep();
+    Batch emptyShard;
+    emptyShard.localShard = true;
+    emptyShard.globalRows = train.shardedGlobalBatch();
     for (int64_t epoch = firstEpoch; epoch <= epochs; ++epoch) {
         if (m_cancel) break;
         TS_TRY(train.startEpoch(epoch - 1));
@@ -274,12 +281,14 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
         int64_t correct = 0, seen = 0;
         auto epochStart = Clock::now();
         bool stop = false, completed = false;
+        bool exhausted = false;    // join: this process's shard has run out
+        int64_t joinedSteps = 0;   // join: steps this process took part in with an empty batch
         int64_t firstStep = 1;
         if (resume && resume->epoch == epoch && resume->stepInEpoch > 0) {
             // The batches before the backup's position are drawn and dropped: the order of an
             // epoch is a function of (seed, epoch), so the next batch is the one the interrupted
             // run would have trained on.
-            TS_TRY(skipBatches(train, resume->stepInEpoch, epoch));
+            TS_TRY(skipBatches(train, resume->stepInEpoch, epoch, join, &exhausted));
             lossSum = resume->lossSum;
             correct = resume->correct;
             seen = resume->seen;
@@ -309,23 +318,25 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
             PhaseAccount::reset();
             m_currentStep.store(m_step + 1, std::memory_order_relaxed);
             if (m_tracing) Tracer::setStep(m_step + 1);
-            auto next = [&] {
+            auto next = [&]() -> Result<std::optional<Batch>> {
+                if (exhausted) return std::optional<Batch>();
                 PhaseScope input(StepPart::Input, "input wait");
                 auto n = train.next();
-                if (m_tracing && n.ok() && !n->has_value()) Tracer::setStep(m_step);  // the epoch ended: no new step
+                if (m_tracing && n.ok() && !n->has_value() && !join) Tracer::setStep(m_step);  // the epoch ended: no new step
                 return n;
             }();
             if (!next.ok()) {
                 if (next.error().code == ErrorCode::Cancelled && m_cancel) { stop = true; break; }
                 return next.takeError();
             }
-            if (!next->has_value()) {
+            if (!next->has_value() && !join) {
                 // No step after all (end of epoch): later spans (validation) belong to the last step.
                 m_currentStep.store(m_step, std::memory_order_relaxed);
                 completed = true;
                 break;
             }
-            const Batch& batch = **next;
+            exhausted = !next->has_value();
+            const Batch& batch = exhausted ? emptyShard : **next;
             const double wait = secondsSince(t0);
             const float lr = m_schedule.at(m_step);
             auto st = m_strategy->trainStep(batch, lr, m_step + 1, m_config.seed ^ (static_cast<uint64_t>(m_step + 1) << 20));
@@ -335,6 +346,14 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 e.message = "epoch " + std::to_string(epoch) + ", step " + std::to_string(s) + ": " + e.message;
                 return e;
             }
+            if (exhausted && st->count == 0) {
+                // Every process's shard has run out: the epoch ended with the previous step.
+                if (m_tracing) Tracer::setStep(m_step);
+                m_currentStep.store(m_step, std::memory_order_relaxed);
+                completed = true;
+                break;
+            }
+            if (exhausted) ++joinedSteps;
             const int64_t stepEndNs = nowNs();
 #if defined(TS_TRACING) && TS_TRACING
             if (m_tracing) Tracer::recordSpan("step", "step", stepStartNs, stepEndNs);
@@ -355,14 +374,15 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 se.step = m_step;
                 se.epoch = epoch;
                 se.stepInEpoch = s;
-                se.stepsInEpoch = train.batchesPerEpoch();
+                // Lockstep shards: an epoch lasts as long as the largest shard, known after one.
+                se.stepsInEpoch = join ? m_agreedEpochSteps : train.batchesPerEpoch();
                 se.loss = lossSum / static_cast<double>(seen);
                 se.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
                 se.samplesPerSec = static_cast<double>(seen) / std::max(1e-9, secondsSince(epochStart));
                 se.learningRate = lr;
                 se.stepSeconds = secondsSince(t0);
                 se.inputWaitSeconds = wait;
-                se.batchSize = batch.globalSize();
+                se.batchSize = join ? st->count : batch.globalSize();
                 se.staleness = st->staleness;
                 if (bus) {
                     Stamp st{m_config.runId, m_step, wallMicros(stepEndNs), trainerLane()};
@@ -386,6 +406,21 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                                                     secondsSince(epochStart)}));
         }
         ev.seconds = secondsSince(epochStart);
+        if (join && completed) {
+            m_agreedEpochSteps = ev.steps;
+            if (joinedSteps > 1 && bus && !m_imbalanceLogged) {
+                // One empty step is the last partial batch; more mean the shards differ in size.
+                m_imbalanceLogged = true;
+                LogEvent e;
+                e.stamp = Stamp{m_config.runId, m_step, wallNowMicros(), trainerLane()};
+                e.level = LogLevel::Warning;
+                e.message = "epoch " + std::to_string(epoch) + ": this task's share of the input ran out " +
+                            std::to_string(joinedSteps) + " of " + std::to_string(ev.steps) +
+                            " steps before the end; it idled while the others trained on theirs (the files it reads hold fewer "
+                            "examples: balance the files, or shard by element with auto_shard \"data\")";
+                bus->publish(Event(std::move(e)));
+            }
+        }
         if (seen == 0) break;
         ev.loss = lossSum / static_cast<double>(seen);
         ev.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
@@ -433,12 +468,20 @@ Result<EvalResult> Trainer::evaluate(BatchSource& data)
     EvalResult r;
     double lossSum = 0;
     int64_t correct = 0;
+    // As in training: lockstep processes evaluate their shards until every one has run out.
+    const bool join = data.shardedGlobalBatch() > 0 && m_strategy->lockstep();
+    Batch emptyShard;
+    emptyShard.localShard = true;
+    emptyShard.globalRows = data.shardedGlobalBatch();
+    bool exhausted = false;
     for (;;) {
         if (m_cancel) return makeError(ErrorCode::Cancelled, "evaluation cancelled");
-        auto next = data.next();
+        auto next = exhausted ? Result<std::optional<Batch>>(std::optional<Batch>()) : data.next();
         if (!next.ok()) return next.takeError();
-        if (!next->has_value()) break;
-        TS_ASSIGN(StepStats st, m_strategy->evalStep(**next));
+        if (!next->has_value() && !join) break;
+        exhausted = !next->has_value();
+        TS_ASSIGN(StepStats st, m_strategy->evalStep(exhausted ? emptyShard : **next));
+        if (exhausted && st.count == 0) break;
         lossSum += st.lossSum;
         correct += st.correct;
         r.examples += st.count;
@@ -568,11 +611,15 @@ Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
     return true;
 }
 
-Status Trainer::skipBatches(BatchSource& train, int64_t count, int64_t epoch)
+Status Trainer::skipBatches(BatchSource& train, int64_t count, int64_t epoch, bool mayRunOut, bool* ranOut)
 {
     for (int64_t i = 0; i < count; ++i) {
         auto next = train.next();
         if (!next.ok()) return next.takeError();
+        if (!next->has_value() && mayRunOut) {
+            *ranOut = true;  // this shard was already joining the others' steps
+            return okStatus();
+        }
         if (!next->has_value())
             return makeError(ErrorCode::InvalidArgument,
                              "the backup continues epoch " + std::to_string(epoch) + " after step " + std::to_string(count) +

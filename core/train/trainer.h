@@ -183,13 +183,16 @@ private:
     double waitWhilePaused();
     std::string m_modelName;
     std::optional<TrainingPosition> m_resumeAt;  // set by restoreState, consumed by the next fit()
+    int64_t m_agreedEpochSteps = -1;          // lockstep local shards: steps of the last complete epoch
+    bool m_imbalanceLogged = false;           // lockstep local shards: the uneven-shard note was published
     // Looks for a backup (the chief reads it; multi-worker processes receive the chief's) and
     // restores it. Returns whether the run resumes.
     Result<bool> restoreFromBackup(TrainListener* listener);
     // The chief writes the backup; a failed write ends the run (as in Keras) with the file named.
     Status writeBackup(const TrainingPosition& position);
     // Draws and drops the first `count` batches of the epoch just started (resuming mid-epoch).
-    Status skipBatches(BatchSource& train, int64_t count, int64_t epoch);
+    // Draws and drops `count` batches; a lockstep local shard may run out first (*ranOut).
+    Status skipBatches(BatchSource& train, int64_t count, int64_t epoch, bool mayRunOut, bool* ranOut);
 };
 
 // Checks that a model's output fits the labels (class count, loss kind) before training.

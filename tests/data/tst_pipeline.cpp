@@ -21,6 +21,7 @@
 #include <set>
 #include <thread>
 
+#include "data/auto_shard.h"
 #include "data/autotune.h"
 #include "data/csv.h"
 #include "data/image_folder.h"
@@ -730,6 +731,150 @@ private slots:
                 QCOMPARE(int64_t(seen.size()), n);
             }
         }
+    }
+
+    // Auto-sharding by element: worker w keeps positions [B*w/n, B*(w+1)/n) of each block of the
+    // global batch B after the last take, so without a shuffle the workers' k-th batches together
+    // are one process's k-th batch, the last partial one included; with a shuffle after the
+    // shard they still cover every element once.
+    void autoShardByElement()
+    {
+        const int64_t global = 5;
+        PipelineSpec whole(rows(23));
+        whole.take(21).batch(global).prefetch(2);
+        auto batchLabels = [](Pipeline& p, int64_t epoch, bool sharded) {
+            std::vector<std::vector<int32_t>> out;
+            if (!p.startEpoch(epoch).ok()) return out;
+            for (;;) {
+                auto b = p.next();
+                if (!b.ok() || !b->has_value()) break;
+                if ((**b).localShard != sharded || (sharded && (**b).globalRows != 5)) return std::vector<std::vector<int32_t>>{};
+                const Tensor& y = (**b).y;
+                out.emplace_back(y.data<int32_t>(), y.data<int32_t>() + y.numel());
+            }
+            return out;
+        };
+        auto one = make(whole);
+        QVERIFY(one);
+        const auto expected = batchLabels(*one, 0, false);
+        QCOMPARE(expected.size(), std::size_t(5));  // 4 x 5 + 1
+        for (int n : {2, 3}) {
+            std::vector<std::vector<std::vector<int32_t>>> perWorker;
+            std::set<int32_t> shuffledSeen;
+            for (int w = 0; w < n; ++w) {
+                auto sharded = autoShardPipeline(whole, n, w, "run.json: pipeline");
+                VERIFY_OK(sharded);
+                QCOMPARE(sharded->policy, AutoShardPolicy::Data);
+                QCOMPARE(sharded->spec.ops[1].kind, TransformKind::Shard);  // right after take(21)
+                QCOMPARE(sharded->localBatch, global * (w + 1) / n - global * w / n);
+                QCOMPARE(sharded->spec.batchSize(), sharded->localBatch);
+                VERIFY_MSG(sharded->description, "by element");
+                VERIFY_MSG(sharded->description, "after take(21)");
+                PipelineOptions o;
+                o.globalBatch = sharded->globalBatch;
+                auto p = make(sharded->spec, o);
+                QVERIFY(p);
+                QCOMPARE(p->shardedGlobalBatch(), global);
+                perWorker.push_back(batchLabels(*p, 0, true));
+                QVERIFY(!perWorker.back().empty());
+                QCOMPARE(p->batchesPerEpoch(), int64_t(perWorker.back().size()));
+                // A shuffle after the shard point: this worker's elements in another order.
+                PipelineSpec shuffled = sharded->spec;
+                shuffled.ops.insert(shuffled.ops.begin() + 2, TransformSpec::shuffle(50, 7));
+                for (int32_t v : labels(drain(*make(shuffled, o), 1))) QVERIFY2(shuffledSeen.insert(v).second, "shards overlap");
+            }
+            QCOMPARE(shuffledSeen.size(), std::size_t(21));
+            // The remainder (position 0 of the last block) is worker 0's: it alone has a 5th batch.
+            QCOMPARE(perWorker[0].size(), std::size_t(5));
+            QCOMPARE(perWorker[std::size_t(n - 1)].size(), std::size_t(4));
+            for (std::size_t k = 0; k < expected.size(); ++k) {
+                std::vector<int32_t> joined;
+                for (const auto& batches : perWorker)
+                    if (k < batches.size()) joined.insert(joined.end(), batches[k].begin(), batches[k].end());
+                QCOMPARE(joined, expected[k]);
+            }
+        }
+    }
+
+    void autoShardPolicies()
+    {
+        const std::string cacheFile = tmp("shard-cache.bin");
+        PipelineSpec csv(SourceSpec::csv({"/d/a.csv", "/d/b.csv", "/d/c.csv"}, "label"));
+        csv.cache(cacheFile).batch(64).prefetch();
+        // auto: by file when there are enough files and nothing before the batch counts elements.
+        auto w0 = autoShardPipeline(csv, 2, 0), w1 = autoShardPipeline(csv, 2, 1);
+        VERIFY_OK(w0);
+        VERIFY_OK(w1);
+        QCOMPARE(w1->policy, AutoShardPolicy::File);
+        QCOMPARE(w0->spec.source.paths, (std::vector<std::string>{"/d/a.csv", "/d/c.csv"}));
+        QCOMPARE(w1->spec.source.paths, (std::vector<std::string>{"/d/b.csv"}));
+        QCOMPARE(w1->spec.ops.size(), csv.ops.size());
+        QCOMPARE(w1->spec.ops[0].cacheFile, cacheFile + ".shard-1-of-2");  // tasks sharing a disk keep their own
+        QCOMPARE(w1->localBatch, int64_t(32));
+        VERIFY_MSG(w1->description, "reads 1 of the 3 files (b.csv)");
+        VERIFY_MSG(w1->description, "batch 32 of the global 64");
+        // A take before the batch counts the whole dataset: auto shards by element after it.
+        PipelineSpec counted = csv;
+        counted.ops.insert(counted.ops.begin(), TransformSpec::take(1000));
+        auto c = autoShardPipeline(counted, 2, 1);
+        VERIFY_OK(c);
+        QCOMPARE(c->policy, AutoShardPolicy::Data);
+        QCOMPARE(c->spec.source.paths.size(), std::size_t(3));
+        QCOMPARE(c->spec.ops[1].kind, TransformKind::Shard);
+        QCOMPARE(c->spec.ops[1].shardBlock, int64_t(64));
+        QCOMPARE(c->spec.ops[2].cacheFile, cacheFile + ".shard-1-of-2");
+        // More workers than files: auto falls back to elements, "file" is refused.
+        QCOMPARE(autoShardPipeline(csv, 4, 3)->policy, AutoShardPolicy::Data);
+        PipelineSpec fileOnly = csv;
+        fileOnly.autoShard = AutoShardPolicy::File;
+        auto tooFew = autoShardPipeline(fileOnly, 4, 0, "run.json: pipeline");
+        QVERIFY(!tooFew.ok());
+        VERIFY_MSG(tooFew.error().toString(), "run.json: pipeline: auto_shard \"file\" needs at least one file per worker");
+        VERIFY_MSG(tooFew.error().toString(), "lists 3 files for 4 workers");
+        PipelineSpec idx(SourceSpec::idxDir("/d"));
+        idx.batch(8);
+        idx.autoShard = AutoShardPolicy::File;
+        auto oneFile = autoShardPipeline(idx, 2, 0);
+        QVERIFY(!oneFile.ok());
+        VERIFY_MSG(oneFile.error().toString(), "the idx source reads one file");
+        VERIFY_MSG(oneFile.error().hint, "auto_shard \"data\"");
+        // Interleave stays first; the shard follows it.
+        PipelineSpec inter(SourceSpec::csv({"/d/a.csv", "/d/b.csv"}, "label"));
+        inter.interleave().batch(4);
+        inter.autoShard = AutoShardPolicy::Data;
+        QCOMPARE(autoShardPipeline(inter, 2, 0)->spec.ops[1].kind, TransformKind::Shard);
+        // Too small a global batch; and off leaves the pipeline alone.
+        PipelineSpec tiny(rows(10));
+        tiny.batch(1);
+        auto small = autoShardPipeline(tiny, 2, 0);
+        QVERIFY(!small.ok());
+        VERIFY_MSG(small.error().toString(), "a global batch of 1 cannot be shared by 2 workers");
+        tiny.autoShard = AutoShardPolicy::Off;
+        auto off = autoShardPipeline(tiny, 2, 1);
+        VERIFY_OK(off);
+        QCOMPARE(off->policy, AutoShardPolicy::Off);
+        QCOMPARE(off->spec.toJson().dump(), tiny.toJson().dump());
+        // JSON: the policy and a dealt block round-trip; bad values are named.
+        PipelineSpec dataPolicy = tiny;
+        dataPolicy.autoShard = AutoShardPolicy::Data;
+        dataPolicy.ops.insert(dataPolicy.ops.begin(), TransformSpec::shard(2, 1, 6));
+        const nlohmann::json j = dataPolicy.toJson();
+        QCOMPARE(j["auto_shard"].get<std::string>(), std::string("data"));
+        QCOMPARE(j["transformations"][0]["block"].get<int64_t>(), int64_t(6));
+        auto back = PipelineSpec::fromJson(nlohmann::json::parse(R"({"source": {"kind": "idx", "dir": "d"}, "auto_shard": "file",
+            "transformations": [{"op": "shard", "num_shards": 2, "index": 1, "block": 6}]})"));
+        VERIFY_OK(back);
+        QCOMPARE(back->autoShard, AutoShardPolicy::File);
+        QCOMPARE(back->ops[0].shardBlock, int64_t(6));
+        QCOMPARE(back->ops[0].label(), std::string("shard(2, 1, block 6)"));
+        auto badPolicy = PipelineSpec::fromJson(nlohmann::json::parse(R"({"source": {"kind": "idx", "dir": "d"}, "auto_shard": "files"})"), "run.json: pipeline");
+        QVERIFY(!badPolicy.ok());
+        VERIFY_MSG(badPolicy.error().toString(), "run.json: pipeline.auto_shard");
+        VERIFY_MSG(badPolicy.error().toString(), "expected \"auto\", \"file\", \"data\" or \"off\"");
+        auto badBlock = PipelineSpec::fromJson(nlohmann::json::parse(R"({"source": {"kind": "idx", "dir": "d"},
+            "transformations": [{"op": "shard", "num_shards": 3, "index": 1, "block": 2}]})"));
+        QVERIFY(!badBlock.ok());
+        VERIFY_MSG(badBlock.error().toString(), "block: 2 is smaller than num_shards 3");
     }
 
     void cacheMemoryAndFile()
