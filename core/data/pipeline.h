@@ -101,6 +101,7 @@ public:
     bool endless() const;
     void cancel() override;
     int64_t shardedGlobalBatch() const override { return m_options.globalBatch; }
+    const std::string& note() const { return m_options.note; }
 
     // Where window events go, and the run id they carry; for a pipeline built before its run
     // was recorded. Consumer thread, between steps.

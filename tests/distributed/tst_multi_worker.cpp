@@ -15,7 +15,10 @@
 #include <cmath>
 #include <csignal>
 
+#include <nlohmann/json.hpp>
+
 #include "io/safetensors.h"
+#include "store/run_store.h"
 
 #include "distributed/worker_process.h"
 
@@ -102,6 +105,43 @@ double maxDiff(const QString& a, const QString& b)
     return worst;
 }
 
+void writeFile(const QString& path, const QByteArray& bytes)
+{
+    QFile f(path);
+    if (f.open(QIODevice::WriteOnly)) f.write(bytes);
+}
+
+// Rows [from, from + count) of a small 4-class CSV (3 features) for the pipeline tests.
+QByteArray csvRows(int from, int count)
+{
+    QByteArray csv = "label,a,b,c\n";
+    for (int i = from; i < from + count; ++i)
+        csv += QByteArray::number(i % 4) + "," + QByteArray::number(std::sin(i * 0.7), 'g', 7) + "," +
+               QByteArray::number(std::cos(i * 1.3), 'g', 7) + "," + QByteArray::number((i % 7) / 7.0 + (i % 4) * 0.3, 'g', 7) + "\n";
+    return csv;
+}
+
+// A run of a small MLP on CSV files through a "pipeline" section, global batch 10, SGD (so a
+// wrongly scaled gradient shows in the weights one to one).
+QString writePipelineRun(const QDir& dir, const QString& name, const QStringList& csvFiles, const QString& autoShard)
+{
+    writeFile(dir.filePath("tiny.json"), R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
+        {"id": "input", "type": "Input", "attrs": {"shape": [3]}},
+        {"id": "hidden", "type": "Dense", "inputs": ["input"], "attrs": {"units": 8, "activation": "relu"}},
+        {"id": "head", "type": "Dense", "inputs": ["hidden"], "attrs": {"units": 4, "activation": "softmax"}}],
+        "compile": {"loss": "sparse_categorical_crossentropy", "batch_size": 10}})");
+    QStringList paths;
+    for (const QString& f : csvFiles) paths << "\"" + f + "\"";
+    const QString run = QString(R"({"model_file": "%1", "epochs": 2, "seed": 5, "data": {"validate": false},
+        "optimizer": {"type": "sgd", "learning_rate": 0.5},
+        "pipeline": {"source": {"kind": "csv", "paths": [%2], "label_column": "label"}, "auto_shard": "%3",
+                     "transformations": [{"op": "batch", "size": 10}]}})")
+                            .arg(dir.filePath("tiny.json"), paths.join(", "), autoShard);
+    const QString path = dir.filePath(name);
+    writeFile(path, run.toUtf8());
+    return path;
+}
+
 } // namespace
 
 class TestMultiWorker : public QObject {
@@ -118,6 +158,9 @@ private slots:
     void separateNetworkNamespaces_data();
     void separateNetworkNamespaces();
     void refusedSetups();
+    void autoShardedPipelineEqualsOneProcess_data();
+    void autoShardedPipelineEqualsOneProcess();
+    void unevenFileShardsJoin();
 
 private:
     QTemporaryDir m_dir;
@@ -524,12 +567,17 @@ void TestMultiWorker::refusedSetups()
     // the task (it hung in Gloo's connect for minutes, deaf to SIGTERM). Both copies before the
     // chief, so neither finds the rendezvous up at first.
     {
+        // A run long enough (300 steps) that the extra copy sees the rendezvous before it ends:
+        // with 20, the run sometimes finished between two of the copy's polls, and the copy then
+        // found nothing listening.
+        QStringList longer = trainArgs(300);
+        longer << "--epochs" << "100" << "--strategy" << "multi-worker-mirrored" << "--no-record";
         const QString cluster = clusterJson({freePort(), freePort()});
         timer.restart();
-        auto copyA = startCli(args + QStringList{"--task", "worker:0"}, cluster);
-        auto copyB = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+        auto copyA = startCli(longer + QStringList{"--task", "worker:0"}, cluster);
+        auto copyB = startCli(longer + QStringList{"--task", "worker:0"}, cluster);
         QTest::qWait(500);
-        auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
+        auto chief = startCli(longer + QStringList{"--task", "chief:0"}, cluster);
         f = finish(*chief);
         QVERIFY2(f.code == 0, qPrintable(f.out));
         const Finished a = finish(*copyA), b = finish(*copyB);
@@ -544,6 +592,89 @@ void TestMultiWorker::refusedSetups()
     f = finish(*startCli(trainArgs() + QStringList{"--task", "worker:0", "--no-record"}, {}));
     QCOMPARE(f.code, 2);
     QVERIFY2(f.out.contains("--tf-config and --task are for --strategy multi-worker-mirrored"), qPrintable(f.out));
+}
+
+// A "pipeline" section sharded by element: each process reads, maps and batches only its share
+// of every global batch, and the run still equals one process with the same global batch of 10,
+// also in the epoch's last, partial batch (203 rows: 3 left over, all in worker 0's share, so the
+// others join that step with empty batches and the gradient is rescaled to the mean of 3).
+void TestMultiWorker::autoShardedPipelineEqualsOneProcess_data()
+{
+    QTest::addColumn<int>("workers");
+    QTest::newRow("2 processes") << 2;
+    QTest::newRow("3 processes") << 3;
+}
+
+void TestMultiWorker::autoShardedPipelineEqualsOneProcess()
+{
+    QFETCH(int, workers);
+    const QDir dir(m_dir.path());
+    writeFile(dir.filePath("rows.csv"), csvRows(0, 203));
+    const QString config = writePipelineRun(dir, "sharded_run.json", {dir.filePath("rows.csv")}, "auto");
+    const QString reference = dir.filePath(QString("pipeline-one-%1.safetensors").arg(workers));
+    const QStringList common = {"train", "--config", config, "--threads", "1", "--no-record"};
+    const Finished one = finish(*startCli(common + QStringList{"--strategy", "one-device", "--quiet", "--save-weights", reference}, {}));
+    QVERIFY2(one.code == 0, qPrintable(one.out));
+    std::vector<int> ports;
+    for (int i = 0; i < workers; ++i) ports.push_back(freePort());
+    const QString cluster = clusterJson(ports);
+    std::vector<std::unique_ptr<QProcess>> procs;
+    std::vector<QString> weights;
+    for (int t = 0; t < workers; ++t) {
+        const QString task = t == 0 ? "chief:0" : QString("worker:%1").arg(t - 1);
+        weights.push_back(dir.filePath(QString("pipeline-w%1-of-%2.safetensors").arg(t).arg(workers)));
+        procs.push_back(startCli(common + QStringList{"--strategy", "multi-worker-mirrored", "--task", task, "--save-weights", weights.back()},
+                                 cluster));
+    }
+    for (int t = 0; t < workers; ++t) {
+        const Finished f = finish(*procs[static_cast<std::size_t>(t)]);
+        QVERIFY2(f.code == 0, qPrintable(f.out));
+        // Each task says which elements it reads: its share of every block of 10.
+        const int lo = 10 * t / workers, hi = 10 * (t + 1) / workers;
+        QVERIFY2(f.out.contains(QString("takes elements [%1, %2) of every 10").arg(lo).arg(hi)), qPrintable(f.out));
+        QVERIFY2(f.out.contains(QString("batch %1 of the global 10").arg(hi - lo)), qPrintable(f.out));
+    }
+    for (int t = 0; t < workers; ++t) {
+        const double d = maxDiff(weights[static_cast<std::size_t>(t)], reference);
+        qInfo("task %d: max |w - w(one process)| = %g", t, d);
+        QVERIFY2(d <= 1e-5, qPrintable(QString("task %1 differs from one process by %2").arg(t).arg(d)));
+    }
+    for (int t = 1; t < workers; ++t) QCOMPARE(maxDiff(weights[0], weights[static_cast<std::size_t>(t)]), 0.0);
+}
+
+// Sharded by file, with files of different sizes: the chief's 50 rows last 10 local batches of
+// 5, the worker's 150 rows 30, so the chief joins 20 steps an epoch with empty batches; both end
+// each epoch together after 30 steps, with the same weights, and the run's log says why the
+// chief idled.
+void TestMultiWorker::unevenFileShardsJoin()
+{
+    const QDir dir(m_dir.path());
+    writeFile(dir.filePath("small.csv"), csvRows(0, 50));
+    writeFile(dir.filePath("large.csv"), csvRows(50, 150));
+    const QString config = writePipelineRun(dir, "file_run.json", {dir.filePath("small.csv"), dir.filePath("large.csv")}, "file");
+    const std::vector<int> ports = {freePort(), freePort()};
+    const QString cluster = clusterJson(ports);
+    const QString db = m_dir.filePath("uneven.db");
+    const QStringList common = {"train", "--config", config, "--threads", "1", "--strategy", "multi-worker-mirrored", "--db", db};
+    const QString w0 = dir.filePath("uneven-chief.safetensors"), w1 = dir.filePath("uneven-worker.safetensors");
+    auto chief = startCli(common + QStringList{"--task", "chief:0", "--save-weights", w0, "--json"}, cluster);
+    auto worker = startCli(common + QStringList{"--task", "worker:0", "--save-weights", w1}, cluster);
+    const Finished c = finish(*chief), w = finish(*worker);
+    QVERIFY2(c.code == 0, qPrintable(c.out));
+    QVERIFY2(w.code == 0, qPrintable(w.out));
+    QVERIFY2(w.out.contains("reads 1 of the 2 files (large.csv)"), qPrintable(w.out));
+    QCOMPARE(maxDiff(w0, w1), 0.0);
+    const auto last = nlohmann::json::parse(c.out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!last.is_discarded() && last.value("final", false), qPrintable(c.out));
+    QCOMPARE(last["steps"].get<int>(), 60);  // 2 epochs of the larger shard's 30 batches
+    auto store = ts::store::RunStore::open(db.toStdString());
+    QVERIFY(store.ok());
+    auto logs = store->logs(last["run_id"].get<std::string>());
+    QVERIFY(logs.ok());
+    std::string all;
+    for (const auto& e : *logs) all += e.message + "\n";
+    QVERIFY2(all.find("reads 1 of the 2 files (small.csv)") != std::string::npos, all.c_str());
+    QVERIFY2(all.find("ran out 20 of 30 steps before the end") != std::string::npos, all.c_str());
 }
 
 QTEST_GUILESS_MAIN(TestMultiWorker)
