@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <QCheckBox>
 #include <QComboBox>
 #include <QFile>
 #include <QLabel>
@@ -181,6 +182,20 @@ void TestRemoteUi::clusterEditorEnablesStrategies()
     setup.findChild<QSpinBox*>("batch")->setValue(255);
     QVERIFY2(setup.problems().join('\n').contains("not divisible by the 2 replicas"), qPrintable(setup.problems().join('\n')));
     setup.findChild<QSpinBox*>("batch")->setValue(256);
+    // With the tf.data pipeline, the input sharding is a choice; by file needs more than the one
+    // IDX dataset, and the form says so before the run starts.
+    auto* autoShard = setup.findChild<QComboBox*>("autoShard");
+    QVERIFY(autoShard && !autoShard->isEnabled());
+    setup.findChild<QCheckBox*>("usePipeline")->setChecked(true);
+    QVERIFY(autoShard->isEnabled());
+    autoShard->setCurrentIndex(autoShard->findData("file"));
+    QVERIFY2(setup.problems().join('\n').contains("Input sharding: the input pipeline: auto_shard \"file\""),
+             qPrintable(setup.problems().join('\n')));
+    autoShard->setCurrentIndex(autoShard->findData("off"));
+    QVERIFY2(setup.problems().isEmpty(), qPrintable(setup.problems().join('\n')));
+    QCOMPARE(setup.config().pipeline->autoShard, AutoShardPolicy::Off);
+    autoShard->setCurrentIndex(autoShard->findData("auto"));
+    setup.findChild<QCheckBox*>("usePipeline")->setChecked(false);
     // The configuration leaves the devices to the workers.
     const RunConfig c = setup.config();
     QCOMPARE(c.strategy.kind, std::string("multi-worker-mirrored"));

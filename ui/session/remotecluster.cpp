@@ -2,6 +2,7 @@
 
 #include <QMetaObject>
 
+#include "data/auto_shard.h"
 #include "distribute/cluster_spec.h"
 #include "remote/auth.h"
 #include "remote/coordinator.h"
@@ -83,6 +84,14 @@ QStringList remoteProblems(const RemoteSettings& settings, const QString& strate
     if (auto token = remote::loadToken(settings.tokenFile.trimmed().toStdString()); !token.ok())
         p << QObject::tr("Workers: %1").arg(text(token.error()));
     return p;
+}
+
+QString inputShardingProblem(const ClusterSummary& cluster, const PipelineSpec& pipeline)
+{
+    const int workers = static_cast<int>(cluster.trainingTasks.size());
+    if (!cluster.valid || workers < 2 || pipeline.batchSize() == 0) return {};
+    auto sharded = autoShardPipeline(pipeline, workers, 0, "the input pipeline");
+    return sharded.ok() ? QString() : text(sharded.error());
 }
 
 ClusterProbe::ClusterProbe(QObject* parent) : QObject(parent)

@@ -139,6 +139,17 @@ void RunSetupPanel::buildUi()
     for (int i : {0, 1, 2, 4, 8}) m_prefetch->addItem(QString::number(i), i);
     m_prefetch->setObjectName("prefetch");
     df->addRow(tr("Prefetch (batches)"), m_prefetch);
+    // tf.data's auto_shard_policy: how a multi-worker run divides the pipeline's data.
+    m_autoShard = new QComboBox;
+    m_autoShard->addItem(tr("Auto (by file if enough files, else by element)"), QStringLiteral("auto"));
+    m_autoShard->addItem(tr("By element"), QStringLiteral("data"));
+    m_autoShard->addItem(tr("By file"), QStringLiteral("file"));
+    m_autoShard->addItem(tr("Off (every worker reads everything)"), QStringLiteral("off"));
+    m_autoShard->setObjectName("autoShard");
+    m_autoShard->setToolTip(tr("MultiWorkerMirrored and ParameterServer: each worker reads, decodes and maps only its part of "
+                               "the data.\nOff: every worker runs the whole pipeline and trains on its rows of each batch "
+                               "(the run then equals one process exactly, at the cost of the input work)."));
+    df->addRow(tr("Input sharding"), m_autoShard);
     m_flip = new QCheckBox(tr("Random flip"));
     m_crop = new QCheckBox(tr("Random crop"));
     m_crop->setStatusTip(tr("Random crop to the input size after padding 4 pixels"));
@@ -352,7 +363,7 @@ void RunSetupPanel::buildUi()
     for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed, m_backupEvery, m_restarts})
         connect(s, &QSpinBox::valueChanged, this, changedSignal);
     connect(m_backupDir, &QLineEdit::textChanged, this, changedSignal);
-    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_strategy, m_optimizer, m_schedule, m_precision})
+    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_autoShard, m_strategy, m_optimizer, m_schedule, m_precision})
         connect(c, &QComboBox::currentIndexChanged, this, changedSignal);
     for (QCheckBox* c : {m_validate, m_usePipeline, m_shuffle, m_flip, m_crop, m_backup})
         connect(c, &QCheckBox::toggled, this, changedSignal);
@@ -441,6 +452,7 @@ void RunSetupPanel::updateDerived()
     m_threads->setEnabled(!remote);
     const bool pipe = m_usePipeline->isChecked();
     for (QWidget* w : std::initializer_list<QWidget*>{m_shuffleBuffer, m_parallelism, m_prefetch}) w->setEnabled(pipe);
+    m_autoShard->setEnabled(pipe && remote);
     const QString noImage = tr("augmentation needs an image input (height, width, channels); this model's input is flat");
     for (QCheckBox* c : {m_flip, m_crop}) {
         c->setEnabled(pipe && m_imageInput);
@@ -503,6 +515,8 @@ QStringList RunSetupPanel::problems() const
         c.seed = static_cast<uint64_t>(m_seed->value());
         auto spec = PipelineSpec::fromJson(pipelineJson(c), "the run setup's pipeline");
         if (!spec.ok()) p << tr("Input pipeline: %1").arg(QString::fromStdString(spec.error().toString()));
+        else if (isRemoteStrategy())
+            if (const QString e = inputShardingProblem(m_cluster, *spec); !e.isEmpty()) p << tr("Input sharding: %1").arg(e);
     }
     return p;
 }
@@ -520,7 +534,7 @@ nlohmann::json RunSetupPanel::pipelineJson(const RunConfig& c) const
     t.push_back({{"op", "batch"}, {"size", c.batchSize}});
     if (const int pf = m_prefetch->currentData().toInt(); pf != 0) t.push_back({{"op", "prefetch"}, {"buffer_size", pf}});
     nlohmann::json src = {{"kind", "idx"}, {"dir", c.dataDir}, {"split", "train"}, {"layout", m_imageInput ? "image" : "flat"}};
-    return {{"source", src}, {"transformations", t}, {"seed", c.seed}};
+    return {{"source", src}, {"transformations", t}, {"seed", c.seed}, {"auto_shard", m_autoShard->currentData().toString().toStdString()}};
 }
 
 RunConfig RunSetupPanel::config() const
@@ -605,6 +619,7 @@ void RunSetupPanel::setConfig(const RunConfig& c)
         m_crop->setChecked(false);
         m_shuffle->setChecked(false);
         m_prefetch->setCurrentIndex(m_prefetch->findData(0));
+        m_autoShard->setCurrentIndex(std::max(0, m_autoShard->findData(QString::fromStdString(p.value("auto_shard", std::string("auto"))))));
         auto count = [](const nlohmann::json& v) { return v.is_number_integer() ? v.get<int>() : -1; };  // "AUTOTUNE"
         for (const auto& t : p.value("transformations", nlohmann::json::array())) {
             const std::string op = t.value("op", std::string()), fn = t.value("fn", std::string());

@@ -99,6 +99,7 @@ private:
     QSpinBox* m_shuffleBuffer = nullptr;
     QComboBox* m_parallelism = nullptr;
     QComboBox* m_prefetch = nullptr;
+    QComboBox* m_autoShard = nullptr;
     QCheckBox* m_flip = nullptr;
     QCheckBox* m_crop = nullptr;
     QComboBox* m_strategy = nullptr;
