@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <QtTest>
 
+#include <cmath>
 #include <csignal>
 
 #include <nlohmann/json.hpp>
@@ -120,6 +121,7 @@ private slots:
     void silentPsIsNamed();
     void smallValidationSet();
     void interruptedRunKeepsWeights();
+    void pipelineShardsByFile();
 
 private:
     void trainEndToEnd(int ps, const QStringList& extra);
@@ -652,6 +654,49 @@ void TestParameterServer::interruptedRunKeepsWeights()
     auto loaded = ts::readSafetensors(weights.toStdString());
     QVERIFY2(loaded.ok(), loaded.ok() ? "" : loaded.error().toString().c_str());
     QVERIFY(!loaded->tensors.empty());
+}
+
+// A "pipeline" section over two CSV files of 50 and 150 rows, sharded by file: each worker
+// reads only its file and trains on all of it in batches of 5 (its half of the global 10), at
+// its own pace: worker 0 pushes 10 updates an epoch, worker 1 30, and the ps applies all of them.
+void TestParameterServer::pipelineShardsByFile()
+{
+    QTemporaryDir dir;
+    auto rows = [](int from, int count) {
+        QByteArray csv = "label,a,b,c\n";
+        for (int i = from; i < from + count; ++i)
+            csv += QByteArray::number(i % 4) + "," + QByteArray::number(std::sin(i * 0.7), 'g', 7) + "," +
+                   QByteArray::number(std::cos(i * 1.3), 'g', 7) + "," + QByteArray::number((i % 4) * 0.3, 'g', 7) + "\n";
+        return csv;
+    };
+    auto write = [&](const QString& name, const QByteArray& bytes) {
+        QFile f(dir.filePath(name));
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(bytes);
+    };
+    write("small.csv", rows(0, 50));
+    write("large.csv", rows(50, 150));
+    write("tiny.json", R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
+        {"id": "input", "type": "Input", "attrs": {"shape": [3]}},
+        {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 4, "activation": "softmax"}}],
+        "compile": {"loss": "sparse_categorical_crossentropy", "batch_size": 10}})");
+    write("run.json", QString(R"({"model_file": "%1", "epochs": 2, "data": {"validate": false},
+        "pipeline": {"source": {"kind": "csv", "paths": ["%2", "%3"], "label_column": "label"},
+                     "transformations": [{"op": "shuffle", "buffer_size": 200}, {"op": "batch", "size": 10}]}})")
+                          .arg(dir.filePath("tiny.json"), dir.filePath("small.csv"), dir.filePath("large.csv"))
+                          .toUtf8());
+    Cluster c = startCluster(dir.path(), 2, 1);
+    auto coord = startCoordinator({"train", "--cluster", c.file, "--strategy", "parameter-server", "--config", dir.filePath("run.json"),
+                                   "--threads", "1", "--no-record", "--json"});
+    QVERIFY(coord->waitForFinished(120000));
+    const QString out = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out));
+    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    const auto& tasks = j["tasks"];
+    QCOMPARE(tasks["worker:0"].value("steps", int64_t{0}), int64_t(20));
+    QCOMPARE(tasks["worker:1"].value("steps", int64_t{0}), int64_t(60));
+    QCOMPARE(tasks["ps:0"].value("updates", int64_t{0}), int64_t(80));
 }
 
 QTEST_GUILESS_MAIN(TestParameterServer)
