@@ -563,8 +563,9 @@ int runTrain(const TrainOptions& options)
         }
         prepared.emplace(std::move(made).value());
         ts::PreparedRun& run = *prepared;
-        if (attempt == 0 && cluster && run.pipeline && !run.pipeline->note().empty() && !o.quiet && !o.json)
-            std::printf("%s\n", run.pipeline->note().c_str());  // how this task's part of the input was chosen
+        // How this task's part of the input was chosen.
+        for (const ts::Pipeline* p : {run.pipeline.get(), run.validationPipeline.get()})
+            if (attempt == 0 && cluster && p && !p->note().empty() && !o.quiet && !o.json) std::printf("%s\n", p->note().c_str());
         interrupt.setAction([trainer = run.trainer.get()] { trainer->cancel(); });
         listener = std::make_unique<ConsoleListener>(o.json, o.quiet, run.config.epochs);
         if (recording && o.checkpointEvery > 0)

@@ -88,6 +88,19 @@ Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers,
                  std::to_string(out.spec.source.paths.size()) + " of the " + std::to_string(src.paths.size()) + " files (" + names + ")";
         if (counted) detail += "; the take/skip/shard before the batch apply to these files alone";
     } else {
+        // Every worker must see the elements before the shard in the same order, or the shards
+        // overlap (tf.data's DATA policy has the same condition).
+        for (std::size_t i = 0; i < shardAt; ++i) {
+            const TransformSpec& op = spec.ops[i];
+            if ((op.kind == TransformKind::Map || op.kind == TransformKind::Interleave) && op.parallelism != 1 &&
+                !op.deterministic.value_or(spec.deterministic))
+                return makeError(ErrorCode::InvalidArgument,
+                                 where + ": auto-sharding by element after " + spec.ops[shardAt - 1].label() +
+                                     " needs the elements before it in a fixed order, but " + op.label() +
+                                     " runs in parallel with deterministic false, so the workers' shards would overlap",
+                                 "make " + op.label() + " deterministic, move it after " + spec.ops[shardAt - 1].label() +
+                                     ", or set auto_shard \"off\"");
+        }
         ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(shardAt), TransformSpec::shard(n, w, global));
         ++batchAt;
         detail = "by element: worker " + std::to_string(w) + " of " + std::to_string(n) + " takes elements [" +

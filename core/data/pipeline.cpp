@@ -398,7 +398,7 @@ Result<Batch> Pipeline::peek()
         c.bytes -= c.bytes.load() - before[i][3];
     }
     if (!r.ok()) return r.takeError();
-    if (!r->has_value()) return makeError(ErrorCode::InvalidArgument, "the input pipeline produced no batch", "check the source and take/skip/shard counts");
+    if (!r->has_value()) return makeError(ErrorCode::InvalidArgument, kNoBatchMessage, "check the source and take/skip/shard counts");
     return toBatch(std::move(**r), m_options.featureShape);
 }
 

@@ -52,6 +52,9 @@ class Iterator;
 struct Shared;
 } // namespace pipeline_detail
 
+// peek()'s error message when the first epoch yields no batch at all.
+inline constexpr const char* kNoBatchMessage = "the input pipeline produced no batch";
+
 struct PipelineOptions {
     telemetry::EventBus* bus = nullptr;  // optional: window events go here
     std::string runId;                   // stamped on published events

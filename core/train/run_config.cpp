@@ -234,6 +234,11 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     auto first = p->peek();
     if (!first.ok()) {
         Error e = first.takeError();
+        if (built != &spec && e.code == ErrorCode::InvalidArgument && e.message == kNoBatchMessage) {
+            // The whole pipeline may well have data: this task's share of it has none.
+            e.message = "this task's part of the input is empty (" + sharded.description + ")";
+            e.hint = "give the pipeline more data (or files) than there are workers, use fewer workers, or set auto_shard \"off\"";
+        }
         e.message = what + ": " + e.message;
         return e;
     }

@@ -823,6 +823,16 @@ private slots:
         QCOMPARE(c->spec.ops[1].kind, TransformKind::Shard);
         QCOMPARE(c->spec.ops[1].shardBlock, int64_t(64));
         QCOMPARE(c->spec.ops[2].cacheFile, cacheFile + ".shard-1-of-2");
+        // An unordered parallel map before the shard point would make the shards overlap.
+        PipelineSpec unordered(rows(10));
+        unordered.map(customMapFn("noop", [](Element&& e, const MapContext&) -> Result<Element> { return std::move(e); }), 2, false)
+            .take(8)
+            .batch(4);
+        auto overlap = autoShardPipeline(unordered, 2, 0);
+        QVERIFY(!overlap.ok());
+        VERIFY_MSG(overlap.error().toString(), "runs in parallel with deterministic false");
+        unordered.ops[0].deterministic = true;
+        VERIFY_OK(autoShardPipeline(unordered, 2, 0));
         // More workers than files: auto falls back to elements, "file" is refused.
         QCOMPARE(autoShardPipeline(csv, 4, 3)->policy, AutoShardPolicy::Data);
         PipelineSpec fileOnly = csv;

@@ -123,7 +123,8 @@ QByteArray csvRows(int from, int count)
 
 // A run of a small MLP on CSV files through a "pipeline" section, global batch 10, SGD (so a
 // wrongly scaled gradient shows in the weights one to one).
-QString writePipelineRun(const QDir& dir, const QString& name, const QStringList& csvFiles, const QString& autoShard)
+QString writePipelineRun(const QDir& dir, const QString& name, const QStringList& csvFiles, const QString& autoShard,
+                         const QString& validationCsv = {})
 {
     writeFile(dir.filePath("tiny.json"), R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
         {"id": "input", "type": "Input", "attrs": {"shape": [3]}},
@@ -132,11 +133,15 @@ QString writePipelineRun(const QDir& dir, const QString& name, const QStringList
         "compile": {"loss": "sparse_categorical_crossentropy", "batch_size": 10}})");
     QStringList paths;
     for (const QString& f : csvFiles) paths << "\"" + f + "\"";
+    const QString validation = validationCsv.isEmpty() ? QString()
+                                                       : QString(R"(, "validation_pipeline": {"source": {"kind": "csv", "paths": ["%1"],
+                                                             "label_column": "label"}, "transformations": [{"op": "batch", "size": 10}]})")
+                                                             .arg(validationCsv);
     const QString run = QString(R"({"model_file": "%1", "epochs": 2, "seed": 5, "data": {"validate": false},
         "optimizer": {"type": "sgd", "learning_rate": 0.5},
         "pipeline": {"source": {"kind": "csv", "paths": [%2], "label_column": "label"}, "auto_shard": "%3",
-                     "transformations": [{"op": "batch", "size": 10}]}})")
-                            .arg(dir.filePath("tiny.json"), paths.join(", "), autoShard);
+                     "transformations": [{"op": "batch", "size": 10}]}%4})")
+                            .arg(dir.filePath("tiny.json"), paths.join(", "), autoShard, validation);
     const QString path = dir.filePath(name);
     writeFile(path, run.toUtf8());
     return path;
@@ -161,6 +166,7 @@ private slots:
     void autoShardedPipelineEqualsOneProcess_data();
     void autoShardedPipelineEqualsOneProcess();
     void unevenFileShardsJoin();
+    void emptyShardIsNamed();
 
 private:
     QTemporaryDir m_dir;
@@ -597,7 +603,8 @@ void TestMultiWorker::refusedSetups()
 // A "pipeline" section sharded by element: each process reads, maps and batches only its share
 // of every global batch, and the run still equals one process with the same global batch of 10,
 // also in the epoch's last, partial batch (203 rows: 3 left over, all in worker 0's share, so the
-// others join that step with empty batches and the gradient is rescaled to the mean of 3).
+// others join that step with empty batches and the gradient is rescaled to the mean of 3). The
+// validation pipeline (23 rows) is sharded too, and its loss is the one process's.
 void TestMultiWorker::autoShardedPipelineEqualsOneProcess_data()
 {
     QTest::addColumn<int>("workers");
@@ -610,11 +617,15 @@ void TestMultiWorker::autoShardedPipelineEqualsOneProcess()
     QFETCH(int, workers);
     const QDir dir(m_dir.path());
     writeFile(dir.filePath("rows.csv"), csvRows(0, 203));
-    const QString config = writePipelineRun(dir, "sharded_run.json", {dir.filePath("rows.csv")}, "auto");
+    writeFile(dir.filePath("val.csv"), csvRows(1000, 23));
+    const QString config = writePipelineRun(dir, "sharded_run.json", {dir.filePath("rows.csv")}, "auto", dir.filePath("val.csv"));
     const QString reference = dir.filePath(QString("pipeline-one-%1.safetensors").arg(workers));
     const QStringList common = {"train", "--config", config, "--threads", "1", "--no-record"};
-    const Finished one = finish(*startCli(common + QStringList{"--strategy", "one-device", "--quiet", "--save-weights", reference}, {}));
+    const Finished one = finish(*startCli(common + QStringList{"--strategy", "one-device", "--json", "--save-weights", reference}, {}));
     QVERIFY2(one.code == 0, qPrintable(one.out));
+    auto finalLine = [](const QString& out) { return nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false); };
+    const auto oneFinal = finalLine(one.out);
+    QVERIFY2(oneFinal.is_object() && oneFinal.contains("val_loss"), qPrintable(one.out));
     std::vector<int> ports;
     for (int i = 0; i < workers; ++i) ports.push_back(freePort());
     const QString cluster = clusterJson(ports);
@@ -623,16 +634,29 @@ void TestMultiWorker::autoShardedPipelineEqualsOneProcess()
     for (int t = 0; t < workers; ++t) {
         const QString task = t == 0 ? "chief:0" : QString("worker:%1").arg(t - 1);
         weights.push_back(dir.filePath(QString("pipeline-w%1-of-%2.safetensors").arg(t).arg(workers)));
-        procs.push_back(startCli(common + QStringList{"--strategy", "multi-worker-mirrored", "--task", task, "--save-weights", weights.back()},
+        procs.push_back(startCli(common + QStringList{"--strategy", "multi-worker-mirrored", "--task", task, "--save-weights", weights.back()} +
+                                     (t == 0 ? QStringList{"--json"} : QStringList{}),
                                  cluster));
     }
     for (int t = 0; t < workers; ++t) {
         const Finished f = finish(*procs[static_cast<std::size_t>(t)]);
         QVERIFY2(f.code == 0, qPrintable(f.out));
+        if (t == 0) {
+            const auto chiefFinal = finalLine(f.out);
+            QVERIFY2(chiefFinal.is_object() && chiefFinal.contains("val_loss"), qPrintable(f.out));
+            const double a = chiefFinal["val_loss"].get<double>(), b = oneFinal["val_loss"].get<double>();
+            qInfo("validation loss %.9g, one process %.9g", a, b);
+            QVERIFY(std::fabs(a - b) <= 1e-5 * std::max(1.0, std::fabs(b)));
+            QCOMPARE(chiefFinal["val_accuracy"].get<double>(), oneFinal["val_accuracy"].get<double>());
+            continue;
+        }
         // Each task says which elements it reads: its share of every block of 10.
         const int lo = 10 * t / workers, hi = 10 * (t + 1) / workers;
         QVERIFY2(f.out.contains(QString("takes elements [%1, %2) of every 10").arg(lo).arg(hi)), qPrintable(f.out));
         QVERIFY2(f.out.contains(QString("batch %1 of the global 10").arg(hi - lo)), qPrintable(f.out));
+        QVERIFY2(f.out.contains(QString("validation pipeline: input auto-sharded by element: worker %1 of %2 takes elements [%3, %4)")
+                                    .arg(t).arg(workers).arg(lo).arg(hi)),
+                 qPrintable(f.out));
     }
     for (int t = 0; t < workers; ++t) {
         const double d = maxDiff(weights[static_cast<std::size_t>(t)], reference);
@@ -675,6 +699,27 @@ void TestMultiWorker::unevenFileShardsJoin()
     for (const auto& e : *logs) all += e.message + "\n";
     QVERIFY2(all.find("reads 1 of the 2 files (small.csv)") != std::string::npos, all.c_str());
     QVERIFY2(all.find("ran out 20 of 30 steps before the end") != std::string::npos, all.c_str());
+}
+
+// Three rows for two workers in batches of 10: worker 0 takes elements [0, 5) of every 10, so
+// worker 1's part is empty; it says so (not "the input pipeline produced no batch"), and the
+// chief stops too.
+void TestMultiWorker::emptyShardIsNamed()
+{
+    const QDir dir(m_dir.path());
+    writeFile(dir.filePath("three.csv"), csvRows(0, 3));
+    const QString config = writePipelineRun(dir, "empty_run.json", {dir.filePath("three.csv")}, "auto");
+    const QString cluster = clusterJson({freePort(), freePort()});
+    const QStringList common = {"train", "--config", config, "--threads", "1", "--strategy", "multi-worker-mirrored", "--no-record"};
+    auto chief = startCli(common + QStringList{"--task", "chief:0"}, cluster);
+    auto worker = startCli(common + QStringList{"--task", "worker:0"}, cluster);
+    const Finished w = finish(*worker), c = finish(*chief);
+    QVERIFY2(w.code != 0, qPrintable(w.out));
+    QVERIFY2(w.out.contains("training pipeline: this task's part of the input is empty (input auto-sharded by element: worker 1 of 2 "
+                            "takes elements [5, 10) of every 10"),
+             qPrintable(w.out));
+    QVERIFY2(w.out.contains("auto_shard \"off\""), qPrintable(w.out));
+    QVERIFY2(c.code != 0, qPrintable(c.out));
 }
 
 QTEST_GUILESS_MAIN(TestMultiWorker)
