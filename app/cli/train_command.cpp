@@ -502,6 +502,15 @@ int runTrain(const TrainOptions& options)
         return 2;
     }
     std::unique_ptr<ts::telemetry::TraceFileSink> traceSink = std::move(traceOpened).value();
+    // A cluster task that records nothing (not the coordinator) has no run log: the trainer's
+    // warnings (its input shard ran out early, ...) go to its own stderr, after each epoch.
+    std::shared_ptr<ts::telemetry::Subscription> warnings;
+    auto printWarnings = [&] {
+        if (!warnings || o.quiet) return;
+        for (const auto& ev : warnings->drain())
+            if (const auto* e = std::get_if<ts::telemetry::LogEvent>(&ev); e && e->level >= ts::telemetry::LogLevel::Warning)
+                std::fprintf(stderr, "warning: %s\n", e->message.c_str());
+    };
     auto useCluster = [&] {
         cfg.strategy.crossProcess = cluster->communicator;
         cfg.strategy.processRank = cluster->rank;
@@ -575,6 +584,17 @@ int runTrain(const TrainOptions& options)
         if (recording) {
             if (attempt == 0) recording->begin(run, bus);  // the store records what the trainer publishes
             else recording->attach(run);
+        } else if (cluster) {
+            if (!warnings) {
+                ts::telemetry::SubscriberOptions so;
+                so.name = "console warnings";
+                so.capacity = 256;
+                so.kinds = ts::telemetry::kindMask<ts::telemetry::LogEvent>();
+                so.wakeThreshold = so.capacity;  // drained after each epoch, never woken
+                warnings = bus.subscribe(so);
+            }
+            run.trainer->setTelemetry(&bus, {}, false);
+            listener->epochHook = [&](const ts::EpochEvent&) { printWarnings(); };
         }
         if (traceSink) {
             if (traceRunId.empty())
@@ -588,6 +608,7 @@ int runTrain(const TrainOptions& options)
         // A "pipeline" section in --config: its stall windows and verdicts join the run's telemetry.
         if (run.pipeline && recording) run.pipeline->setTelemetry(&bus, recording->runId());
         result = run.trainer->fit(*run.trainSource(), run.validationSource(), listener.get());
+        printWarnings();
         if (result.ok() || attempt >= cfg.backup.restarts || !ts::restartableFailure(result.error())) break;
         const std::string why = result.error().message;
         std::fprintf(stderr, "warning: the run failed at step %lld: %s\n  restarting it from its backup (restart %d of %d)\n",

@@ -666,39 +666,48 @@ void TestMultiWorker::autoShardedPipelineEqualsOneProcess()
     for (int t = 1; t < workers; ++t) QCOMPARE(maxDiff(weights[0], weights[static_cast<std::size_t>(t)]), 0.0);
 }
 
-// Sharded by file, with files of different sizes: the chief's 50 rows last 10 local batches of
-// 5, the worker's 150 rows 30, so the chief joins 20 steps an epoch with empty batches; both end
-// each epoch together after 30 steps, with the same weights, and the run's log says why the
-// chief idled.
+// Sharded by file, with files of different sizes: the smaller file's 50 rows last 10 local
+// batches of 5, the larger's 150 rows 30, so its task joins 20 steps an epoch with empty batches;
+// both end each epoch together after 30 steps, with the same weights, and the idle task says why:
+// in the run's log when it is the chief, on its stderr when it is a worker (it records nothing).
 void TestMultiWorker::unevenFileShardsJoin()
 {
     const QDir dir(m_dir.path());
     writeFile(dir.filePath("small.csv"), csvRows(0, 50));
     writeFile(dir.filePath("large.csv"), csvRows(50, 150));
-    const QString config = writePipelineRun(dir, "file_run.json", {dir.filePath("small.csv"), dir.filePath("large.csv")}, "file");
-    const std::vector<int> ports = {freePort(), freePort()};
-    const QString cluster = clusterJson(ports);
-    const QString db = m_dir.filePath("uneven.db");
-    const QStringList common = {"train", "--config", config, "--threads", "1", "--strategy", "multi-worker-mirrored", "--db", db};
-    const QString w0 = dir.filePath("uneven-chief.safetensors"), w1 = dir.filePath("uneven-worker.safetensors");
-    auto chief = startCli(common + QStringList{"--task", "chief:0", "--save-weights", w0, "--json"}, cluster);
-    auto worker = startCli(common + QStringList{"--task", "worker:0", "--save-weights", w1}, cluster);
-    const Finished c = finish(*chief), w = finish(*worker);
-    QVERIFY2(c.code == 0, qPrintable(c.out));
-    QVERIFY2(w.code == 0, qPrintable(w.out));
-    QVERIFY2(w.out.contains("reads 1 of the 2 files (large.csv)"), qPrintable(w.out));
-    QCOMPARE(maxDiff(w0, w1), 0.0);
-    const auto last = nlohmann::json::parse(c.out.trimmed().split('\n').last().toStdString(), nullptr, false);
-    QVERIFY2(!last.is_discarded() && last.value("final", false), qPrintable(c.out));
-    QCOMPARE(last["steps"].get<int>(), 60);  // 2 epochs of the larger shard's 30 batches
-    auto store = ts::store::RunStore::open(db.toStdString());
-    QVERIFY(store.ok());
-    auto logs = store->logs(last["run_id"].get<std::string>());
-    QVERIFY(logs.ok());
-    std::string all;
-    for (const auto& e : *logs) all += e.message + "\n";
-    QVERIFY2(all.find("reads 1 of the 2 files (small.csv)") != std::string::npos, all.c_str());
-    QVERIFY2(all.find("ran out 20 of 30 steps before the end") != std::string::npos, all.c_str());
+    for (const bool chiefIdles : {true, false}) {
+        const QStringList files = chiefIdles ? QStringList{dir.filePath("small.csv"), dir.filePath("large.csv")}
+                                             : QStringList{dir.filePath("large.csv"), dir.filePath("small.csv")};
+        const QString config = writePipelineRun(dir, "file_run.json", files, "file");
+        const QString cluster = clusterJson({freePort(), freePort()});
+        const QString db = m_dir.filePath(chiefIdles ? "uneven-chief.db" : "uneven-worker.db");
+        const QStringList common = {"train", "--config", config, "--threads", "1", "--strategy", "multi-worker-mirrored", "--db", db};
+        const QString w0 = dir.filePath("uneven-chief.safetensors"), w1 = dir.filePath("uneven-worker.safetensors");
+        auto chief = startCli(common + QStringList{"--task", "chief:0", "--save-weights", w0, "--json"}, cluster);
+        auto worker = startCli(common + QStringList{"--task", "worker:0", "--save-weights", w1}, cluster);
+        const Finished c = finish(*chief), w = finish(*worker);
+        QVERIFY2(c.code == 0, qPrintable(c.out));
+        QVERIFY2(w.code == 0, qPrintable(w.out));
+        QVERIFY2(w.out.contains(chiefIdles ? "reads 1 of the 2 files (large.csv)" : "reads 1 of the 2 files (small.csv)"), qPrintable(w.out));
+        QCOMPARE(maxDiff(w0, w1), 0.0);
+        const auto last = nlohmann::json::parse(c.out.trimmed().split('\n').last().toStdString(), nullptr, false);
+        QVERIFY2(!last.is_discarded() && last.value("final", false), qPrintable(c.out));
+        QCOMPARE(last["steps"].get<int>(), 60);  // 2 epochs of the larger shard's 30 batches
+        const char* idled = "ran out 20 of 30 steps before the end";
+        if (!chiefIdles) {
+            QVERIFY2(w.out.contains(QString("warning: epoch 1: this task's share of the input ") + idled), qPrintable(w.out));
+            continue;
+        }
+        QVERIFY2(!w.out.contains("warning:"), qPrintable(w.out));
+        auto store = ts::store::RunStore::open(db.toStdString());
+        QVERIFY(store.ok());
+        auto logs = store->logs(last["run_id"].get<std::string>());
+        QVERIFY(logs.ok());
+        std::string all;
+        for (const auto& e : *logs) all += e.message + "\n";
+        QVERIFY2(all.find("reads 1 of the 2 files (small.csv)") != std::string::npos, all.c_str());
+        QVERIFY2(all.find(idled) != std::string::npos, all.c_str());
+    }
 }
 
 // Three rows for two workers in batches of 10: worker 0 takes elements [0, 5) of every 10, so
