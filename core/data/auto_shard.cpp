@@ -19,7 +19,7 @@ std::string fileName(const std::string& path)
 
 } // namespace
 
-Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers, int index, const std::string& where)
+Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers, int index, const std::string& where, bool roundRobin)
 {
     assert(workers >= 1 && index >= 0 && index < workers);
     ShardedPipeline out;
@@ -101,15 +101,19 @@ Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers,
                                  "make " + op.label() + " deterministic, move it after " + spec.ops[shardAt - 1].label() +
                                      ", or set auto_shard \"off\"");
         }
-        ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(shardAt), TransformSpec::shard(n, w, global));
+        const int64_t block = roundRobin ? n : global;
+        ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(shardAt), TransformSpec::shard(n, w, block));
         ++batchAt;
-        detail = "by element: worker " + std::to_string(w) + " of " + std::to_string(n) + " takes elements [" +
-                 std::to_string(global * w / n) + ", " + std::to_string(global * (w + 1) / n) + ") of every " +
-                 std::to_string(global) + (shardAt > 0 ? " after " + spec.ops[shardAt - 1].label() : std::string(" from the source"));
+        detail = "by element: worker " + std::to_string(w) + " of " + std::to_string(n) +
+                 (roundRobin ? " takes element " + std::to_string(w) + " of every " + std::to_string(n)
+                             : " takes elements [" + std::to_string(global * w / n) + ", " + std::to_string(global * (w + 1) / n) +
+                                   ") of every " + std::to_string(global)) +
+                 (shardAt > 0 ? " after " + spec.ops[shardAt - 1].label() : std::string(" from the source"));
     }
+    const std::string cacheSuffix = ".shard-" + std::string(policy == AutoShardPolicy::File ? "file" : "data-b" + std::to_string(roundRobin ? n : global)) +
+                                    "-" + std::to_string(w) + "-of-" + std::to_string(n);
     for (std::size_t i = shardAt; i < ops.size(); ++i)
-        if (ops[i].kind == TransformKind::Cache && !ops[i].cacheFile.empty())
-            ops[i].cacheFile += ".shard-" + std::to_string(w) + "-of-" + std::to_string(n);
+        if (ops[i].kind == TransformKind::Cache && !ops[i].cacheFile.empty()) ops[i].cacheFile += cacheSuffix;
     out.description = "input auto-sharded " + detail + "; batch " + std::to_string(out.localBatch) + " of the global " +
                       std::to_string(global);
     return out;

@@ -16,7 +16,8 @@
 //  - off: the pipeline is unchanged; every worker runs all of it and trains on its rows of each
 //    global batch (the run then equals one process exactly, at the cost of the input work).
 // The batch becomes the worker's share of the global batch, B*(w+1)/n - B*w/n rows. A cache file
-// after the shard point gets a ".shard-w-of-n" suffix, so tasks on one disk keep their own.
+// after the shard point gets a suffix naming the policy and the part (".shard-data-b64-1-of-2"),
+// so tasks on one disk keep their own and a changed sharding never replays a stale cache.
 // Shards may hold different numbers of batches (files of different sizes, the last partial
 // batch); the trainer's processes agree on the end of each epoch in the step's all-reduce.
 // Pure functions, no I/O.
@@ -39,6 +40,9 @@ struct ShardedPipeline {
 
 // `spec` must contain a batch transformation. InvalidArgument (prefixed with `where`) when the
 // policy cannot apply: a global batch smaller than the workers, "file" with too few files.
-Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers, int index, const std::string& where = "pipeline");
+// `roundRobin`: by element, deal single elements (position % n == w) instead of blocks of the
+// global batch: for evaluation, which only sums, so that small data still reaches every worker.
+Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers, int index, const std::string& where = "pipeline",
+                                          bool roundRobin = false);
 
 } // namespace ts

@@ -365,6 +365,7 @@ Result<std::optional<Batch>> Pipeline::next()
     if (m_options.globalBatch > 0) {
         b->localShard = true;
         b->globalRows = m_options.globalBatch;
+        b->dropRemainder = shardDropsRemainder();
     }
     return std::optional<Batch>(std::move(b).value());
 }
@@ -400,6 +401,13 @@ Result<Batch> Pipeline::peek()
     if (!r.ok()) return r.takeError();
     if (!r->has_value()) return makeError(ErrorCode::InvalidArgument, kNoBatchMessage, "check the source and take/skip/shard counts");
     return toBatch(std::move(**r), m_options.featureShape);
+}
+
+bool Pipeline::shardDropsRemainder() const
+{
+    for (const TransformSpec& op : m_spec.ops)
+        if (op.kind == TransformKind::Batch) return op.dropRemainder;
+    return false;
 }
 
 int64_t Pipeline::batchesPerEpoch() const

@@ -104,7 +104,10 @@ public:
     bool endless() const;
     void cancel() override;
     int64_t shardedGlobalBatch() const override { return m_options.globalBatch; }
+    bool shardDropsRemainder() const override;
     const std::string& note() const { return m_options.note; }
+    // Before the first epoch: what to publish (PipelineOptions::note).
+    void setNote(std::string note) { m_options.note = std::move(note); }
 
     // Where window events go, and the run id they carry; for a pipeline built before its run
     // was recorded. Consumer thread, between steps.

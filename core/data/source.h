@@ -28,6 +28,9 @@ struct Batch {
     // an epoch shards may run out unevenly, and an exhausted process joins the remaining steps
     // with an empty batch (x and y undefined).
     bool localShard = false;
+    // localShard of a pipeline whose batch drops its remainder: a global batch short of
+    // globalRows is dropped as well (no update; the step ends the epoch), as one process would.
+    bool dropRemainder = false;
     int64_t size() const { return x.defined() ? x.shape()[0] : 0; }
     int64_t globalSize() const { return globalRows >= 0 ? globalRows : size(); }
 };
@@ -42,8 +45,10 @@ public:
     virtual int64_t batchesPerEpoch() const = 0;
     virtual int64_t examplesPerEpoch() const = 0;
     virtual void cancel() {}
-    // > 0: every batch is a localShard of global batches of this many rows (see Batch).
+    // > 0: every batch is a localShard of global batches of this many rows (see Batch), with
+    // Batch::dropRemainder = shardDropsRemainder().
     virtual int64_t shardedGlobalBatch() const { return 0; }
+    virtual bool shardDropsRemainder() const { return false; }
 };
 
 } // namespace ts

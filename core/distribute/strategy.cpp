@@ -255,6 +255,7 @@ public:
                 TS_TRY(be.scale(0.f, grads));  // no rows for this replica: contribute nothing
             }
             bool apply = true;
+            float contributors = static_cast<float>(global);  // replicas whose batch-norm statistics moved
             if (global > 1 && grads.defined()) {
                 PhaseScope phase(StepPart::Communication, "all-reduce");
                 if (m_cross) {
@@ -266,19 +267,26 @@ public:
                     Tensor tail = withTail.rows(total, total + Program::kGradientTail);
                     const float sums[Program::kGradientTail] = {static_cast<float>(rep.stats.lossSum),
                                                                static_cast<float>(rep.stats.correct),
-                                                               static_cast<float>(rep.stats.count), 0.f};
+                                                               static_cast<float>(rep.stats.count), e > b ? 1.f : 0.f};
                     TS_TRY(be.copyFromHost(sums, tail));
                     TS_TRY(m_comm->allReduceSum(r, withTail));
                     float summed[Program::kGradientTail];
                     TS_TRY(be.copyToHost(tail, summed));
                     rep.stats = {summed[0], static_cast<int64_t>(summed[1]), static_cast<int64_t>(summed[2])};
                     rep.statsGlobal = true;
+                    contributors = summed[3];
                     if (batch.localShard && rep.stats.count != rows) {
-                        // Shards ran out unevenly: every process's batch was empty (the epoch is
-                        // over, nothing to apply), or the global batch was smaller than nominal
-                        // and the gradients, divided by the nominal size, become the mean again.
-                        if (rep.stats.count == 0) apply = false;
-                        else TS_TRY(be.scale(static_cast<float>(rows) / static_cast<float>(rep.stats.count), grads));
+                        // Shards ran out unevenly. Every process's batch was empty (the epoch is
+                        // over), or the global batch is short and the pipeline drops remainders
+                        // (as one process would drop it): nothing is applied and the step does
+                        // not count. Otherwise the gradients, divided by the nominal size, become
+                        // the mean over the rows there were.
+                        if (rep.stats.count == 0 || batch.dropRemainder) {
+                            apply = false;
+                            rep.stats = {};
+                        } else {
+                            TS_TRY(be.scale(static_cast<float>(rows) / static_cast<float>(rep.stats.count), grads));
+                        }
                     }
                 } else {
                     TS_TRY(m_comm->allReduceSum(r, grads));
@@ -297,10 +305,13 @@ public:
             }
             Tensor frozen = prog.nonTrainableArena();
             if (global > 1 && frozen.defined() && apply) {
-                // BatchNorm moving statistics: the mean over replicas (TF's MirroredVariable MEAN).
+                // BatchNorm moving statistics: the mean over replicas (TF's MirroredVariable MEAN),
+                // multi-worker: over the replicas that had rows (the gradient tail counted them),
+                // so replicas idle at an epoch's end do not hold the statistics back.
                 PhaseScope phase(StepPart::Communication, "all-reduce (batch-norm statistics)");
+                if (m_cross && e == b) TS_TRY(be.scale(0.f, frozen));
                 TS_TRY(m_comm->allReduceSum(r, frozen));
-                TS_TRY(be.scale(1.f / static_cast<float>(global), frozen));
+                TS_TRY(be.scale(1.f / std::max(1.f, contributors), frozen));
             }
             // Replica threads hand their spans over every step, so none are left behind at the end.
             if (r > 0 && telemetry::Tracer::enabled()) telemetry::Tracer::flushThread();
@@ -345,6 +356,8 @@ public:
             total.count += rep.stats.count;
         }
         TS_TRY(sumAcrossProcesses(total));
+        // A short global batch of a pipeline that drops remainders is dropped, as in one process.
+        if (batch.localShard && batch.dropRemainder && total.count != rows) return StepStats{};
         return total;
     }
 

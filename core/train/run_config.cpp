@@ -197,6 +197,8 @@ namespace {
 struct InputShare {
     int workers = 1;
     int index = 0;
+    bool lockstep = false;    // the processes train every step together (an empty part can join them)
+    bool roundRobin = false;  // deal single elements (evaluation)
 };
 
 Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batchSize, const GraphAnalysis& analysis,
@@ -213,7 +215,7 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     ShardedPipeline sharded;
     const PipelineSpec* built = &spec;
     if (share.workers > 1) {
-        TS_ASSIGN(sharded, autoShardPipeline(spec, share.workers, share.index, what));
+        TS_ASSIGN(sharded, autoShardPipeline(spec, share.workers, share.index, what, share.roundRobin));
         if (sharded.policy != AutoShardPolicy::Off) {
             built = &sharded.spec;
             po.globalBatch = sharded.globalBatch;
@@ -232,6 +234,13 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     // Read the first batch now: a missing file, a wrong shape or out-of-range labels are reported
     // before any training, naming the pipeline.
     auto first = p->peek();
+    if (!first.ok() && built != &spec && share.lockstep && first.error().code == ErrorCode::InvalidArgument &&
+        first.error().message == kNoBatchMessage) {
+        // This task's part is empty (little data, an empty file): it joins the others' steps
+        // with empty batches; the tasks with data check it against the model.
+        p->setNote(po.note + "; this task's part is empty, so it joins the others' steps without data");
+        return p;
+    }
     if (!first.ok()) {
         Error e = first.takeError();
         if (built != &spec && e.code == ErrorCode::InvalidArgument && e.message == kNoBatchMessage) {
@@ -296,14 +305,18 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
     const int processes = cfg.strategy.crossProcess ? cfg.strategy.crossProcess->size()
                           : cfg.strategy.parameterStore ? cfg.strategy.numWorkers
                                                         : 1;
-    const InputShare share{processes, cfg.strategy.processRank};
+    if (processes > 1 && (cfg.strategy.processRank < 0 || cfg.strategy.processRank >= processes))
+        return makeError(ErrorCode::InvalidArgument, "worker " + std::to_string(cfg.strategy.processRank) + " is not in the cluster's 0.." +
+                                                         std::to_string(processes - 1));
+    const bool lockstep = cfg.strategy.crossProcess != nullptr;
+    const InputShare share{processes, cfg.strategy.processRank, lockstep};
     TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, inShape, options, "training pipeline", cfg.maxSteps > 0, share));
     if (cfg.validationPipeline) {
         PipelineOptions vo = options;
         vo.lane.thread = "validation input";
         TS_ASSIGN(run.validationPipeline, buildPipeline(*cfg.validationPipeline, std::max<int64_t>(cfg.batchSize, 1000),
                                                         analysis, inShape, vo, "validation pipeline", false,
-                                                        cfg.strategy.crossProcess ? share : InputShare{}));
+                                                        lockstep ? InputShare{processes, cfg.strategy.processRank, true, true} : InputShare{}));
     } else if (cfg.validate && spec.source.kind == SourceKind::Idx && spec.source.paths.empty()) {
         // The idx folder's test split, scaled to [0, 1] like normalise's default.
         const std::string& dir = spec.source.dir;

@@ -272,6 +272,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
     Batch emptyShard;
     emptyShard.localShard = true;
     emptyShard.globalRows = train.shardedGlobalBatch();
+    emptyShard.dropRemainder = train.shardDropsRemainder();
     for (int64_t epoch = firstEpoch; epoch <= epochs; ++epoch) {
         if (m_cancel) break;
         TS_TRY(train.startEpoch(epoch - 1));
@@ -346,8 +347,9 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 e.message = "epoch " + std::to_string(epoch) + ", step " + std::to_string(s) + ": " + e.message;
                 return e;
             }
-            if (exhausted && st->count == 0) {
-                // Every process's shard has run out: the epoch ended with the previous step.
+            if (join && st->count == 0) {
+                // Every process's shard has run out (or the short last global batch was dropped):
+                // the epoch ended with the previous step.
                 if (m_tracing) Tracer::setStep(m_step);
                 m_currentStep.store(m_step, std::memory_order_relaxed);
                 completed = true;
@@ -473,6 +475,7 @@ Result<EvalResult> Trainer::evaluate(BatchSource& data)
     Batch emptyShard;
     emptyShard.localShard = true;
     emptyShard.globalRows = data.shardedGlobalBatch();
+    emptyShard.dropRemainder = data.shardDropsRemainder();
     bool exhausted = false;
     for (;;) {
         if (m_cancel) return makeError(ErrorCode::Cancelled, "evaluation cancelled");
@@ -481,7 +484,7 @@ Result<EvalResult> Trainer::evaluate(BatchSource& data)
         if (!next->has_value() && !join) break;
         exhausted = !next->has_value();
         TS_ASSIGN(StepStats st, m_strategy->evalStep(exhausted ? emptyShard : **next));
-        if (exhausted && st.count == 0) break;
+        if (join && st.count == 0) break;
         lossSum += st.lossSum;
         correct += st.correct;
         r.examples += st.count;

@@ -809,7 +809,7 @@ private slots:
         QCOMPARE(w0->spec.source.paths, (std::vector<std::string>{"/d/a.csv", "/d/c.csv"}));
         QCOMPARE(w1->spec.source.paths, (std::vector<std::string>{"/d/b.csv"}));
         QCOMPARE(w1->spec.ops.size(), csv.ops.size());
-        QCOMPARE(w1->spec.ops[0].cacheFile, cacheFile + ".shard-1-of-2");  // tasks sharing a disk keep their own
+        QCOMPARE(w1->spec.ops[0].cacheFile, cacheFile + ".shard-file-1-of-2");  // tasks sharing a disk keep their own
         QCOMPARE(w1->localBatch, int64_t(32));
         VERIFY_MSG(w1->description, "reads 1 of the 3 files (b.csv)");
         VERIFY_MSG(w1->description, "batch 32 of the global 64");
@@ -822,7 +822,13 @@ private slots:
         QCOMPARE(c->spec.source.paths.size(), std::size_t(3));
         QCOMPARE(c->spec.ops[1].kind, TransformKind::Shard);
         QCOMPARE(c->spec.ops[1].shardBlock, int64_t(64));
-        QCOMPARE(c->spec.ops[2].cacheFile, cacheFile + ".shard-1-of-2");
+        QCOMPARE(c->spec.ops[2].cacheFile, cacheFile + ".shard-data-b64-1-of-2");
+        // Evaluation deals single elements, so that a small validation set reaches every worker.
+        auto rr = autoShardPipeline(counted, 2, 1, "validation pipeline", true);
+        VERIFY_OK(rr);
+        QCOMPARE(rr->spec.ops[1].shardBlock, int64_t(2));
+        QCOMPARE(rr->spec.ops[2].cacheFile, cacheFile + ".shard-data-b2-1-of-2");
+        VERIFY_MSG(rr->description, "takes element 1 of every 2 after take(1000)");
         // An unordered parallel map before the shard point would make the shards overlap.
         PipelineSpec unordered(rows(10));
         unordered.map(customMapFn("noop", [](Element&& e, const MapContext&) -> Result<Element> { return std::move(e); }), 2, false)

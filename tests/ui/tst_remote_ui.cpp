@@ -188,7 +188,8 @@ void TestRemoteUi::clusterEditorEnablesStrategies()
     QVERIFY(autoShard && !autoShard->isEnabled());
     setup.findChild<QCheckBox*>("usePipeline")->setChecked(true);
     QVERIFY(autoShard->isEnabled());
-    autoShard->setCurrentIndex(autoShard->findData("file"));
+    QVERIFY(!itemEnabled(autoShard, autoShard->findData("file")));  // one IDX dataset: no files to deal
+    autoShard->setCurrentIndex(autoShard->findData("file"));          // as a loaded configuration may say
     QVERIFY2(setup.problems().join('\n').contains("Input sharding: the input pipeline: auto_shard \"file\""),
              qPrintable(setup.problems().join('\n')));
     autoShard->setCurrentIndex(autoShard->findData("off"));

@@ -86,9 +86,9 @@ QStringList remoteProblems(const RemoteSettings& settings, const QString& strate
     return p;
 }
 
-QString inputShardingProblem(const ClusterSummary& cluster, const PipelineSpec& pipeline)
+QString inputShardingProblem(const ClusterSummary& cluster, const QString& strategy, const PipelineSpec& pipeline)
 {
-    const int workers = static_cast<int>(cluster.trainingTasks.size());
+    const int workers = strategy == QLatin1String("parameter-server") ? cluster.workers : static_cast<int>(cluster.trainingTasks.size());
     if (!cluster.valid || workers < 2 || pipeline.batchSize() == 0) return {};
     auto sharded = autoShardPipeline(pipeline, workers, 0, "the input pipeline");
     return sharded.ok() ? QString() : text(sharded.error());

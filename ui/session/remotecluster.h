@@ -40,9 +40,10 @@ bool remoteStrategySupported(const QString& strategy);
 // What stops `strategy` from running on these settings (cluster roles, token); empty if nothing.
 QStringList remoteProblems(const RemoteSettings& settings, const QString& strategy);
 struct PipelineSpec;
-// Why `pipeline` cannot be divided among the cluster's training tasks as its auto_shard policy
-// says (too few files, too small a batch), or empty.
-QString inputShardingProblem(const ClusterSummary& cluster, const PipelineSpec& pipeline);
+// Why `pipeline` cannot be divided among the processes that train with `strategy` (the workers
+// for "parameter-server", chief and workers otherwise) as its auto_shard policy says (too few
+// files, too small a batch), or empty.
+QString inputShardingProblem(const ClusterSummary& cluster, const QString& strategy, const PipelineSpec& pipeline);
 
 struct WorkerProbeResult {
     QString task, address;

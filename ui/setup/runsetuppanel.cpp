@@ -146,6 +146,9 @@ void RunSetupPanel::buildUi()
     m_autoShard->addItem(tr("By file"), QStringLiteral("file"));
     m_autoShard->addItem(tr("Off (every worker reads everything)"), QStringLiteral("off"));
     m_autoShard->setObjectName("autoShard");
+    // The form's pipeline reads one IDX dataset: there are no files to deal (a loaded run
+    // configuration may still say "file", and the form then says why it cannot run).
+    setComboItemEnabled(m_autoShard, 2, false, tr("the dataset is one set of IDX files; by file needs a source of several files"));
     m_autoShard->setToolTip(tr("MultiWorkerMirrored and ParameterServer: each worker reads, decodes and maps only its part of "
                                "the data.\nOff: every worker runs the whole pipeline and trains on its rows of each batch "
                                "(the run then equals one process exactly, at the cost of the input work)."));
@@ -516,7 +519,7 @@ QStringList RunSetupPanel::problems() const
         auto spec = PipelineSpec::fromJson(pipelineJson(c), "the run setup's pipeline");
         if (!spec.ok()) p << tr("Input pipeline: %1").arg(QString::fromStdString(spec.error().toString()));
         else if (isRemoteStrategy())
-            if (const QString e = inputShardingProblem(m_cluster, *spec); !e.isEmpty()) p << tr("Input sharding: %1").arg(e);
+            if (const QString e = inputShardingProblem(m_cluster, strategy(), *spec); !e.isEmpty()) p << tr("Input sharding: %1").arg(e);
     }
     return p;
 }
@@ -612,6 +615,7 @@ void RunSetupPanel::setConfig(const RunConfig& c)
     m_backupEvery->setValue(static_cast<int>(std::min<int64_t>(c.backup.everySteps, m_backupEvery->maximum())));
     m_restarts->setValue(c.backup.restarts);
     m_usePipeline->setChecked(c.pipeline.has_value());
+    m_autoShard->setCurrentIndex(0);
     if (c.pipeline) {
         // Back from the pipeline's JSON to the form's few knobs.
         const nlohmann::json p = c.pipeline->toJson();
