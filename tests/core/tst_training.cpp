@@ -7,6 +7,7 @@
 
 #include "backend/registry.h"
 #include "data/dataset.h"
+#include "distribute/communicator.h"
 #include "distribute/strategy.h"
 #include "io/safetensors.h"
 #include "nn/program.h"
@@ -37,6 +38,7 @@ private slots:
     void resumeEqualsContinuous_data();
     void resumeEqualsContinuous();
     void backupRefusesOtherSettingsAndDamagedFiles();
+    void joinStepMatchesOneProcess();
 };
 
 namespace {
@@ -686,6 +688,92 @@ void TestTraining::backupRefusesOtherSettingsAndDamagedFiles()
     QVERIFY(!unwritable.fit.ok());
     QVERIFY2(unwritable.fit.error().message.find("cannot create the backup folder") != std::string::npos,
              unwritable.fit.error().toString().c_str());
+}
+
+// Multi-worker ranks as threads, one step on local-shard batches (auto-sharded input): rank 0's
+// shard has run out (an empty batch), rank 1 brings 4 rows of a nominal 8. The gradient becomes
+// the mean over the 4 rows and the batch-norm moving statistics come from rank 1 alone, so both
+// ranks hold what one process stepping on those 4 rows holds. A step without rows anywhere then
+// applies nothing (SGD with momentum would still move the weights) and counts no rows.
+void TestTraining::joinStepMatchesOneProcess()
+{
+    const ModelSpec spec = ModelBuilder("bn")
+                               .input({5})
+                               .layer("Dense", "d", {{"units", 6}})
+                               .layer("BatchNormalization", "bn")
+                               .layer("Dense", "out", {{"units", 3}, {"activation", "softmax"}})
+                               .compile("sparse_categorical_crossentropy", false, {{"type", "sgd"}, {"learning_rate", 0.1}, {"momentum", 0.9}})
+                               .spec();
+    Batch rows;
+    rows.x = tstest::randomTensor(Shape{4, 5}, 11);
+    rows.y = tstest::randomLabels(4, 3, 12);
+    auto exportAll = [](Trainer& t) {
+        std::vector<float> out;
+        auto params = t.strategy().exportParameters();
+        if (params.ok())
+            for (auto& [name, tensor] : *params)
+                for (float v : tensor.toVector()) out.push_back(v);
+        return out;
+    };
+    TrainConfig tc;
+    tc.seed = 7;
+    auto one = Trainer::create(spec, tc);
+    QVERIFY(one.ok());
+    QVERIFY((*one)->initialise().ok());
+    const std::vector<float> before = exportAll(**one);
+    auto oneStep = (*one)->strategy().trainStep(rows, 0.1f, 1, 99);
+    QVERIFY(oneStep.ok());
+    const std::vector<float> expected = exportAll(**one);
+
+    std::shared_ptr<Communicator> comm = makeLocalCommunicator(2);
+    struct RankResult {
+        std::string error;
+        int64_t count = -1, emptyCount = -1;
+        std::vector<float> after, afterEmpty;
+    };
+    RankResult results[2];
+    auto rank = [&](int r) {
+        RankResult& out = results[r];
+        TrainConfig rc = tc;
+        rc.strategy.kind = "multi-worker-mirrored";
+        rc.strategy.crossProcess = comm;
+        rc.strategy.processRank = r;
+        auto t = Trainer::create(spec, rc);
+        if (!t.ok()) { out.error = t.error().toString(); comm->abort(out.error); return; }
+        if (Status st = (*t)->initialise(); !st.ok()) { out.error = st.error().toString(); comm->abort(out.error); return; }
+        Batch mine;
+        if (r == 1) mine = rows;
+        mine.localShard = true;
+        mine.globalRows = 8;
+        auto st = (*t)->strategy().trainStep(mine, 0.1f, 1, 99);
+        if (!st.ok()) { out.error = st.error().toString(); comm->abort(out.error); return; }
+        out.count = st->count;
+        out.after = exportAll(**t);
+        Batch none;
+        none.localShard = true;
+        none.globalRows = 8;
+        auto empty = (*t)->strategy().trainStep(none, 0.1f, 2, 100);
+        if (!empty.ok()) { out.error = empty.error().toString(); comm->abort(out.error); return; }
+        out.emptyCount = empty->count;
+        out.afterEmpty = exportAll(**t);
+    };
+    std::thread other(rank, 1);
+    rank(0);
+    other.join();
+    for (const RankResult& r : results) {
+        QVERIFY2(r.error.empty(), r.error.c_str());
+        QCOMPARE(r.count, int64_t(4));
+        QCOMPARE(r.emptyCount, int64_t(0));
+        QCOMPARE(r.after.size(), expected.size());
+        double worst = 0, moved = 0;
+        for (std::size_t i = 0; i < expected.size(); ++i) {
+            worst = std::max(worst, std::fabs(double(r.after[i]) - double(expected[i])));
+            moved = std::max(moved, std::fabs(double(expected[i]) - double(before[i])));
+        }
+        QVERIFY2(worst <= 1e-6, qPrintable(QString("differs from one process by %1").arg(worst)));
+        QVERIFY(moved > 1e-3);  // the step did change the weights and statistics
+        QCOMPARE(r.afterEmpty, r.after);
+    }
 }
 
 QTEST_APPLESS_MAIN(TestTraining)

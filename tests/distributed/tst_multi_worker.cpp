@@ -167,10 +167,13 @@ private slots:
     void autoShardedPipelineEqualsOneProcess();
     void unevenFileShardsJoin();
     void emptyShardJoins();
+    void restartWithUnevenShardsEqualsContinuous();
 
 private:
     QTemporaryDir m_dir;
     QString m_reference;
+    QString runWithRestart(const QString& tag, const QStringList& args, const QStringList& chiefExtra, const QStringList& workerExtra,
+                           bool killWorker, bool atOnce = false);
 };
 
 void TestMultiWorker::initTestCase()
@@ -345,51 +348,60 @@ void TestMultiWorker::interruptedWorkerIsNotRestarted()
     QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
 }
 
+// A chief and worker:0 training with `args` (plus each one's extra flags); with `killWorker` the
+// worker is SIGKILLed once the chief has finished epoch 3 and started again (`atOnce`: right
+// away, as a supervisor would, before the chief has noticed: it must wait for the chief's next
+// group, not join the one the chief still runs). Empty when both finish, resumed if killed;
+// else what went wrong. Weights go to m_dir/<tag>-chief.safetensors and <tag>-worker.safetensors.
+QString TestMultiWorker::runWithRestart(const QString& tag, const QStringList& args, const QStringList& chiefExtra,
+                                        const QStringList& workerExtra, bool killWorker, bool atOnce)
+{
+    const std::vector<int> ports = {freePort(), freePort()};
+    const QString cluster = clusterJson(ports);
+    const QString chiefWeights = m_dir.filePath(tag + "-chief.safetensors");
+    const QString workerWeights = m_dir.filePath(tag + "-worker.safetensors");
+    auto chief = startCli(args + chiefExtra + QStringList{"--task", "chief:0", "--save-weights", chiefWeights}, cluster);
+    const QStringList workerArgs = args + workerExtra + QStringList{"--task", "worker:0", "--save-weights", workerWeights};
+    auto worker = startCli(workerArgs, cluster);
+    QString seen;
+    if (killWorker) {
+        if (!tstest::readUntil(*chief, seen, "\"epoch\":3")) return QString("no epoch 3 before the kill: " + seen);
+        ::kill(static_cast<pid_t>(worker->processId()), SIGKILL);
+        finish(*worker);
+        if (atOnce) worker = startCli(workerArgs, cluster);
+        // The chief notices, says it restarts, and waits in the rendezvous for the worker.
+        QString err;
+        QElapsedTimer wait;
+        wait.start();
+        while (!err.contains("restarting it from its backup") && wait.elapsed() < 30000 && chief->state() == QProcess::Running) {
+            chief->waitForReadyRead(100);
+            err += QString::fromUtf8(chief->readAllStandardError());
+            seen += QString::fromUtf8(chief->readAllStandardOutput());
+        }
+        seen += err;
+        if (!err.contains("restarting it from its backup")) return QString("the chief did not restart: " + seen);
+        if (!atOnce) worker = startCli(workerArgs, cluster);
+    }
+    const Finished c = finish(*chief);
+    const Finished w = finish(*worker);
+    seen += c.out;
+    if (c.code != 0 || w.code != 0)  // the ends of the outputs: where the error is
+        return QString("chief: %1 ...%2\nworker: %3 ...%4").arg(c.code).arg(seen.right(700)).arg(w.code).arg(w.out.right(700));
+    if (killWorker && (!seen.contains("\"resumed\":true") || !w.out.contains("\"resumed\":true")))
+        return QString("no resume reported\nchief: " + seen + "\nworker: " + w.out);
+    for (const QString& line : (seen + w.out).split('\n'))
+        if (line.contains("\"resumed\"") || line.contains("restart")) qInfo("%s: %s", qPrintable(tag), qPrintable(line.trimmed()));
+    return QString();
+}
+
 void TestMultiWorker::restartFromBackupEqualsContinuous()
 {
     const int steps = 300;  // 20 steps per epoch: 15 epochs
-    // atOnce: the worker is started again right after the kill, as a supervisor (Kubernetes)
-    // would, before the chief has noticed: it must wait for the chief's next group, not join
-    // the one the chief still runs.
+    QStringList args = trainArgs(steps);
+    args.removeAll("--quiet");
+    args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--json" << "--collective-timeout" << "20";
     auto run = [&](const QString& tag, const QStringList& chiefExtra, const QStringList& workerExtra, bool killWorker, bool atOnce = false) {
-        const std::vector<int> ports = {freePort(), freePort()};
-        const QString cluster = clusterJson(ports);
-        QStringList args = trainArgs(steps);
-        args.removeAll("--quiet");
-        args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--json" << "--collective-timeout" << "20";
-        const QString chiefWeights = m_dir.filePath(tag + "-chief.safetensors");
-        const QString workerWeights = m_dir.filePath(tag + "-worker.safetensors");
-        auto chief = startCli(args + chiefExtra + QStringList{"--task", "chief:0", "--save-weights", chiefWeights}, cluster);
-        const QStringList workerArgs = args + workerExtra + QStringList{"--task", "worker:0", "--save-weights", workerWeights};
-        auto worker = startCli(workerArgs, cluster);
-        QString seen;
-        if (killWorker) {
-            if (!tstest::readUntil(*chief, seen, "\"epoch\":3")) return QString("no epoch 3 before the kill: " + seen);
-            ::kill(static_cast<pid_t>(worker->processId()), SIGKILL);
-            finish(*worker);
-            if (atOnce) worker = startCli(workerArgs, cluster);
-            // The chief notices, says it restarts, and waits in the rendezvous for the worker.
-            QString err;
-            QElapsedTimer wait;
-            wait.start();
-            while (!err.contains("restarting it from its backup") && wait.elapsed() < 30000 && chief->state() == QProcess::Running) {
-                chief->waitForReadyRead(100);
-                err += QString::fromUtf8(chief->readAllStandardError());
-                seen += QString::fromUtf8(chief->readAllStandardOutput());
-            }
-            seen += err;
-            if (!err.contains("restarting it from its backup")) return QString("the chief did not restart: " + seen);
-            if (!atOnce) worker = startCli(workerArgs, cluster);
-        }
-        const Finished c = finish(*chief);
-        const Finished w = finish(*worker);
-        seen += c.out;
-        if (c.code != 0 || w.code != 0) return QString("chief: %1 %2\nworker: %3 %4").arg(c.code).arg(seen).arg(w.code).arg(w.out);
-        if (killWorker && (!seen.contains("\"resumed\":true") || !w.out.contains("\"resumed\":true")))
-            return QString("no resume reported\nchief: " + seen + "\nworker: " + w.out);
-        for (const QString& line : (seen + w.out).split('\n'))
-            if (line.contains("\"resumed\"") || line.contains("restart")) qInfo("%s: %s", qPrintable(tag), qPrintable(line.trimmed()));
-        return QString();
+        return runWithRestart(tag, args, chiefExtra, workerExtra, killWorker, atOnce);
     };
     const QString continuous = run("continuous", {}, {}, false);
     QVERIFY2(continuous.isEmpty(), qPrintable(continuous));
@@ -749,6 +761,34 @@ void TestMultiWorker::emptyShardJoins()
              qPrintable(w.out));
     QVERIFY2(maxDiff(w0, reference) <= 1e-6, qPrintable(QString::number(maxDiff(w0, reference))));
     QCOMPARE(maxDiff(w0, w1), 0.0);
+}
+
+// Backup and restore with an auto-sharded pipeline whose shards differ (files of 150 and 50
+// rows, 30 steps an epoch, the worker's file runs out after 10). The worker is killed after
+// epoch 3; the chief stops at step 91, waiting for it, so the run resumes from the backup at step
+// 78 (epoch 3, step 18), past the worker's 10 batches: the restarted worker runs out while
+// skipping to it and joins at once. The run ends with the weights of an uninterrupted one.
+void TestMultiWorker::restartWithUnevenShardsEqualsContinuous()
+{
+    const QDir dir(m_dir.path());
+    writeFile(dir.filePath("restart-large.csv"), csvRows(0, 150));
+    writeFile(dir.filePath("restart-small.csv"), csvRows(150, 50));
+    const QString config =
+        writePipelineRun(dir, "restart_run.json", {dir.filePath("restart-large.csv"), dir.filePath("restart-small.csv")}, "file");
+    // 200 epochs of 30 steps: the kill lands mid-run, and each task's JSON lines (one per epoch)
+    // stay within a pipe's 64 KiB while the test waits on the other task (at 600 the worker
+    // blocked writing its output and the chief's all-reduce timed out); a backup every 13 steps
+    // falls at a different step of each epoch.
+    const QStringList args = {"train", "--config", config, "--epochs", "200", "--threads", "1", "--strategy", "multi-worker-mirrored",
+                              "--no-record", "--json", "--collective-timeout", "20"};
+    const QString continuous = runWithRestart("uneven-continuous", args, {}, {}, false);
+    QVERIFY2(continuous.isEmpty(), qPrintable(continuous));
+    const QStringList backup = {"--backup-every-steps", "13", "--restarts", "1"};
+    const QString restarted = runWithRestart("uneven-restarted", args, backup + QStringList{"--backup-dir", m_dir.filePath("uneven-backup-chief")},
+                                             backup + QStringList{"--backup-dir", m_dir.filePath("uneven-backup-worker")}, true);
+    QVERIFY2(restarted.isEmpty(), qPrintable(restarted));
+    QCOMPARE(maxDiff(m_dir.filePath("uneven-restarted-chief.safetensors"), m_dir.filePath("uneven-continuous-chief.safetensors")), 0.0);
+    QCOMPARE(maxDiff(m_dir.filePath("uneven-restarted-worker.safetensors"), m_dir.filePath("uneven-continuous-chief.safetensors")), 0.0);
 }
 
 QTEST_GUILESS_MAIN(TestMultiWorker)
