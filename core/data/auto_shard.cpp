@@ -1,6 +1,8 @@
 #include "data/auto_shard.h"
 
+#include <algorithm>
 #include <cassert>
+#include <filesystem>
 
 namespace ts {
 
@@ -11,12 +13,6 @@ bool countsElements(TransformKind k)
     return k == TransformKind::Take || k == TransformKind::Skip || k == TransformKind::Shard;
 }
 
-std::string fileName(const std::string& path)
-{
-    const auto slash = path.find_last_of('/');
-    return slash == std::string::npos ? path : path.substr(slash + 1);
-}
-
 } // namespace
 
 Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers, int index, const std::string& where, bool roundRobin)
@@ -24,10 +20,9 @@ Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers,
     assert(workers >= 1 && index >= 0 && index < workers);
     ShardedPipeline out;
     out.spec = spec;
-    std::size_t batchAt = spec.ops.size();
-    for (std::size_t i = 0; i < spec.ops.size() && batchAt == spec.ops.size(); ++i)
-        if (spec.ops[i].kind == TransformKind::Batch) batchAt = i;
-    if (batchAt == spec.ops.size())
+    const auto batchOp = std::find_if(spec.ops.begin(), spec.ops.end(), [](const TransformSpec& op) { return op.kind == TransformKind::Batch; });
+    const std::size_t batchAt = static_cast<std::size_t>(batchOp - spec.ops.begin());
+    if (batchOp == spec.ops.end())
         return makeError(ErrorCode::Internal, where + ": auto-sharding needs the pipeline's batch transformation");
     const int64_t global = spec.ops[batchAt].batchSize;
     out.globalBatch = out.localBatch = global;
@@ -71,6 +66,7 @@ Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers,
     }
 
     out.policy = policy;
+    const int64_t block = roundRobin ? n : global;  // by element: elements dealt per round
     out.localBatch = global * (w + 1) / n - global * w / n;
     std::vector<TransformSpec>& ops = out.spec.ops;
     ops[batchAt].batchSize = out.localBatch;
@@ -80,7 +76,7 @@ Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers,
         std::string names;
         for (std::size_t f = static_cast<std::size_t>(w); f < src.paths.size(); f += static_cast<std::size_t>(n)) {
             mine.push_back(src.paths[f]);
-            if (mine.size() <= 3) names += (names.empty() ? "" : ", ") + fileName(src.paths[f]);
+            if (mine.size() <= 3) names += (names.empty() ? "" : ", ") + std::filesystem::path(src.paths[f]).filename().string();
         }
         if (mine.size() > 3) names += ", ...";
         out.spec.source.paths = std::move(mine);
@@ -101,16 +97,14 @@ Result<ShardedPipeline> autoShardPipeline(const PipelineSpec& spec, int workers,
                                  "make " + op.label() + " deterministic, move it after " + spec.ops[shardAt - 1].label() +
                                      ", or set auto_shard \"off\"");
         }
-        const int64_t block = roundRobin ? n : global;
         ops.insert(ops.begin() + static_cast<std::ptrdiff_t>(shardAt), TransformSpec::shard(n, w, block));
-        ++batchAt;
         detail = "by element: worker " + std::to_string(w) + " of " + std::to_string(n) +
                  (roundRobin ? " takes element " + std::to_string(w) + " of every " + std::to_string(n)
                              : " takes elements [" + std::to_string(global * w / n) + ", " + std::to_string(global * (w + 1) / n) +
                                    ") of every " + std::to_string(global)) +
                  (shardAt > 0 ? " after " + spec.ops[shardAt - 1].label() : std::string(" from the source"));
     }
-    const std::string cacheSuffix = ".shard-" + std::string(policy == AutoShardPolicy::File ? "file" : "data-b" + std::to_string(roundRobin ? n : global)) +
+    const std::string cacheSuffix = ".shard-" + std::string(policy == AutoShardPolicy::File ? "file" : "data-b" + std::to_string(block)) +
                                     "-" + std::to_string(w) + "-of-" + std::to_string(n);
     for (std::size_t i = shardAt; i < ops.size(); ++i)
         if (ops[i].kind == TransformKind::Cache && !ops[i].cacheFile.empty()) ops[i].cacheFile += cacheSuffix;

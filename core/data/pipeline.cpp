@@ -137,6 +137,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(const PipelineSpec& spec, con
         case TransformKind::Shuffle: link(makeShuffleStage(op, seedOf(op, i))); break;
         case TransformKind::Batch:
             link(makeBatchStage(op));
+            if (!p->m_hasBatch) p->m_batchDropsRemainder = op.dropRemainder;
             p->m_hasBatch = true;
             break;
         case TransformKind::Prefetch: link(makePrefetchStage(op)); break;
@@ -365,7 +366,7 @@ Result<std::optional<Batch>> Pipeline::next()
     if (m_options.globalBatch > 0) {
         b->localShard = true;
         b->globalRows = m_options.globalBatch;
-        b->dropRemainder = shardDropsRemainder();
+        b->dropRemainder = m_batchDropsRemainder;
     }
     return std::optional<Batch>(std::move(b).value());
 }
@@ -403,11 +404,14 @@ Result<Batch> Pipeline::peek()
     return toBatch(std::move(**r), m_options.featureShape);
 }
 
-bool Pipeline::shardDropsRemainder() const
+Batch Pipeline::emptyShard() const
 {
-    for (const TransformSpec& op : m_spec.ops)
-        if (op.kind == TransformKind::Batch) return op.dropRemainder;
-    return false;
+    Batch e;
+    if (m_options.globalBatch <= 0) return e;
+    e.localShard = true;
+    e.globalRows = m_options.globalBatch;
+    e.dropRemainder = m_batchDropsRemainder;
+    return e;
 }
 
 int64_t Pipeline::batchesPerEpoch() const

@@ -103,8 +103,7 @@ public:
     // True when a repeat without a count makes the pipeline endless: an epoch never ends.
     bool endless() const;
     void cancel() override;
-    int64_t shardedGlobalBatch() const override { return m_options.globalBatch; }
-    bool shardDropsRemainder() const override;
+    Batch emptyShard() const override;
     const std::string& note() const { return m_options.note; }
     // Before the first epoch: what to publish (PipelineOptions::note).
     void setNote(std::string note) { m_options.note = std::move(note); }
@@ -158,6 +157,7 @@ private:
     std::shared_ptr<pipeline_detail::Shared> m_shared;
     std::vector<std::unique_ptr<pipeline_detail::Stage>> m_stages;  // source first
     bool m_hasBatch = false;
+    bool m_batchDropsRemainder = false;  // the (first) batch transformation's drop_remainder
 
     // The current epoch's chain. m_chainMutex guards the pointers against cancel() from other
     // threads; the consumer thread alone pulls from m_root.

@@ -45,10 +45,16 @@ public:
     virtual int64_t batchesPerEpoch() const = 0;
     virtual int64_t examplesPerEpoch() const = 0;
     virtual void cancel() {}
-    // > 0: every batch is a localShard of global batches of this many rows (see Batch), with
-    // Batch::dropRemainder = shardDropsRemainder().
-    virtual int64_t shardedGlobalBatch() const { return 0; }
-    virtual bool shardDropsRemainder() const { return false; }
+    // An auto-sharded source: the empty local-shard batch (localShard, globalRows and
+    // dropRemainder as its batches carry them) that a process whose shard has run out joins a
+    // step with. Any other source: a default Batch (localShard false).
+    virtual Batch emptyShard() const { return {}; }
+    // > 0: every batch is a localShard of global batches of this many rows.
+    int64_t shardedGlobalBatch() const
+    {
+        const Batch e = emptyShard();
+        return e.localShard ? e.globalRows : 0;
+    }
 };
 
 } // namespace ts

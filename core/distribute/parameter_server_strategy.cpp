@@ -50,9 +50,13 @@ public:
         return m_store->begin(m_variables, m_rank == 0);
     }
 
-    std::pair<int64_t, int64_t> sliceOf(int64_t rows) const
+    // This worker's rows of `batch`, as indices into it: all of a local shard (an auto-sharded
+    // pipeline), else its share of the global batch (a sharded source served only those).
+    std::pair<int64_t, int64_t> rowsOf(const Batch& batch) const
     {
-        return {rows * m_rank / m_workers, rows * (m_rank + 1) / m_workers};
+        if (batch.localShard) return {0, batch.size()};
+        const int64_t rows = batch.globalSize();
+        return {rows * m_rank / m_workers - batch.offset, rows * (m_rank + 1) / m_workers - batch.offset};
     }
 
     Result<StepStats> trainStep(const Batch& batch, float lr, int64_t, uint64_t seed) override
@@ -60,10 +64,7 @@ public:
         using telemetry::PhaseScope;
         using telemetry::StepPart;
         if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
-        auto [b, e] = sliceOf(batch.globalSize());
-        b -= batch.offset;  // a sharded source served only this worker's rows
-        e -= batch.offset;
-        if (batch.localShard) b = 0, e = batch.size();  // an auto-sharded pipeline: all of it is ours
+        const auto [b, e] = rowsOf(batch);
         if (b < 0 || e > batch.size())
             return makeError(ErrorCode::Internal, "worker " + std::to_string(m_rank) + " got rows [" + std::to_string(batch.offset) +
                                                       ", " + std::to_string(batch.offset + batch.size()) + ") without its share");

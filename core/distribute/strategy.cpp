@@ -149,19 +149,17 @@ public:
         return first;
     }
 
-    // Rows of the global batch for local replica r: its global replica's share.
-    std::pair<int64_t, int64_t> sliceOf(int r, int64_t rows) const
+    // Local replica r's rows of `batch`, as indices into it: of a global (or sharded global)
+    // batch, its global replica's share; of a local shard, its share of this process's rows.
+    std::pair<int64_t, int64_t> rowsOf(int r, const Batch& batch) const
     {
-        const int64_t n = globalReplicas();
+        if (batch.localShard) {
+            const int64_t n = numReplicas(), rows = batch.size();
+            return {rows * r / n, rows * (r + 1) / n};
+        }
+        const int64_t n = globalReplicas(), rows = batch.globalSize();
         const int64_t g = static_cast<int64_t>(m_processRank) * numReplicas() + r;
-        return {rows * g / n, rows * (g + 1) / n};
-    }
-
-    // Rows of a local-shard batch of `rows` for local replica r.
-    std::pair<int64_t, int64_t> localSliceOf(int r, int64_t rows) const
-    {
-        const int64_t n = numReplicas();
-        return {rows * r / n, rows * (r + 1) / n};
+        return {rows * g / n - batch.offset, rows * (g + 1) / n - batch.offset};
     }
 
     bool lockstep() const override { return m_cross != nullptr; }
@@ -228,7 +226,7 @@ public:
             Replica& rep = m_replicas[static_cast<std::size_t>(r)];
             Program& prog = *rep.program;
             Backend& be = *rep.backend;
-            auto [b, e] = batch.localShard ? localSliceOf(r, batch.size()) : sliceOf(r, rows);
+            auto [b, e] = rowsOf(r, batch);
             rep.stats = {};
             rep.statsGlobal = false;
             Tensor grads = prog.gradientArena();
@@ -243,11 +241,11 @@ public:
                     PhaseScope phase(StepPart::Forward, "forward");
                     // Dropout streams follow the global replica, as in one process with all the replicas.
                     const uint64_t g = static_cast<uint64_t>(m_processRank) * static_cast<uint64_t>(n) + static_cast<uint64_t>(r);
-                    TS_TRY(prog.forward(batch.x.rows(b - batch.offset, e - batch.offset), true, seed + g * 0x9E3779B97F4A7C15ull));
+                    TS_TRY(prog.forward(batch.x.rows(b, e), true, seed + g * 0x9E3779B97F4A7C15ull));
                 }
                 {
                     PhaseScope phase(StepPart::Backward, "backward");
-                    TS_TRY(prog.lossAndBackward(batch.y.rows(b - batch.offset, e - batch.offset), true, rows, &loss, &correct));
+                    TS_TRY(prog.lossAndBackward(batch.y.rows(b, e), true, rows, &loss, &correct));
                 }
                 rep.stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
             } else if (grads.defined()) {
@@ -336,9 +334,7 @@ public:
         TS_TRY(checkShard(batch));
         TS_TRY(runAll([&](int r) -> Status {
             Replica& rep = m_replicas[static_cast<std::size_t>(r)];
-            auto [b, e] = batch.localShard ? localSliceOf(r, batch.size()) : sliceOf(r, rows);
-            b -= batch.offset;
-            e -= batch.offset;
+            auto [b, e] = rowsOf(r, batch);
             rep.stats = {};
             if (e == b) return okStatus();
             float loss = 0;

@@ -188,12 +188,13 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
 
 namespace {
 
-// A pipeline for training or validation: batch(batchSize) appended (before trailing prefetches)
-// when it has none, built, and its first batch checked against the model.
-// `stepLimited`: the run stops after max_steps, so an endless (repeat without a count) training
-// pipeline is fine; Keras likewise refuses an infinite dataset without steps_per_epoch.
-// `workers` > 1: this process is worker `index` of a multi-worker run, and builds its auto-sharded
-// part of the pipeline (data/auto_shard.h); `spec` stays the run's whole pipeline.
+// The processes that train this run: multi-worker mirrored's ranks, parameter-server's
+// workers, else 1.
+int trainingProcesses(const StrategyConfig& s)
+{
+    return s.crossProcess ? s.crossProcess->size() : s.parameterStore ? s.numWorkers : 1;
+}
+
 struct InputShare {
     int workers = 1;
     int index = 0;
@@ -201,6 +202,12 @@ struct InputShare {
     bool roundRobin = false;  // deal single elements (evaluation)
 };
 
+// A pipeline for training or validation: batch(batchSize) appended (before trailing prefetches)
+// when it has none, built, and its first batch checked against the model.
+// `stepLimited`: the run stops after max_steps, so an endless (repeat without a count) training
+// pipeline is fine; Keras likewise refuses an infinite dataset without steps_per_epoch.
+// `share.workers` > 1: this process is worker `share.index` of a multi-worker run, and builds its
+// auto-sharded part of the pipeline (data/auto_shard.h); `spec` stays the run's whole pipeline.
 Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batchSize, const GraphAnalysis& analysis,
                                                 const Shape& inShape, const PipelineOptions& options, const std::string& what,
                                                 bool stepLimited, InputShare share = {})
@@ -234,17 +241,16 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     // Read the first batch now: a missing file, a wrong shape or out-of-range labels are reported
     // before any training, naming the pipeline.
     auto first = p->peek();
-    if (!first.ok() && built != &spec && share.lockstep && first.error().code == ErrorCode::InvalidArgument &&
-        first.error().message == kNoBatchMessage) {
-        // This task's part is empty (little data, an empty file): it joins the others' steps
-        // with empty batches; the tasks with data check it against the model.
-        p->setNote(po.note + "; this task's part is empty, so it joins the others' steps without data");
-        return p;
-    }
     if (!first.ok()) {
         Error e = first.takeError();
+        // The whole pipeline may well have data while this task's part of it has none.
         if (built != &spec && e.code == ErrorCode::InvalidArgument && e.message == kNoBatchMessage) {
-            // The whole pipeline may well have data: this task's share of it has none.
+            if (share.lockstep) {
+                // It joins the others' steps with empty batches; the tasks with data check it
+                // against the model.
+                p->setNote(po.note + "; this task's part is empty, so it joins the others' steps without data");
+                return p;
+            }
             e.message = "this task's part of the input is empty (" + sharded.description + ")";
             e.hint = "give the pipeline more data (or files) than there are workers, use fewer workers, or set auto_shard \"off\"";
         }
@@ -302,9 +308,7 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
     TS_TRY(checkModelFitsLabels(analysis, loss, 0, "the input pipeline"));
     // Multi-worker and parameter-server processes each read their part of the data. Validation
     // is shared only where the processes sum it in lockstep (multi-worker mirrored).
-    const int processes = cfg.strategy.crossProcess ? cfg.strategy.crossProcess->size()
-                          : cfg.strategy.parameterStore ? cfg.strategy.numWorkers
-                                                        : 1;
+    const int processes = trainingProcesses(cfg.strategy);
     if (processes > 1 && (cfg.strategy.processRank < 0 || cfg.strategy.processRank >= processes))
         return makeError(ErrorCode::InvalidArgument, "worker " + std::to_string(cfg.strategy.processRank) + " is not in the cluster's 0.." +
                                                          std::to_string(processes - 1));
@@ -402,9 +406,7 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
         to.limit = cfg.limit;
         to.featureShape = inShape;
         // Multi-worker and parameter-server processes gather only the rows they train on.
-        const int64_t processes = cfg.strategy.crossProcess ? cfg.strategy.crossProcess->size()
-                                  : cfg.strategy.parameterStore ? cfg.strategy.numWorkers
-                                                                : 1;
+        const int64_t processes = trainingProcesses(cfg.strategy);
         if (processes > 1 && processes <= cfg.batchSize) {
             to.shardIndex = cfg.strategy.processRank;
             to.shardCount = processes;

@@ -268,11 +268,8 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
     // An auto-sharded pipeline in a lockstep (multi-worker) run: shards may run out unevenly, so
     // a process whose shard is exhausted keeps joining the steps with an empty batch until the
     // step's all-reduce says every shard is (a global count of 0).
-    const bool join = train.shardedGlobalBatch() > 0 && m_strategy->lockstep();
-    Batch emptyShard;
-    emptyShard.localShard = true;
-    emptyShard.globalRows = train.shardedGlobalBatch();
-    emptyShard.dropRemainder = train.shardDropsRemainder();
+    const Batch emptyShard = train.emptyShard();
+    const bool join = emptyShard.localShard && m_strategy->lockstep();
     for (int64_t epoch = firstEpoch; epoch <= epochs; ++epoch) {
         if (m_cancel) break;
         TS_TRY(train.startEpoch(epoch - 1));
@@ -289,7 +286,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
             // The batches before the backup's position are drawn and dropped: the order of an
             // epoch is a function of (seed, epoch), so the next batch is the one the interrupted
             // run would have trained on.
-            TS_TRY(skipBatches(train, resume->stepInEpoch, epoch, join, &exhausted));
+            TS_ASSIGN(exhausted, skipBatches(train, resume->stepInEpoch, epoch, join));
             lossSum = resume->lossSum;
             correct = resume->correct;
             seen = resume->seen;
@@ -471,11 +468,8 @@ Result<EvalResult> Trainer::evaluate(BatchSource& data)
     double lossSum = 0;
     int64_t correct = 0;
     // As in training: lockstep processes evaluate their shards until every one has run out.
-    const bool join = data.shardedGlobalBatch() > 0 && m_strategy->lockstep();
-    Batch emptyShard;
-    emptyShard.localShard = true;
-    emptyShard.globalRows = data.shardedGlobalBatch();
-    emptyShard.dropRemainder = data.shardDropsRemainder();
+    const Batch emptyShard = data.emptyShard();
+    const bool join = emptyShard.localShard && m_strategy->lockstep();
     bool exhausted = false;
     for (;;) {
         if (m_cancel) return makeError(ErrorCode::Cancelled, "evaluation cancelled");
@@ -614,22 +608,19 @@ Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
     return true;
 }
 
-Status Trainer::skipBatches(BatchSource& train, int64_t count, int64_t epoch, bool mayRunOut, bool* ranOut)
+Result<bool> Trainer::skipBatches(BatchSource& train, int64_t count, int64_t epoch, bool mayRunOut)
 {
     for (int64_t i = 0; i < count; ++i) {
         auto next = train.next();
         if (!next.ok()) return next.takeError();
-        if (!next->has_value() && mayRunOut) {
-            *ranOut = true;  // this shard was already joining the others' steps
-            return okStatus();
-        }
+        if (!next->has_value() && mayRunOut) return true;  // this shard was already joining the others' steps
         if (!next->has_value())
             return makeError(ErrorCode::InvalidArgument,
                              "the backup continues epoch " + std::to_string(epoch) + " after step " + std::to_string(count) +
                                  ", but the data has only " + std::to_string(i) + " batches per epoch",
                              "the training data or batch size changed since the backup; restore them or delete the backup");
     }
-    return okStatus();
+    return false;
 }
 
 } // namespace ts

@@ -191,8 +191,9 @@ private:
     // The chief writes the backup; a failed write ends the run (as in Keras) with the file named.
     Status writeBackup(const TrainingPosition& position);
     // Draws and drops the first `count` batches of the epoch just started (resuming mid-epoch).
-    // Draws and drops `count` batches; a lockstep local shard may run out first (*ranOut).
-    Status skipBatches(BatchSource& train, int64_t count, int64_t epoch, bool mayRunOut, bool* ranOut);
+    // Returns whether the source ran out first, which only a lockstep local shard may
+    // (`mayRunOut`); for any other source that is an error naming the backup's position.
+    Result<bool> skipBatches(BatchSource& train, int64_t count, int64_t epoch, bool mayRunOut);
 };
 
 // Checks that a model's output fits the labels (class count, loss kind) before training.
