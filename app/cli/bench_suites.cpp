@@ -14,6 +14,7 @@
 
 #include "bench_util.h"
 #include "commands.h"
+#include "data/auto_shard.h"
 #include "data/dataset.h"
 #include "data/image_folder.h"
 #include "data/pipeline.h"
@@ -66,6 +67,44 @@ ts::Result<std::vector<double>> epochRates(const ts::PipelineSpec& spec, int epo
         rates.push_back(static_cast<double>(batches) / secondsSince(t0));
     }
     return rates;
+}
+
+// Median seconds per epoch of `spec` (a CSV source streams every epoch, so all of them count).
+ts::Result<double> epochSeconds(const ts::PipelineSpec& spec, int epochs)
+{
+    TS_ASSIGN(std::unique_ptr<ts::Pipeline> p, ts::Pipeline::create(spec));
+    std::vector<double> seconds;
+    for (int e = 0; e < epochs; ++e) {
+        TS_TRY(p->startEpoch(e));
+        const auto t0 = Clock::now();
+        for (;;) {
+            TS_ASSIGN(auto b, p->next());
+            if (!b) break;
+        }
+        seconds.push_back(secondsSince(t0));
+    }
+    return median(seconds);
+}
+
+// Writes the first `count` Fashion-MNIST training images as a CSV file: label, then 784 pixel
+// columns of 0..255 (the layout of the Kaggle Fashion-MNIST CSVs).
+ts::Status writeFashionCsv(const std::string& path, int64_t count)
+{
+    const std::string dir = ts::defaultFashionMnistDir();
+    TS_ASSIGN(ts::InMemoryDataset d, ts::loadIdxDataset(dir + "/train-images-idx3-ubyte.gz", dir + "/train-labels-idx1-ubyte.gz",
+                                                        /*flatten=*/true));
+    std::FILE* f = std::fopen(path.c_str(), "wb");
+    if (!f) return ts::makeError(ts::ErrorCode::IoError, "cannot write '" + path + "'");
+    std::string line = "label";
+    for (int k = 1; k <= 784; ++k) line += ",pixel" + std::to_string(k);
+    std::fprintf(f, "%s\n", line.c_str());
+    const float* px = d.x.data<float>();
+    for (int64_t i = 0; i < std::min<int64_t>(count, d.size()); ++i) {
+        line = std::to_string(d.y.data<int32_t>()[i]);
+        for (int64_t k = 0; k < 784; ++k) line += "," + std::to_string(std::lround(px[i * 784 + k] * 255.f));
+        std::fprintf(f, "%s\n", line.c_str());
+    }
+    return std::fclose(f) == 0 ? ts::okStatus() : ts::makeError(ts::ErrorCode::IoError, "cannot write '" + path + "'");
 }
 
 // Writes `count` Fashion-MNIST training images as PNG files, one sub-folder per class.
@@ -178,7 +217,42 @@ int pipelineSuite(const BenchOptions& o)
                     med * 128, (*r)[0]);
         out["image_folder"][std::to_string(threads) + "_threads"] = {{"batches_per_sec", med}, {"first_epoch", (*r)[0]}};
     }
-    // 3. The seed's MLP trained from the Fashion-MNIST pipeline: the share of step time spent
+    // 3. A CSV source auto-sharded by element for 2 workers: one worker's epoch against the whole
+    //    file's. The worker passes over the other's lines unparsed; with skip_bad_records it
+    //    must parse every line (a dropped bad line shifts the positions), as every worker did
+    //    before the shard reached the source.
+    {
+        const std::string csv = (scratch.path / "fashion.csv").string();
+        const int64_t rowsInCsv = o.limit > 0 ? o.limit : 10000;
+        if (auto st = writeFashionCsv(csv, rowsInCsv); !st.ok()) {
+            std::cerr << "error: " << st.error().toString() << "\n";
+            return 1;
+        }
+        ts::PipelineSpec whole(ts::SourceSpec::csv({csv}, "label"));
+        whole.batch(256);
+        auto half = ts::autoShardPipeline(whole, 2, 0, "bench");
+        if (!half.ok()) {
+            std::cerr << "error: " << half.error().toString() << "\n";
+            return 1;
+        }
+        ts::PipelineSpec parsed = half->spec;
+        parsed.skipBadRecords = true;
+        double secs[3] = {};
+        const ts::PipelineSpec* specs[3] = {&whole, &half->spec, &parsed};
+        for (int k = 0; k < 3; ++k) {
+            auto r = epochSeconds(*specs[k], epochs);
+            if (!r.ok()) {
+                std::cerr << "error: " << r.error().toString() << "\n";
+                return 1;
+            }
+            secs[k] = *r;
+        }
+        std::printf("  csv (%lld rows x 785 columns), seconds per epoch: whole file %.3f s; worker 0 of 2 auto-sharded by element "
+                    "%.3f s (%.2fx of the whole), parsing every line %.3f s (%.2fx)\n",
+                    static_cast<long long>(rowsInCsv), secs[0], secs[1], secs[1] / secs[0], secs[2], secs[2] / secs[0]);
+        out["csv_auto_shard"] = {{"whole_seconds", secs[0]}, {"worker_seconds", secs[1]}, {"worker_parsing_all_seconds", secs[2]}};
+    }
+    // 4. The seed's MLP trained from the Fashion-MNIST pipeline: the share of step time spent
     //    waiting for input, without overlap (sequential map, no prefetch) and with AUTOTUNE.
     std::printf("Seed MLP fed by the pipeline (%d threads, epochs 2..%d):\n", o.threads, epochs);
     for (bool overlap : {false, true}) {

@@ -194,20 +194,32 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
     return r;
 }
 
-Result<std::optional<CsvRecord>> CsvReader::next()
+Result<bool> CsvReader::nextLine(std::string& line)
 {
-    std::string line;
-    std::vector<std::string_view> fields;
-    std::deque<std::string> unquoted;
     for (;;) {
         if (!readLine(line)) {
             if (std::ferror(m_file))
                 return makeError(ErrorCode::IoError, "cannot read CSV file '" + m_path + "' after line " +
                                                          std::to_string(m_line) + ": " + std::strerror(errno));
-            return std::optional<CsvRecord>();
+            return false;
         }
-        if (!trim(line).empty()) break;
+        if (!trim(line).empty()) return true;
     }
+}
+
+Result<bool> CsvReader::skip()
+{
+    std::string line;
+    return nextLine(line);
+}
+
+Result<std::optional<CsvRecord>> CsvReader::next()
+{
+    std::string line;
+    std::vector<std::string_view> fields;
+    std::deque<std::string> unquoted;
+    TS_ASSIGN(const bool more, nextLine(line));
+    if (!more) return std::optional<CsvRecord>();
     const std::string at = "CSV file '" + m_path + "' line " + std::to_string(m_line);
     std::size_t errCol = 0;
     if (!splitFields(line.data(), line.size(), m_options.delimiter, fields, unquoted, errCol))

@@ -43,6 +43,11 @@ public:
     // continue with the next line after an error (skip-and-count).
     Result<std::optional<CsvRecord>> next();
 
+    // Passes over the next record without parsing it (its line is read, not split or converted):
+    // true if there was one, false at the end. A bad line passed over is not noticed, so a reader
+    // that drops bad records (skip-and-count) must parse instead, or the record positions differ.
+    Result<bool> skip();
+
     const std::string& path() const { return m_path; }
     const std::vector<std::string>& featureNames() const { return m_featureNames; }
     int64_t featureCount() const { return static_cast<int64_t>(m_featureCols.size()); }
@@ -53,6 +58,8 @@ public:
 private:
     CsvReader() = default;
     bool readLine(std::string& line);
+    // The next non-blank line; false at the end.
+    Result<bool> nextLine(std::string& line);
 
     std::string m_path;
     CsvOptions m_options;

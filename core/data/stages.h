@@ -115,6 +115,16 @@ public:
     virtual ~Iterator() = default;
     // The next element; std::nullopt at the end; Cancelled once the chain stops.
     virtual Next next() = 0;
+    // Passes over the next element without handing it out: true if there was one, false at the
+    // end. Sources override it where passing over is cheaper than producing (a CSV line is not
+    // parsed, an array row not sliced), so shard/skip/take after them do not pay for the elements
+    // they drop. An override must pass over exactly the element next() would have produced.
+    virtual Result<bool> skip()
+    {
+        Next r = next();
+        if (!r.ok()) return r.takeError();
+        return r->has_value();
+    }
 };
 using IteratorPtr = std::unique_ptr<Iterator>;
 

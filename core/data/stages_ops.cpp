@@ -661,26 +661,44 @@ public:
     }
     Next next() override
     {
+        std::optional<Element> out;
+        TS_TRY(advance(&out));
+        return out;
+    }
+    Result<bool> skip() override { return advance(nullptr); }
+
+private:
+    // Moves past the next kept element: into `out` when given, else passed over. The elements
+    // dropped are passed over too, so a source that can skip cheaply (a CSV line unparsed) does.
+    // False at the end.
+    Result<bool> advance(std::optional<Element>* out)
+    {
         for (;;) {
             if (m_ctx.chain->stopped()) return cancelledError();
             if (m_mode == Mode::Take && m_a >= 0 && m_pos >= m_a) {
                 m_input.reset();  // done: stop the stages before us now
-                return std::optional<Element>();
+                return false;
             }
-            if (!m_input) return std::optional<Element>();
-            Next r = m_input->next();
-            if (!r.ok() || !r->has_value()) return r;
-            const int64_t pos = m_pos++;
+            if (!m_input) return false;
             bool keep = true;
-            if (m_mode == Mode::Skip) keep = m_a >= 0 && pos >= m_a;
-            else if (m_mode == Mode::Shard) keep = shardKeeps(pos, m_a, m_b, m_block);
-            if (!keep) continue;
-            m_stage.counters.countProduced(**r);
-            return r;
+            if (m_mode == Mode::Skip) keep = m_a >= 0 && m_pos >= m_a;
+            else if (m_mode == Mode::Shard) keep = shardKeeps(m_pos, m_a, m_b, m_block);
+            if (keep && out) {
+                Next r = m_input->next();
+                if (!r.ok()) return r.takeError();
+                if (!r->has_value()) return false;
+                ++m_pos;
+                m_stage.counters.countProduced(**r);
+                *out = std::move(*r);
+                return true;
+            }
+            TS_ASSIGN(const bool more, m_input->skip());
+            if (!more) return false;
+            ++m_pos;
+            if (keep) return true;
         }
     }
 
-private:
     IteratorPtr m_input;
     Stage& m_stage;
     Mode m_mode;

@@ -237,6 +237,21 @@ public:
         return std::optional<Element>(std::move(e));
     }
 
+    Result<bool> skip() override
+    {
+        if (m_ctx.chain->stopped()) return cancelledError();
+        if (!m_arrays) {
+            const int64_t t0 = nowNs();
+            auto a = m_load();
+            m_counters->addBusy(nowNs() - t0);
+            if (!a.ok()) return a.takeError();
+            m_arrays = std::move(a).value();
+        }
+        if (m_i >= m_arrays->n) return false;
+        ++m_i;
+        return true;
+    }
+
 private:
     Loader m_load;
     IterContext m_ctx;
@@ -307,13 +322,32 @@ public:
         return r;
     }
 
+    // A line passed over unparsed is one record only when no bad line is dropped: with
+    // skip_bad_records a bad line is no element, so it must be parsed to count positions right.
+    Result<bool> skip() override
+    {
+        if (m_ctx.shared->skipBad) return Iterator::skip();
+        if (m_ctx.chain->stopped()) return cancelledError();
+        const int64_t t0 = nowNs();
+        Status opened = open();
+        Result<bool> r = opened.ok() ? m_reader->skip() : Result<bool>(opened.takeError());
+        m_counters->addBusy(nowNs() - t0);
+        return r;
+    }
+
 private:
-    Next produce()
+    Status open()
     {
         if (!m_reader) {
             TS_ASSIGN(m_reader, CsvReader::open(m_path, m_options));
             m_origin = std::make_shared<const std::string>(m_path);
         }
+        return okStatus();
+    }
+
+    Next produce()
+    {
+        TS_TRY(open());
         for (;;) {
             if (m_ctx.chain->stopped()) return cancelledError();
             auto rec = m_reader->next();

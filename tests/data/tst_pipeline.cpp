@@ -103,6 +103,7 @@ std::unique_ptr<Pipeline> make(const PipelineSpec& spec, PipelineOptions options
 std::vector<Element> drain(Pipeline& p, int64_t epoch, std::string* error = nullptr)
 {
     std::vector<Element> out;
+    if (error) error->clear();
     auto st = p.startEpoch(epoch);
     if (!st.ok()) {
         if (error) *error = st.error().toString();
@@ -891,6 +892,47 @@ private slots:
             "transformations": [{"op": "shard", "num_shards": 3, "index": 1, "block": 2}]})"));
         QVERIFY(!badBlock.ok());
         VERIFY_MSG(badBlock.error().toString(), "block: 2 is smaller than num_shards 3");
+    }
+
+    // A shard, skip or take right after a CSV source passes over the lines it drops without
+    // parsing them (the per-worker cost of by-element auto-sharding is the lines it keeps). So a
+    // bad line in another worker's share is that worker's error alone; with skip_bad_records
+    // every line is parsed, because a dropped bad line is no element and the workers must count
+    // the same positions.
+    void csvShardPassesOverLines()
+    {
+        // Rows 0..9 (label = row), a blank line after row 4, row 3 not a number.
+        std::string text = "f,label\n";
+        for (int r = 0; r < 10; ++r) text += (r == 3 ? std::string("x") : std::to_string(r * 10)) + "," + std::to_string(r) + "\n" + (r == 4 ? "\n" : "");
+        writeBytes(tmp("shard.csv"), text);
+        const SourceSpec src = SourceSpec::csv({tmp("shard.csv")}, "label");
+
+        std::string err;
+        auto even = make(PipelineSpec(src).shard(2, 0));
+        QCOMPARE(labels(drain(*even, 0, &err)), (std::vector<int32_t>{0, 2, 4, 6, 8}));
+        QVERIFY2(err.empty(), err.c_str());
+        QCOMPARE(even->snapshot().stages[0].produced, int64_t(5));  // the source parsed only these
+        PipelineSpec blocks(src);
+        blocks.ops.push_back(TransformSpec::shard(2, 0, 4));  // positions 0, 1 of every 4
+        QCOMPARE(labels(drain(*make(blocks), 0, &err)), (std::vector<int32_t>{0, 1, 4, 5, 8, 9}));
+        QVERIFY2(err.empty(), err.c_str());
+        drain(*make(PipelineSpec(src).shard(2, 1)), 0, &err);
+        VERIFY_MSG(err, "line 5, column 1 ('f'): 'x' is not a number");
+        QCOMPARE(labels(drain(*make(PipelineSpec(src).skip(4).take(3)), 0, &err)), (std::vector<int32_t>{4, 5, 6}));
+        QVERIFY2(err.empty(), err.c_str());
+
+        // skip_bad_records: positions count the 9 good rows, so the shards still partition them.
+        std::set<int32_t> seen;
+        for (int64_t w = 0; w < 2; ++w) {
+            PipelineSpec s(src);
+            s.skipBadRecords = true;
+            s.shard(2, w);
+            auto p = make(s);
+            for (int32_t v : labels(drain(*p, 0, &err))) QVERIFY2(seen.insert(v).second, "shards overlap");
+            QVERIFY2(err.empty(), err.c_str());
+            QCOMPARE(p->badRecords(), int64_t(1));
+        }
+        QCOMPARE(seen, (std::set<int32_t>{0, 1, 2, 4, 5, 6, 7, 8, 9}));
     }
 
     void cacheMemoryAndFile()
