@@ -318,7 +318,7 @@ ts::Result<std::vector<double>> overheadRun(const BenchOptions& o, bool on, cons
         TS_ASSIGN(recording, openTrainRecording(to));
         const std::string tracePath = scratch + "/trace-" + std::to_string(index) + ".json";
         TS_ASSIGN(trace, ts::telemetry::TraceFileSink::create(bus, tracePath));
-        recording->begin(run, bus);
+        TS_TRY(recording->begin(run, bus));
         run.trainer->setTelemetry(&bus, recording->runId(), /*trace=*/true, /*traceLayers=*/false);
     }
     StallListener l;

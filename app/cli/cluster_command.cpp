@@ -18,12 +18,6 @@
 namespace tscli {
 namespace {
 
-void printError(const ts::Error& e)
-{
-    std::cerr << "error: " << e.message << "\n";
-    if (!e.hint.empty()) std::cerr << "hint: " << e.hint << "\n";
-}
-
 // 'text' quoted for a POSIX shell (TF_CONFIG JSON has no single quotes, but a host name could).
 std::string shellQuoted(const std::string& text)
 {

@@ -143,6 +143,10 @@ void finishTraceFile(ts::telemetry::TraceFileSink& sink, const TrainOptions& o, 
 int runValidate(const std::string& file, bool json);
 int runBench(const BenchOptions& o);
 
+// "error: ..." and "hint: ..." on stderr, with control characters and bytes that are not UTF-8
+// escaped (messages quote file contents: a CSV header could hold terminal escape sequences).
+void printError(const ts::Error& e);
+
 // Shared by train and bench: resolves a file under resources/models by short name.
 std::string resolveModelPath(const std::string& nameOrPath);
 

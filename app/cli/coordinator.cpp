@@ -28,12 +28,6 @@ namespace {
 
 using namespace std::chrono_literals;
 
-void printError(const ts::Error& e)
-{
-    std::cerr << "error: " << e.message << "\n";
-    if (!e.hint.empty()) std::cerr << "hint: " << e.hint << "\n";
-}
-
 } // namespace
 
 int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* recording)
@@ -120,7 +114,13 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     }
 
     cfg.strategy.kind = strategy;  // what the record shows; run() forces it too
-    if (recording) recording->beginRemote(cfg, bus);
+    if (recording)
+        if (ts::Status st = recording->beginRemote(cfg, bus); !st.ok()) {
+            ts::Error e = st.takeError();
+            e.hint += " (--db FILE, or --no-record)";
+            printError(e);
+            return 2;
+        }
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()
                                   : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());

@@ -5,6 +5,7 @@
 //   trainstudio-cli runs list|show|compare|delete|export   the recorded run history
 //   trainstudio-cli trace summary FILE  step-time breakdown, top spans, advice for a Chrome trace
 
+#include <algorithm>
 #include <system_error>
 #include <new>
 #include <cstdio>
@@ -38,6 +39,55 @@ void ensureThreadingEnvironment(char** argv)
     // exec failed: carry on with the defaults.
 }
 
+std::size_t editDistance(const std::string& a, const std::string& b)
+{
+    std::vector<std::size_t> row(b.size() + 1);
+    for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+    for (std::size_t i = 1; i <= a.size(); ++i) {
+        std::size_t diag = row[0];
+        row[0] = i;
+        for (std::size_t j = 1; j <= b.size(); ++j) {
+            const std::size_t up = row[j];
+            row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+            diag = up;
+        }
+    }
+    return row[b.size()];
+}
+
+// CLI11 answers a mistyped command ("trian", "runs lsit") with "A subcommand is required":
+// name the word it did not know, the commands there are, and the nearest one.
+bool reportUnknownCommand(CLI::App& app, int argc, char** argv)
+{
+    CLI::App* at = &app;
+    std::string path = "trainstudio-cli";
+    for (int i = 1; i < argc && argv[i][0] != '-'; ++i) {
+        const auto subs = at->get_subcommands([](CLI::App*) { return true; });
+        if (subs.empty()) return false;  // a positional argument (a file), not a command
+        const std::string word = argv[i];
+        CLI::App* next = nullptr;
+        std::string names, nearest;
+        std::size_t best = std::string::npos;
+        for (CLI::App* s : subs) {
+            if (s->get_name() == word) next = s;
+            names += (names.empty() ? "" : ", ") + s->get_name();
+            if (const std::size_t d = editDistance(word, s->get_name()); d < best) {
+                best = d;
+                nearest = s->get_name();
+            }
+        }
+        if (!next) {
+            std::fprintf(stderr, "error: '%s' is not a command of %s\nhint: %s%s (%s --help)\n", word.c_str(), path.c_str(),
+                         best <= 2 ? ("did you mean '" + nearest + "'? the commands are: ").c_str() : "the commands are: ", names.c_str(),
+                         path.c_str());
+            return true;
+        }
+        at = next;
+        path += " " + word;
+    }
+    return false;
+}
+
 } // namespace
 
 int main(int argc, char** argv)
@@ -62,6 +112,7 @@ int main(int argc, char** argv)
     tscli::ClusterOptions cluster;
     tscli::addClusterCommand(app, cluster);
 
+    if (reportUnknownCommand(app, argc, argv)) return 2;
     try {
         app.parse(argc, argv);
     } catch (const CLI::ParseError& e) {

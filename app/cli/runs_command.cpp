@@ -26,12 +26,6 @@ namespace {
 
 namespace st = ts::store;
 
-void printError(const ts::Error& e)
-{
-    std::cerr << "error: " << e.message << "\n";
-    if (!e.hint.empty()) std::cerr << "hint: " << e.hint << "\n";
-}
-
 std::string localTime(int64_t us)
 {
     if (us <= 0) return "-";

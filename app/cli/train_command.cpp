@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -34,12 +35,6 @@
 
 namespace tscli {
 namespace {
-
-void printError(const ts::Error& e)
-{
-    std::cerr << "error: " << e.message << "\n";
-    if (!e.hint.empty()) std::cerr << "hint: " << e.hint << "\n";
-}
 
 std::string fmtRate(double r)
 {
@@ -189,7 +184,8 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)")->check(CLI::Range(1LL, 1LL << 31));
     c->add_option("--optimizer", o.optimizer, "adam, adamw, sgd or rmsprop (overrides the model's)");
     c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)")
-        ->check(numberWhere([](double x) { return std::isfinite(x) && x > 0; }, "must be a finite number > 0", "POSITIVE"));
+        ->check(numberWhere([](double x) { return std::isfinite(x) && x > 0 && x <= 1000; }, "must be a finite number in (0, 1000]",
+                            "POSITIVE"));
     c->add_option("--strategy", o.strategy,
                   "one-device, mirrored, multi-worker-mirrored (one process per task of TF_CONFIG, or --cluster) or parameter-server (--cluster)")
         ->check(CLI::IsMember({"one-device", "mirrored", "multi-worker-mirrored", "parameter-server"}));
@@ -213,7 +209,9 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
                             "SECONDS"));
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
     c->add_option("--threads", o.threads, "total CPU threads (default: all cores)")->check(CLI::Range(0, ts::kMaxThreads));
+    // Checked: CLI11 would wrap -1 around to 2^64 - 1.
     c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout; default: the configuration's, else 0)")
+        ->check(numberWhere([](double x) { return x >= 0 && x == std::floor(x); }, "must be a whole number >= 0", "SEED"))
         ->each([&o](const std::string&) { o.seedGiven = true; });
     c->add_flag("--no-shuffle", o.noShuffle, "serve batches in file order");
     c->add_flag("--no-validation", o.noValidation, "skip the per-epoch validation on the test set");
@@ -326,6 +324,17 @@ int runTrain(const TrainOptions& options)
     }
     // Flags override the configuration; without either, one device.
     if (o.strategy.empty()) o.strategy = cfg.strategy.kind.empty() ? "one-device" : cfg.strategy.kind;
+    // Settings that would silently do nothing: say so (the run itself is fine).
+    if (!o.quiet) {
+        if (o.noRecord && !o.db.empty())
+            std::fprintf(stderr, "warning: --db %s has no effect with --no-record: nothing is recorded\n", o.db.c_str());
+        const char* tfConfig = std::getenv("TF_CONFIG");
+        if (tfConfig && *tfConfig && o.strategy != "multi-worker-mirrored" && o.cluster.empty())
+            std::fprintf(stderr,
+                         "warning: TF_CONFIG is set, but the strategy is %s: this process trains alone, outside the TF_CONFIG "
+                         "cluster\nhint: pass --strategy multi-worker-mirrored to join it, or unset TF_CONFIG\n",
+                         o.strategy.c_str());
+    }
     if (!o.cluster.empty() && (!o.tfConfig.empty() || !o.task.empty())) {
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--cluster coordinates remote workers; --tf-config/--task make this process a task",
                                  "use one or the other"));
@@ -582,8 +591,18 @@ int runTrain(const TrainOptions& options)
                 if (e.epoch % o.checkpointEvery == 0) recording->checkpoint(*prepared, e.epoch, prepared->trainer->globalStep());
             };
         if (recording) {
-            if (attempt == 0) recording->begin(run, bus);  // the store records what the trainer publishes
-            else recording->attach(run);
+            if (attempt == 0) {
+                // The store records what the trainer publishes; a run that cannot be recorded
+                // (a damaged database) is not trained, so nothing claims to have recorded it.
+                if (ts::Status st = recording->begin(run, bus); !st.ok()) {
+                    ts::Error e = st.takeError();
+                    e.hint += " (--db FILE, or --no-record)";
+                    printError(e);
+                    return 2;
+                }
+            } else {
+                recording->attach(run);
+            }
         } else if (cluster) {
             if (!warnings) {
                 ts::telemetry::SubscriberOptions so;
@@ -720,6 +739,7 @@ int runValidate(const std::string& file, bool json)
     if (a.outputNodes.size() > 1)
         trainingProblem("the model has " + std::to_string(a.outputNodes.size()) + " outputs; training needs exactly one",
                         "set \"outputs\" to the node the loss applies to");
+    if (ts::Status fits = ts::checkModelFitsMemory(a, file); !fits.ok()) trainingProblem(fits.error().message, fits.error().hint);
     if (json) {
         nlohmann::json nodes = nlohmann::json::array();
         for (const auto& n : a.nodes)
@@ -736,7 +756,8 @@ int runValidate(const std::string& file, bool json)
     if (!a.ok()) {
         std::cerr << file << ": " << a.problems.size() << " problem(s)\n";
         for (const auto& p : a.problems) {
-            std::cerr << "  " << (p.nodeId.empty() ? "model" : "node '" + p.nodeId + "'") << ": " << p.message << "\n";
+            // The analysis names the node in its messages ("node 'dense': ...").
+            std::cerr << "  " << p.message << "\n";
             if (!p.hint.empty()) std::cerr << "    hint: " << p.hint << "\n";
         }
         return 1;

@@ -58,7 +58,10 @@ double runEngineOnly(const ts::RunConfig& cfg, const QString& db)
     }
     ts::telemetry::EventBus bus;
     ts::PreparedRun run = std::move(prepared).value();
-    (*recording)->begin(run, bus);
+    if (auto st = (*recording)->begin(run, bus); !st.ok()) {
+        std::fprintf(stderr, "trainstudio: %s\n", st.error().toString().c_str());
+        return 0;
+    }
     // A listener that keeps the epochs' throughput, like RunData does from the bus.
     struct Epochs final : ts::TrainListener {
         std::vector<double> rates;

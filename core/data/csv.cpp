@@ -1,9 +1,13 @@
 #include "data/csv.h"
 
+#include "common/utf8.h"
+
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <deque>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -86,7 +90,7 @@ bool parseFloat(std::string_view s, float& out)
 std::string shown(std::string_view s)
 {
     std::string out(1, '\'');
-    out.append(s.substr(0, s.size() > 40 ? 37 : s.size()));
+    out.append(printableText(s.substr(0, s.size() > 40 ? 37 : s.size())));
     out.append(s.size() > 40 ? "...'" : "'");
     return out;
 }
@@ -134,6 +138,23 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
     if (r->m_line == 1 && header.size() >= 3 && static_cast<unsigned char>(header[0]) == 0xEF &&
         static_cast<unsigned char>(header[1]) == 0xBB && static_cast<unsigned char>(header[2]) == 0xBF)
         header.erase(0, 3);  // UTF-8 byte order mark
+    // Column names reach messages, the run's JSON and the studio: a header of binary or escape
+    // sequences means this is not the CSV file the user meant.
+    for (std::size_t i = 0; i < header.size(); ++i) {
+        const auto b = static_cast<unsigned char>(header[i]);
+        if ((b < 0x20 && b != '\t' && b != '\r') || b == 0x7F) {
+            char hex[8];
+            std::snprintf(hex, sizeof hex, "0x%02x", b);
+            return makeError(ErrorCode::ParseError,
+                             "CSV file '" + path + "' line " + std::to_string(r->m_line) + ": the header holds the control byte " + hex +
+                                 " at byte " + std::to_string(i + 1) + ", so this is not a CSV text file",
+                             "a CSV file starts with a line of column names (e.g. label,pixel1,pixel2); check the path");
+        }
+    }
+    if (!isValidUtf8(header))
+        return makeError(ErrorCode::ParseError,
+                         "CSV file '" + path + "' line " + std::to_string(r->m_line) + ": the header is not UTF-8 text",
+                         "save the file as UTF-8 (iconv -f latin1 -t utf-8), or check the path");
     std::vector<std::string_view> fields;
     std::deque<std::string> unquoted;
     std::size_t errCol = 0;
@@ -154,7 +175,9 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
     r->m_columns = fields.size();
     auto columnList = [&] {
         std::string s;
-        for (const auto& h : r->m_header) s += (s.empty() ? "" : ", ") + h;
+        const std::size_t shownCount = std::min<std::size_t>(r->m_header.size(), 20);
+        for (std::size_t k = 0; k < shownCount; ++k) s += (s.empty() ? "" : ", ") + r->m_header[k];
+        if (shownCount < r->m_header.size()) s += ", ... (" + std::to_string(r->m_header.size()) + " columns)";
         return s;
     };
     const auto lit = index.find(options.labelColumn);

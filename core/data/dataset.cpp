@@ -86,7 +86,7 @@ Result<InMemoryDataset> loadIdxDataset(const std::string& imagesPath, const std:
     return ds;
 }
 
-Result<IdxFolder> loadIdxFolder(const std::string& dir, bool flatten)
+Result<IdxFolder> loadIdxFolder(const std::string& dir, bool flatten, bool testRequired)
 {
     namespace fs = std::filesystem;
     std::error_code ec;
@@ -104,20 +104,25 @@ Result<IdxFolder> loadIdxFolder(const std::string& dir, bool flatten)
         const fs::path raw = fs::path(dir) / names[i];
         if (fs::is_regular_file(gz, ec)) paths[i] = gz.string();
         else if (fs::is_regular_file(raw, ec)) paths[i] = raw.string();
-        else missing += (missing.empty() ? "" : ", ") + std::string(names[i]) + "(.gz)";
+        else if (i < 2 || testRequired) missing += (missing.empty() ? "" : ", ") + std::string(names[i]) + "(.gz)";
     }
     if (!missing.empty())
         return makeError(ErrorCode::NotFound, "data folder '" + dir + "' lacks " + missing,
-                         "an IDX folder needs train-images-idx3-ubyte, train-labels-idx1-ubyte, "
-                         "t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte, each raw or gzipped; the Debian "
-                         "package dataset-fashion-mnist installs them in /usr/share/datasets/fashion-mnist");
+                         std::string("an IDX folder needs train-images-idx3-ubyte, train-labels-idx1-ubyte") +
+                             (testRequired ? ", t10k-images-idx3-ubyte and t10k-labels-idx1-ubyte (the test split; "
+                                             "not needed without validation)"
+                                           : "") +
+                             ", each raw or gzipped; the Debian package dataset-fashion-mnist installs them in "
+                             "/usr/share/datasets/fashion-mnist");
 
     // Decompressing is the slow part (about 0.4 s for the training images): read the test split
     // on a second thread meanwhile.
     std::optional<Result<InMemoryDataset>> test;
-    std::thread worker([&] { test.emplace(loadIdxDataset(paths[2], paths[3], flatten)); });
+    std::thread worker;
+    if (!paths[2].empty() && !paths[3].empty()) worker = std::thread([&] { test.emplace(loadIdxDataset(paths[2], paths[3], flatten)); });
+    else test.emplace(InMemoryDataset{});
     Result<InMemoryDataset> train = loadIdxDataset(paths[0], paths[1], flatten);
-    worker.join();
+    if (worker.joinable()) worker.join();
     if (!train.ok()) return train.takeError();
     if (!test->ok()) return test->takeError();
     return IdxFolder{std::move(train).value(), std::move(*test).value()};

@@ -36,8 +36,9 @@ struct IdxFolder {
 
 // Loads train-images-idx3-ubyte, train-labels-idx1-ubyte, t10k-images-idx3-ubyte and
 // t10k-labels-idx1-ubyte from `dir`, each gzipped (".gz", preferred when both exist) or raw.
-// An error names the folder and every missing file.
-Result<IdxFolder> loadIdxFolder(const std::string& dir, bool flatten);
+// An error names the folder and every missing file. Without `testRequired` (a run that does not
+// validate) the t10k files are loaded when present, and `test` stays empty when they are not.
+Result<IdxFolder> loadIdxFolder(const std::string& dir, bool flatten, bool testRequired = true);
 
 // $TRAINSTUDIO_FMNIST_DIR if set and non-empty, else /usr/share/datasets/fashion-mnist
 // (where the Debian package dataset-fashion-mnist installs it).

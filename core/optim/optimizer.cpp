@@ -1,3 +1,4 @@
+#include <cstdio>
 #include "optim/optimizer.h"
 
 #include <algorithm>
@@ -13,12 +14,17 @@ Result<float> number(const nlohmann::json& cfg, const char* key, float def, floa
     if (!cfg.contains(key) || cfg[key].is_null()) return def;
     if (!cfg[key].is_number())
         return makeError(ErrorCode::InvalidArgument, std::string("optimizer: '") + key + "' must be a number");
-    const float v = cfg[key].get<float>();
+    // Checked as written (a double), before narrowing: 1e308 is out of range, not "inf".
+    const double v = cfg[key].get<double>();
+    auto shown = [](double x) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%g", x);
+        return std::string(buf);
+    };
     if (!(v >= lo && v <= hi) || (loOpen && v == lo))
-        return makeError(ErrorCode::InvalidArgument,
-                         std::string("optimizer: '") + key + "' = " + std::to_string(v) + " is out of range",
-                         "use a value in " + std::string(loOpen ? "(" : "[") + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    return v;
+        return makeError(ErrorCode::InvalidArgument, std::string("optimizer: '") + key + "' = " + shown(v) + " is out of range",
+                         "use a value in " + std::string(loOpen ? "(" : "[") + shown(lo) + ", " + shown(hi) + "]");
+    return static_cast<float>(v);
 }
 
 Status checkKeys(const nlohmann::json& cfg, const std::set<std::string>& allowed, const std::string& type)

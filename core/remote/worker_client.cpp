@@ -32,6 +32,16 @@ public:
     }
     Error fail(const grpc::Status& st, const std::string& what) const
     {
+        // Something answered, but not our service: a web server (HTTP/1 or HTTP/2 without gRPC)
+        // or another gRPC server on the port. Not "unreachable": the address is right, the port
+        // is not.
+        const std::string& m = st.error_message();
+        if (st.error_code() == grpc::StatusCode::UNIMPLEMENTED || m.find("HTTP/2") != std::string::npos ||
+            m.find("http2 header with status") != std::string::npos || m.find("http1") != std::string::npos)
+            return makeError(ErrorCode::IoError,
+                             label + ": something answers at " + address + ", but it is not a trainstudio-worker (" + m + ")",
+                             "another program listens on that port: fix the port in the cluster file, or start trainstudio-worker on a "
+                             "free one (trainstudio-worker --listen HOST:PORT)");
         if (auto t = connectTrouble(st, address, tls)) {
             // Here what should listen is a worker daemon.
             if (st.error_message().find("Connection refused") != std::string::npos)

@@ -41,14 +41,15 @@ void RunRecording::warn(const Error& e) const
 
 uint64_t RunRecording::droppedEvents() const { return m_sink ? m_sink->busDropped() : m_dropped; }
 
-void RunRecording::begin(PreparedRun& run, telemetry::EventBus& bus)
+Status RunRecording::begin(PreparedRun& run, telemetry::EventBus& bus)
 {
-    if (!create(run.config, &run)) return;
+    TS_TRY(create(run.config, &run));
     m_sink = std::make_unique<StoreSink>(bus, m_store);
     // Advice as the run goes: findings after every epoch land in the store with the run.
     m_advisor = std::make_unique<telemetry::AdvisorSink>(bus, m_id, run.trainer->strategy().numReplicas());
     run.trainer->setTelemetry(&bus, m_id, false);
     m_bus = &bus;
+    return okStatus();
 }
 
 void RunRecording::attach(PreparedRun& run)
@@ -57,15 +58,19 @@ void RunRecording::attach(PreparedRun& run)
     run.trainer->setTelemetry(m_bus, m_id, false);
 }
 
-void RunRecording::beginRemote(const RunConfig& config, telemetry::EventBus& bus)
+Status RunRecording::beginRemote(const RunConfig& config, telemetry::EventBus& bus)
 {
-    if (!create(config, nullptr)) return;
+    TS_TRY(create(config, nullptr));
     m_sink = std::make_unique<StoreSink>(bus, m_store);
+    return okStatus();
 }
 
 void RunRecording::prepareFailed(const RunConfig& config, const Error& error)
 {
-    if (!create(config, nullptr)) return;
+    if (Status c = create(config, nullptr); !c.ok()) {
+        warn(c.error());
+        return;
+    }
     Status s = m_store.setRunStatus(m_id, RunState::Failed, error.toString());
     if (!s.ok()) warn(s.error());
 }
@@ -133,7 +138,7 @@ void RunRecording::keepFile(const std::string& kind, const std::string& path)
     if (!f.ok()) warn(f.error());
 }
 
-bool RunRecording::create(const RunConfig& config, const PreparedRun* run)
+Status RunRecording::create(const RunConfig& config, const PreparedRun* run)
 {
     NewRun spec;
     spec.name = m_options.name;
@@ -158,12 +163,12 @@ bool RunRecording::create(const RunConfig& config, const PreparedRun* run)
         for (const auto& d : config.strategy.devices) devices.push_back({{"device", d.toString()}});
     spec.devices = devices;
     auto info = m_store.createRun(spec);
-    if (!info.ok()) {
-        warn(info.error());
-        return false;
-    }
+    if (!info.ok())
+        return makeError(info.error().code, "cannot record the run: " + info.error().message,
+                         "repair it (sqlite3 '" + m_store.path() + "' .recover | sqlite3 repaired.db), choose another database, "
+                         "or train without recording");
     m_id = info->id;
-    return true;
+    return okStatus();
 }
 
 } // namespace ts::store

@@ -52,13 +52,16 @@ public:
 
     // After prepareRun: creates the run, subscribes the store (and the advisor) to `bus` and
     // points the trainer's telemetry at it (a later setTelemetry for tracing must keep runId()).
-    void begin(PreparedRun& run, telemetry::EventBus& bus);
+    // An error (naming the database, with what to do) when the run cannot be created, e.g. a
+    // damaged database: the caller must not train a run it says is recorded.
+    Status begin(PreparedRun& run, telemetry::EventBus& bus);
     // A restarted attempt of the same run (train --restarts): points the new trainer's telemetry
     // at the bus and run id begin() set up.
     void attach(PreparedRun& run);
     // A run trained by remote workers (train --cluster): creates the run from its configuration
     // and records what the coordinator publishes on `bus` (the workers' merged streams).
-    void beginRemote(const RunConfig& config, telemetry::EventBus& bus);
+    // Errors as begin().
+    Status beginRemote(const RunConfig& config, telemetry::EventBus& bus);
     // prepareRun failed: the run is recorded as failed with its error.
     void prepareFailed(const RunConfig& config, const Error& error);
     // fit() returned: drains the bus into the store; completed, cancelled or failed. With
@@ -84,7 +87,7 @@ public:
 
 private:
     void warn(const Error& e) const;
-    bool create(const RunConfig& config, const PreparedRun* run);
+    Status create(const RunConfig& config, const PreparedRun* run);
     // Writes `run`'s weights into the run's folder and records them as a checkpoint of `kind`.
     void saveCheckpoint(PreparedRun& run, const std::string& fileName, int64_t step, const std::string& kind);
 

@@ -6,9 +6,12 @@
 #include <filesystem>
 #include <limits>
 
+#include <unistd.h>
+
 #include "common/json_keys.h"
 #include "data/auto_shard.h"
 #include "distribute/communicator.h"
+#include "optim/optimizer.h"
 
 namespace ts {
 
@@ -143,8 +146,16 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
             c.strategy.threads = s.value("threads", 0);
             c.strategy.backend = s.value("backend", std::string());
             for (const auto& d : s.value("devices", nlohmann::json::array())) {
-                TS_ASSIGN(Device dev, Device::parse(d.get<std::string>()));
-                c.strategy.devices.push_back(dev);
+                auto dev = Device::parse(d.get<std::string>());
+                if (!dev.ok()) {
+                    Error e = dev.takeError();
+                    e.message = source + ": strategy.devices: " + e.message;
+                    return e;
+                }
+                if (std::find(c.strategy.devices.begin(), c.strategy.devices.end(), *dev) != c.strategy.devices.end())
+                    return makeError(ErrorCode::InvalidArgument, source + ": strategy.devices lists " + dev->toString() + " twice",
+                                     "list each device once (a replica per device)");
+                c.strategy.devices.push_back(*dev);
             }
             if (s.contains("partition")) {
                 TS_ASSIGN(c.strategy.partition, PartitionOptions::fromJson(s["partition"], source + ": strategy.partition"));
@@ -154,7 +165,16 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
         c.maxSteps = j.value("max_steps", int64_t{0});
         c.batchSize = j.value("batch_size", int64_t{-1});
         c.seed = j.value("seed", uint64_t{0});
-        if (j.contains("optimizer")) c.optimizer = j["optimizer"];
+        if (j.contains("optimizer")) {
+            c.optimizer = j["optimizer"];
+            // Checked here, so the error names this file (the trainer builds it much later).
+            if (!c.optimizer.is_null())
+                if (auto opt = Optimizer::create(c.optimizer); !opt.ok()) {
+                    Error e = opt.takeError();
+                    e.message = source + ": " + e.message;
+                    return e;
+                }
+        }
         if (j.contains("schedule")) c.schedule = j["schedule"];
         c.loss = j.value("loss", std::string());
         c.loadWeights = j.value("load_weights", std::string());
@@ -336,6 +356,29 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
 
 } // namespace
 
+// Instead of an allocation failure deep in initialisation that blames the batch size.
+Status checkModelFitsMemory(const GraphAnalysis& analysis, const std::string& what)
+{
+    const long pages = sysconf(_SC_PHYS_PAGES), pageSize = sysconf(_SC_PAGE_SIZE);
+    if (pages <= 0 || pageSize <= 0) return okStatus();
+    const double memory = static_cast<double>(pages) * static_cast<double>(pageSize);
+    const double needed = static_cast<double>(analysis.totalParams) * 2 * sizeof(float);
+    if (needed <= memory) return okStatus();
+    const NodeInfo* largest = nullptr;
+    for (const auto& n : analysis.nodes)
+        if (!largest || n.paramCount > largest->paramCount) largest = &n;
+    auto gib = [](double b) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%.1f GiB", b / (1024.0 * 1024 * 1024));
+        return std::string(buf);
+    };
+    return makeError(ErrorCode::OutOfMemory,
+                     what + ": " + std::to_string(analysis.totalParams) + " parameters need " + gib(needed) +
+                         " for their float32 weights and gradients, more than this machine's " + gib(memory) + " of memory (node '" +
+                         largest->id + "' holds " + std::to_string(largest->paramCount) + " of them)",
+                     "make node '" + largest->id + "' smaller (its units, filters or kernel size), or train on a machine with more memory");
+}
+
 Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pipelineOptions)
 {
     PreparedRun run;
@@ -361,6 +404,7 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
     TS_TRY(problemsToStatus(analysis, cfg.modelFile.empty() ? run.model.name : cfg.modelFile));
     if (analysis.inputNodes.size() != 1)
         return makeError(ErrorCode::Unsupported, "the model needs exactly one Input node");
+    TS_TRY(checkModelFitsMemory(analysis, cfg.modelFile.empty() ? "model '" + run.model.name + "'" : cfg.modelFile));
     const Shape inShape = analysis.nodes[static_cast<std::size_t>(analysis.inputNodes[0])].outputShape;
     if (cfg.strategy.crossProcess) {
         // Before any data loads or weights move: every process must run the same settings, or
@@ -388,7 +432,7 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
         TS_TRY(preparePipelines(run, analysis, loss, inShape, pipelineOptions));
     } else {
         const std::string dir = cfg.dataDir.empty() ? defaultFashionMnistDir() : cfg.dataDir;
-        TS_ASSIGN(IdxFolder folder, loadIdxFolder(dir, /*flatten=*/true));
+        TS_ASSIGN(IdxFolder folder, loadIdxFolder(dir, /*flatten=*/true, /*testRequired=*/cfg.validate));
         run.data = std::make_shared<IdxFolder>(std::move(folder));
         const int64_t perExample = run.data->train.x.shape().product(1, run.data->train.x.shape().rank());
         if (perExample != inShape.numel())

@@ -92,4 +92,9 @@ struct PreparedRun {
 // model's input shape.
 Result<PreparedRun> prepareRun(const RunConfig& config, const PipelineOptions& pipelineOptions = {});
 
+// OutOfMemory when the model's float32 weights and gradients alone exceed this machine's memory,
+// naming the node that holds most of them (prepareRun checks it; `validate` reports it).
+// `what` names the model in the message ("model 'm'" or its file).
+Status checkModelFitsMemory(const GraphAnalysis& analysis, const std::string& what);
+
 } // namespace ts

@@ -36,11 +36,18 @@ Status checkModelFitsLabels(const GraphAnalysis& graph, const LossSpec& loss, in
                              "output node '" + out.id + "' has shape " + out.outputShape.toString() +
                                  "; a classification loss needs one score per class",
                              "add Flatten/GlobalAveragePooling2D and a Dense(" + std::to_string(numClasses) + ") output");
-        if (numClasses > 0 && out.outputShape[0] != numClasses)
+        if (numClasses > 0 && out.outputShape[0] != numClasses) {
+            const std::string units = std::to_string(out.outputShape[0]);
+            // Labels beyond the output may also be a damaged labels file, not a model to change.
             return makeError(ErrorCode::ShapeMismatch,
-                             "output node '" + out.id + "' produces " + std::to_string(out.outputShape[0]) +
-                                 " classes but the labels in " + dataSource + " have " + std::to_string(numClasses),
-                             "set units of '" + out.id + "' to " + std::to_string(numClasses));
+                             "output node '" + out.id + "' produces " + units + " classes but the labels in " + dataSource +
+                                 " go up to " + std::to_string(numClasses - 1) + " (" + std::to_string(numClasses) + " classes)",
+                             "set units of '" + out.id + "' to " + std::to_string(numClasses) +
+                                 (numClasses > out.outputShape[0]
+                                      ? "; if the data has only " + units + " classes, its labels are damaged (ids must be 0.." +
+                                            std::to_string(out.outputShape[0] - 1) + ")"
+                                      : ""));
+        }
     }
     return okStatus();
 }

@@ -97,6 +97,14 @@ void TestCli::initTestCase()
     writeFile(m_dir.filePath("neg_epochs.json"), QStringLiteral(R"({"model_file": "%1", "epochs": -5})").arg(seed).toUtf8());
     writeFile(m_dir.filePath("string_strategy.json"), QStringLiteral(R"({"model_file": "%1", "strategy": "mirrored"})").arg(seed).toUtf8());
     writeFile(m_dir.filePath("bad_strategy.json"), QStringLiteral(R"({"model_file": "%1", "strategy": {"type": "bogus"}})").arg(seed).toUtf8());
+    // 4e9 units: 3.1e12 parameters, more than any machine's memory.
+    writeFile(m_dir.filePath("huge_units.json"),
+              R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
+                 {"id": "input", "type": "Input", "attrs": {"shape": [784]}},
+                 {"id": "wide", "type": "Dense", "inputs": ["input"], "attrs": {"units": 4000000000}}]})");
+    writeFile(m_dir.filePath("neg_lr.json"), QStringLiteral(R"({"model_file": "%1", "optimizer": {"type": "adam", "learning_rate": -0.1}})").arg(seed).toUtf8());
+    writeFile(m_dir.filePath("twice.json"),
+              QStringLiteral(R"({"model_file": "%1", "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:0"]}})").arg(seed).toUtf8());
     writeFile(m_dir.filePath("text_epochs.json"), QStringLiteral(R"({"model_file": "%1", "epochs": "3"})").arg(seed).toUtf8());
     QDir().mkpath(m_dir.filePath("config_dir"));
     writeFile(m_dir.filePath("bad_compile.json"),
@@ -176,6 +184,18 @@ void TestCli::badInput_data()
     QTest::newRow("task not in the cluster") << QStringList{"train", "--strategy", "multi-worker-mirrored", "--tf-config", m_dir.filePath("tf.json"), "--task", "worker:5"}
                                              << QStringList{"--task worker:5"};
     QTest::newRow("collective timeout 1e300") << QStringList{"train", "--collective-timeout", "1e300"} << QStringList{"--collective-timeout", "1e300"};
+    QTest::newRow("validate model beyond memory") << QStringList{"validate", m_dir.filePath("huge_units.json")}
+                                                  << QStringList{"parameters need", "node 'wide' holds 3140000000000"};
+    QTest::newRow("train model beyond memory") << QStringList{"train", "--no-record", "--model", m_dir.filePath("huge_units.json")}
+                                               << QStringList{"parameters need", "make node 'wide' smaller"};
+    QTest::newRow("mistyped command") << QStringList{"trian"} << QStringList{"'trian' is not a command", "did you mean 'train'"};
+    QTest::newRow("mistyped runs command") << QStringList{"runs", "lsit"} << QStringList{"'lsit'", "did you mean 'list'"};
+    QTest::newRow("negative seed") << QStringList{"train", "--seed", "-1"} << QStringList{"--seed", "whole number >= 0"};
+    QTest::newRow("learning rate 5000") << QStringList{"train", "--learning-rate", "5000"} << QStringList{"--learning-rate", "(0, 1000]"};
+    QTest::newRow("config learning rate") << QStringList{"train", "--config", m_dir.filePath("neg_lr.json")}
+                                          << QStringList{"neg_lr.json", "'learning_rate' = -0.1 is out of range"};
+    QTest::newRow("config device twice") << QStringList{"train", "--config", m_dir.filePath("twice.json")}
+                                         << QStringList{"twice.json", "strategy.devices lists cpu:0 twice"};
     QTest::newRow("trace into a folder") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("config_dir")} << QStringList{"--trace", "folder"};
     if (m_haveData) {
         QTest::newRow("output does not fit labels") << QStringList{"train", "--model", m_dir.filePath("five_classes.json")} << QStringList{"head", "10"};

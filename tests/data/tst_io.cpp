@@ -465,6 +465,17 @@ void TestIo::folderMissingFiles()
     VERIFY_MSG(r.error().message, "train-labels-idx1-ubyte");
     VERIFY_MSG(r.error().message, "t10k-images-idx3-ubyte");
     QVERIFY(!contains(r.error().message, "train-images"));
+
+    // A run without validation needs only the training split; a partial test split is skipped.
+    writeBytes(dir + "/train-labels-idx1-ubyte", idxBytes({1}, {0}));
+    auto trainOnly = loadIdxFolder(dir, true, /*testRequired=*/false);
+    QVERIFY2(trainOnly.ok(), trainOnly.ok() ? "" : trainOnly.error().toString().c_str());
+    QCOMPARE(trainOnly->train.size(), int64_t(1));
+    QCOMPARE(trainOnly->test.size(), int64_t(0));
+    r = loadIdxFolder(dir, true);
+    QVERIFY(!r.ok());
+    VERIFY_MSG(r.error().message, "lacks t10k-images-idx3-ubyte(.gz)");
+    VERIFY_MSG(r.error().hint, "not needed without validation");
 }
 
 void TestIo::defaultDir()

@@ -386,6 +386,21 @@ private slots:
         writeBytes(tmp("bad2.csv"), "a,b,label\n5,abc,1\n");
         drain(*make(PipelineSpec(SourceSpec::csv({tmp("bad2.csv")}, "label"))), 0, &err);
         VERIFY_MSG(err, "line 2, column 2 ('b'): 'abc' is not a number");
+        // File text in messages is escaped; a header of control bytes or other encodings is no CSV.
+        writeBytes(tmp("esc_value.csv"), "a,label\n\x1b[31m,1\n");
+        drain(*make(PipelineSpec(SourceSpec::csv({tmp("esc_value.csv")}, "label"))), 0, &err);
+        VERIFY_MSG(err, "'\\x1b[31m' is not a number");
+        writeBytes(tmp("esc_header.csv"), "\x1b]0;title\x07a,label\n1,2\n");
+        drain(*make(PipelineSpec(SourceSpec::csv({tmp("esc_header.csv")}, "label"))), 0, &err);
+        VERIFY_MSG(err, "line 1: the header holds the control byte 0x1b at byte 1, so this is not a CSV text file");
+        writeBytes(tmp("latin1.csv"), "temp\xe9rature,label\n1,2\n");
+        drain(*make(PipelineSpec(SourceSpec::csv({tmp("latin1.csv")}, "label"))), 0, &err);
+        VERIFY_MSG(err, "the header is not UTF-8 text");
+        std::string wide = "label";
+        for (int k = 0; k < 30; ++k) wide += ",c" + std::to_string(k);
+        writeBytes(tmp("wide.csv"), wide + "\n");
+        drain(*make(PipelineSpec(SourceSpec::csv({tmp("wide.csv")}, "species"))), 0, &err);
+        VERIFY_MSG(err, "c18, ... (31 columns)");
 
         // skip_bad_records: drop and count, keep going.
         PipelineSpec skip(s);

@@ -5,8 +5,14 @@
 
 #include <QtTest>
 
+#include <atomic>
 #include <csignal>
 #include <set>
+#include <thread>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
@@ -123,6 +129,7 @@ private slots:
     void coordinatedRunStreamsTraceAndPipeline();
     void captureOnRemoteWorkers();
     void preflightNamesUnreachableWorker();
+    void preflightNamesForeignServer();
     void killedWorkerIsNamed();
     void restartedRunResumesFromBackup();
     void killedCoordinatorCancelsTasks();
@@ -767,6 +774,50 @@ void TestWorker::restartedRunResumesFromBackup()
     const QString refused = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
     QCOMPARE(coord->exitCode(), 1);
     QVERIFY2(refused.contains("backup.dir '../elsewhere' must be a relative folder name without '..'"), qPrintable(refused));
+}
+
+// A port where a web server answers (HTTP/1: gRPC fails to parse HTTP/2) is named as another
+// program, not as an unreachable worker.
+void TestWorker::preflightNamesForeignServer()
+{
+    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+    QVERIFY(listener >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    QCOMPARE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    QCOMPARE(::listen(listener, 8), 0);
+    socklen_t len = sizeof addr;
+    QCOMPARE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    const int port = ntohs(addr.sin_port);
+    std::atomic<bool> stop{false};
+    std::thread web([&] {
+        while (!stop) {
+            const int c = ::accept(listener, nullptr, nullptr);
+            if (c < 0) break;
+            char buf[512];
+            (void)::recv(c, buf, sizeof buf, 0);
+            const char reply[] = "HTTP/1.0 400 Bad Request\r\nContent-Length: 0\r\n\r\n";
+            (void)::send(c, reply, sizeof reply - 1, MSG_NOSIGNAL);
+            ::close(c);
+        }
+    });
+    QTemporaryDir dir;
+    auto probe = startCoordinator({"cluster", writeCluster(dir.path(), {port}), "--probe", "--json"});
+    const bool finished = probe->waitForFinished(60000);
+    stop = true;
+    ::shutdown(listener, SHUT_RDWR);
+    web.join();
+    ::close(listener);
+    QVERIFY(finished);
+    const QString probed = QString::fromUtf8(probe->readAllStandardOutput());
+    QCOMPARE(probe->exitCode(), 1);
+    const auto j = nlohmann::json::parse(probed.trimmed().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j["tasks"].size() == 1, qPrintable(probed));
+    const std::string problem = j["tasks"][0].value("problem", "");
+    QVERIFY2(problem.find("something answers at 127.0.0.1:" + std::to_string(port) + ", but it is not a trainstudio-worker") !=
+                 std::string::npos,
+             problem.c_str());
 }
 
 void TestWorker::preflightNamesUnreachableWorker()

@@ -38,6 +38,7 @@ private slots:
     void newerSchemaReadOnly();
     void badDatabases();
     void trainRecordsRuns();
+    void damagedDatabaseRefusesTraining();
 
 private:
     struct Run {
@@ -419,6 +420,51 @@ void TestRunsCli::trainRecordsRuns()
     QCOMPARE(r.code, 0);
     QVERIFY(QFile::exists(saved));
     QVERIFY(QFile::exists(trace));
+}
+
+// A database with a damaged page opens, but the new run cannot be inserted: train refuses
+// before training (it used to train, warn, and print "Recorded as run  in ..." with no id), and
+// the runs already stored are still there.
+void TestRunsCli::damagedDatabaseRefusesTraining()
+{
+    if (!QFile::exists(QString::fromStdString(ts::defaultFashionMnistDir() + "/train-images-idx3-ubyte.gz")))
+        QSKIP("Fashion-MNIST is not installed (dataset-fashion-mnist)");
+    int64_t page = 0, pageSize = 0;
+    {
+        sqlite3* raw = nullptr;
+        QCOMPARE(sqlite3_open(db().toUtf8().constData(), &raw), SQLITE_OK);
+        sqlite3_stmt* st = nullptr;
+        QCOMPARE(sqlite3_prepare_v2(raw, "SELECT rootpage, (SELECT page_size FROM pragma_page_size) FROM sqlite_master WHERE name = 'runs_by_created'",
+                                    -1, &st, nullptr),
+                 SQLITE_OK);
+        QCOMPARE(sqlite3_step(st), SQLITE_ROW);
+        page = sqlite3_column_int64(st, 0);
+        pageSize = sqlite3_column_int64(st, 1);
+        sqlite3_finalize(st);
+        sqlite3_close(raw);
+    }
+    QVERIFY(page > 1 && pageSize >= 512);
+    QVERIFY(!QFile::exists(db() + "-wal") || QFileInfo(db() + "-wal").size() == 0);
+    {
+        QFile f(db());
+        QVERIFY(f.open(QIODevice::ReadWrite));
+        QVERIFY(f.seek((page - 1) * pageSize));
+        f.write(QByteArray(static_cast<int>(pageSize), '\xff'));  // the index's root page: not a b-tree page
+    }
+    const Run r = cli({"train", "--db", db(), "--limit", "256", "--validation-limit", "128", "--epochs", "1", "--threads", "1"});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("cannot record the run: run database '" + db() + "'") && r.err.contains("--no-record") && r.err.contains(".recover"),
+             qPrintable(r.err));
+    QVERIFY2(!r.out.contains("Recorded as run") && !r.out.contains("Trained"), qPrintable(r.out));
+    sqlite3* raw = nullptr;
+    QCOMPARE(sqlite3_open(db().toUtf8().constData(), &raw), SQLITE_OK);
+    sqlite3_stmt* st = nullptr;
+    QCOMPARE(sqlite3_prepare_v2(raw, "SELECT name FROM runs NOT INDEXED ORDER BY name", -1, &st, nullptr), SQLITE_OK);
+    QStringList names;
+    while (sqlite3_step(st) == SQLITE_ROW) names << QString::fromUtf8(reinterpret_cast<const char*>(sqlite3_column_text(st, 0)));
+    sqlite3_finalize(st);
+    sqlite3_close(raw);
+    QCOMPARE(names, (QStringList{"baseline mlp", "cnn diverged"}));
 }
 
 QTEST_APPLESS_MAIN(TestRunsCli)

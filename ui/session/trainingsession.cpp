@@ -144,7 +144,10 @@ void TrainingSession::engineMain(RunConfig config, std::string runName)
         return;
     }
     PreparedRun run = std::move(prepared).value();
-    recording->begin(run, *m_bus);
+    if (Status st = recording->begin(run, *m_bus); !st.ok()) {
+        post(State::Failed, QString::fromStdString(st.error().toString()));
+        return;
+    }
     const QString runId = QString::fromStdString(recording->runId());
     if (run.pipeline) run.pipeline->setTelemetry(m_bus.get(), recording->runId());
     QMetaObject::invokeMethod(this, [this, runId] {
@@ -216,7 +219,10 @@ void TrainingSession::engineRemote(RunConfig config, std::string runName)
         post(State::Failed, QString::fromStdString(st.error().toString()));
         return;
     }
-    recording->beginRemote(config, *m_bus);
+    if (Status st = recording->beginRemote(config, *m_bus); !st.ok()) {
+        post(State::Failed, QString::fromStdString(st.error().toString()));
+        return;
+    }
     const std::string runId = recording->runId();
     {
         std::lock_guard lock(m_trainerMutex);
