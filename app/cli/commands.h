@@ -79,7 +79,7 @@ struct BenchOptions {
     std::string strategy = "one-device";
     long long limit = 0;
     bool json = false;
-    std::string suite = "train";  // train | pipeline | overhead | store (bench_suites.cpp)
+    std::string suite = "train";  // train | pipeline | overhead | store | distributed (bench_suites.cpp)
     bool busy = false;            // train: also measure with one core taken by a busy process
 };
 int runBenchSuite(const BenchOptions& o);

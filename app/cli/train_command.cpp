@@ -219,7 +219,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples")->check(CLI::NonNegativeNumber);
     c->add_option("--load-weights", o.loadWeights, "initial weights (.safetensors, Keras layouts)");
     c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors; with --cluster: parameter-server only)");
-    c->add_option("--backend", o.backend, "force a backend by name (reference, cpu)");
+    c->add_option("--backend", o.backend, "force a backend by name (reference, cpu; cuda with the CUDA plugin and a GPU)");
     c->add_flag("--json", o.json, "one JSON object per epoch, then one with \"final\": true");
     c->add_flag("--quiet", o.quiet, "print nothing but errors");
     c->add_option("--db", o.db, "record the run into this run database (default: " + ts::store::defaultDatabasePath() + ")");

@@ -303,13 +303,6 @@ void RunSetupPanel::buildUi()
     m_schedule->addItem(tr("step decay (x0.1 every epoch)"), "step");
     m_schedule->setObjectName("schedule");
     hf->addRow(tr("Schedule"), m_schedule);
-    m_precision = new QComboBox;
-    m_precision->addItems({tr("float32"), tr("mixed_float16"), tr("mixed_bfloat16")});
-    m_precision->setObjectName("precision");
-    const QString noGpu = tr("mixed precision needs a GPU backend (the CUDA plugin); the CPU backend computes in float32");
-    setComboItemEnabled(m_precision, 1, false, noGpu);
-    setComboItemEnabled(m_precision, 2, false, noGpu);
-    hf->addRow(tr("Precision policy"), m_precision);
     m_seed = new QSpinBox;
     m_seed->setRange(0, std::numeric_limits<int>::max());
     m_seed->setObjectName("seed");
@@ -366,7 +359,7 @@ void RunSetupPanel::buildUi()
     for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed, m_backupEvery, m_restarts})
         connect(s, &QSpinBox::valueChanged, this, changedSignal);
     connect(m_backupDir, &QLineEdit::textChanged, this, changedSignal);
-    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_autoShard, m_strategy, m_optimizer, m_schedule, m_precision})
+    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_autoShard, m_strategy, m_optimizer, m_schedule})
         connect(c, &QComboBox::currentIndexChanged, this, changedSignal);
     for (QCheckBox* c : {m_validate, m_usePipeline, m_shuffle, m_flip, m_crop, m_backup})
         connect(c, &QCheckBox::toggled, this, changedSignal);

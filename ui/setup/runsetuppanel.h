@@ -111,7 +111,6 @@ private:
     QComboBox* m_optimizer = nullptr;
     QDoubleSpinBox* m_lr = nullptr;
     QComboBox* m_schedule = nullptr;
-    QComboBox* m_precision = nullptr;
     QSpinBox* m_seed = nullptr;
     QCheckBox* m_backup = nullptr;
     QLineEdit* m_backupDir = nullptr;
