@@ -28,7 +28,6 @@ inline int utf8SequenceLength(const unsigned char* p, const unsigned char* end)
         cp = (cp << 6) | (p[i] & 0x3F);
     }
     if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
-    if (cp >= 0x80 && cp <= 0x9F) return 0;  // C1 controls (a terminal acts on some of them)
     return n + 1;
 }
 
@@ -38,11 +37,6 @@ inline bool isValidUtf8(std::string_view s)
     const auto* p = reinterpret_cast<const unsigned char*>(s.data());
     const auto* end = p + s.size();
     while (p < end) {
-        // C1 controls are valid UTF-8; only printableText() escapes them.
-        if (p[0] == 0xC2 && end - p >= 2 && p[1] >= 0x80 && p[1] <= 0x9F) {
-            p += 2;
-            continue;
-        }
         const int n = utf8SequenceLength(p, end);
         if (n == 0) return false;
         p += n;
@@ -60,7 +54,9 @@ inline std::string printableText(std::string_view s)
     const auto* end = p + s.size();
     while (p < end) {
         const int n = utf8SequenceLength(p, end);
-        if (n == 0 || (n == 1 && ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7F))) {
+        const bool control = (n == 1 && ((*p < 0x20 && *p != '\n' && *p != '\t') || *p == 0x7F)) ||
+                             (n == 2 && p[0] == 0xC2 && p[1] <= 0x9F);  // C1 controls: a terminal acts on some
+        if (n == 0 || control) {
             char buf[8];
             std::snprintf(buf, sizeof buf, "\\x%02x", *p);
             out += buf;

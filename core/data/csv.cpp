@@ -103,14 +103,14 @@ CsvReader::~CsvReader()
     std::free(m_buf);
 }
 
-bool CsvReader::readLine(std::string& line)
+bool CsvReader::readLine(std::string_view& line)
 {
     const ssize_t n = ::getline(&m_buf, &m_bufCap, m_file);
     if (n < 0) return false;
     ++m_line;
     std::size_t len = static_cast<std::size_t>(n);
     while (len > 0 && (m_buf[len - 1] == '\n' || m_buf[len - 1] == '\r')) --len;
-    line.assign(m_buf, len);
+    line = std::string_view(m_buf, len);
     return true;
 }
 
@@ -127,8 +127,10 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
 
     std::string header;
     bool got = false;
-    while (r->readLine(header)) {
-        if (!trim(header).empty()) {
+    std::string_view text;
+    while (r->readLine(text)) {
+        if (!trim(text).empty()) {
+            header.assign(text);
             got = true;
             break;
         }
@@ -217,7 +219,7 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
     return r;
 }
 
-Result<bool> CsvReader::nextLine(std::string& line)
+Result<bool> CsvReader::nextLine(std::string_view& line)
 {
     for (;;) {
         if (!readLine(line)) {
@@ -232,13 +234,13 @@ Result<bool> CsvReader::nextLine(std::string& line)
 
 Result<bool> CsvReader::skip()
 {
-    std::string line;
+    std::string_view line;
     return nextLine(line);
 }
 
 Result<std::optional<CsvRecord>> CsvReader::next()
 {
-    std::string line;
+    std::string_view line;  // in the read buffer, valid until the next read
     std::vector<std::string_view> fields;
     std::deque<std::string> unquoted;
     TS_ASSIGN(const bool more, nextLine(line));

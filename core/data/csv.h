@@ -57,9 +57,11 @@ public:
 
 private:
     CsvReader() = default;
-    bool readLine(std::string& line);
+    // The next line, without its line end, as a view into the read buffer (valid until the next
+    // read: no copy per line).
+    bool readLine(std::string_view& line);
     // The next non-blank line; false at the end.
-    Result<bool> nextLine(std::string& line);
+    Result<bool> nextLine(std::string_view& line);
 
     std::string m_path;
     CsvOptions m_options;
