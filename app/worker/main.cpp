@@ -6,6 +6,7 @@
 
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
@@ -35,6 +36,23 @@ int main(int argc, char** argv)
                        ts::defaultBackupRoot() + ")");
     app.add_option("--port-file", portFile, "write the port served on to FILE (useful with port 0)");
     CLI11_PARSE(app, argc, argv);
+
+    if (!portFile.empty()) {
+        // Checked before serving, so a script waiting for the file hears why at once.
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        const fs::path parent = fs::path(portFile).parent_path();
+        if (fs::is_directory(portFile, ec)) {
+            std::cerr << "error: --port-file " << portFile << " is a folder\n  hint: name a file in it, e.g. --port-file "
+                      << (fs::path(portFile) / "worker.port").string() << "\n";
+            return 2;
+        }
+        if (!parent.empty() && !fs::is_directory(parent, ec)) {
+            std::cerr << "error: --port-file " << portFile << ": the folder " << parent.string() << " does not exist\n"
+                      << "  hint: create it first, or name a file in an existing folder\n";
+            return 2;
+        }
+    }
 
     auto token = ts::remote::loadToken(tokenFile);
     if (!token.ok()) {

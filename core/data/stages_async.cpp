@@ -384,6 +384,22 @@ public:
 
     Next next() override
     {
+        Element e;
+        TS_ASSIGN(const bool more, advance(&e));
+        if (!more) return std::optional<Element>();
+        m_stage.counters.countProduced(e);
+        return std::optional<Element>(std::move(e));
+    }
+
+    // The file whose turn it is passes over its element (a CSV line is not parsed), so a shard
+    // by element after a sequential interleave does not decode the other tasks' elements. Files
+    // read ahead in parallel have produced theirs already.
+    Result<bool> skip() override { return advance(nullptr); }
+
+private:
+    // Takes the next element in cycle order into `out`, or passes over it when `out` is null.
+    Result<bool> advance(Element* out)
+    {
         if (!m_started) {
             m_started = true;
             while (static_cast<int64_t>(m_slots.size()) < m_cycle && m_nextFile < m_files) {
@@ -393,10 +409,16 @@ public:
         }
         for (;;) {
             if (m_ctx.chain->stopped()) return cancelledError();
-            if (m_slots.empty()) return std::optional<Element>();
-            Next r = m_slots[m_cur]->next();
-            if (!r.ok()) return r;
-            if (!r->has_value()) {
+            if (m_slots.empty()) return false;
+            bool more = false;
+            if (out) {
+                Next r = m_slots[m_cur]->next();
+                if (!r.ok()) return r.takeError();
+                if ((more = r->has_value())) *out = std::move(**r);
+            } else {
+                TS_ASSIGN(more, m_slots[m_cur]->skip());
+            }
+            if (!more) {
                 // This file is done: the next file takes its place in the cycle, else the cycle shrinks.
                 m_taken = 0;
                 if (m_nextFile < m_files) {
@@ -412,12 +434,10 @@ public:
                 m_taken = 0;
                 m_cur = (m_cur + 1) % m_slots.size();
             }
-            m_stage.counters.countProduced(**r);
-            return r;
+            return true;
         }
     }
 
-private:
     Result<IteratorPtr> open(std::size_t file)
     {
         TS_ASSIGN(IteratorPtr it, m_factory(file));

@@ -195,7 +195,15 @@ Result<std::shared_ptr<const Arrays>> loadNpz(const std::string& path, const Sou
         if (xk.empty()) xk = has("x") || !has("x_train") ? "x" : "x_train";
         if (yk.empty()) yk = has("y") || !has("y_train") ? "y" : "y_train";
     }
-    TS_ASSIGN(auto arrays, readNpz(path, {xk, yk}));
+    auto read = readNpz(path, {xk, yk});
+    if (!read.ok()) {
+        Error e = read.takeError();
+        // The names were guessed: say how to give the file's own.
+        if (e.code == ErrorCode::NotFound && (s.xKey.empty() || s.yKey.empty()))
+            e.hint += std::string(e.hint.empty() ? "" : "; ") + "name the features and labels with the source's \"x_key\" and \"y_key\"";
+        return e;
+    }
+    auto& arrays = read.value();
     Tensor& x = arrays[xk];
     Tensor& y = arrays[yk];
     if (x.shape().rank() < 1 || y.shape().rank() < 1 || x.shape()[0] != y.shape()[0])

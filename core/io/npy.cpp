@@ -259,11 +259,13 @@ Result<Tensor> readNpy(const std::string& path)
     if (available < dataBytes)
         return makeError(ErrorCode::IoError,
                          ".npy file '" + path + "' is truncated: expected " + std::to_string(dataBytes) +
-                             " bytes of data, found " + std::to_string(available));
+                             " bytes of data, found " + std::to_string(available),
+                         "the file was cut short (an interrupted copy or download); write or copy it again");
     if (available > dataBytes)
         return makeError(ErrorCode::ParseError,
                          ".npy file '" + path + "' has " + std::to_string(available - dataBytes) +
-                             " bytes after the data its header describes");
+                             " bytes after the data its header describes",
+                         "its header does not match its data; write it again with numpy.save");
 
     TS_ASSIGN(Tensor t, Tensor::create(Shape(shapeIt->second.ints), dtype));
     const std::size_t n = static_cast<std::size_t>(numel);

@@ -1245,6 +1245,7 @@ Result<RunInfo> RunStore::createRun(const NewRun& spec)
     info.tags = spec.tags;
     std::sort(info.tags.begin(), info.tags.end());
     info.tags.erase(std::unique(info.tags.begin(), info.tags.end()), info.tags.end());
+    std::erase(info.tags, std::string());  // an empty tag could not be listed, filtered or removed
     info.model = spec.model;
     info.config = spec.config;
     info.devices = spec.devices;

@@ -147,6 +147,7 @@ void TestCli::badInput_data()
     QTest::newRow("negative epochs") << QStringList{"train", "--epochs", "-5"} << QStringList{"--epochs"};
     QTest::newRow("negative limit") << QStringList{"train", "--limit", "-5"} << QStringList{"--limit"};
     QTest::newRow("nan learning rate") << QStringList{"train", "--learning-rate", "nan"} << QStringList{"--learning-rate", "finite"};
+    QTest::newRow("empty tag") << QStringList{"train", "--no-record", "--tag", " "} << QStringList{"--tag", "empty tag"};
     QTest::newRow("too many threads") << QStringList{"train", "--threads", "100000"} << QStringList{"--threads", "1024"};
     // Configurations: the key and the file are named.
     QTest::newRow("config epochs -5") << QStringList{"train", "--config", m_dir.filePath("neg_epochs.json")} << QStringList{"neg_epochs.json", "\"epochs\" is -5"};

@@ -473,6 +473,11 @@ private slots:
         drain(*make(PipelineSpec(SourceSpec::npz({tmp("mismatch.npz")}, "features", "y"))), 0, &err);
         VERIFY_MSG(err, "has no array 'features'");
         VERIFY_MSG(err, "arrays present: x, y");
+        QVERIFY2(!contains(err, "x_key"), err.c_str());  // the names were given: no advice on giving them
+        VERIFY_OK(writeNpz(tmp("named.npz"), {{"feats", x}, {"labels", y}}));
+        drain(*make(PipelineSpec(SourceSpec::npz({tmp("named.npz")}))), 0, &err);
+        VERIFY_MSG(err, "has no array 'x'");
+        VERIFY_MSG(err, "arrays present: feats, labels; name the features and labels with the source's \"x_key\" and \"y_key\"");
 
         writeBytes(tmp("junk.npz"), "this is not a zip archive at all");
         drain(*make(PipelineSpec(SourceSpec::npz({tmp("junk.npz")}))), 0, &err);
@@ -1027,6 +1032,22 @@ private slots:
         QCOMPARE(noInterleave->batchesPerEpoch(), int64_t(-1));  // counted when first read
         QCOMPARE(drain(*noInterleave, 0).size(), std::size_t(9));
         QCOMPARE(noInterleave->examplesPerEpoch(), int64_t(9));
+
+        // A shard after a sequential interleave passes over the other shard's lines unparsed:
+        // 200 is not a number, and only the shard holding its position reads it.
+        writeBytes(paths[2], "v,label\nx,0\n201,0\n202,0\n");
+        auto sharded = [&](int64_t index, int64_t parallel, std::string* err) {
+            PipelineSpec s(SourceSpec::csv(paths, "label"));
+            s.interleave(2, 1, parallel).shard(2, index);
+            std::vector<int> v;
+            for (const auto& e : drain(*make(s), 0, err)) v.push_back(int(e.x.data<float>()[0]));
+            return v;
+        };
+        std::string err;
+        QCOMPARE(sharded(0, 1, &err), (std::vector<int>{0, 1, 2, 3, 202}));
+        QVERIFY2(err.empty(), err.c_str());
+        sharded(1, 1, &err);
+        VERIFY_MSG(err, "'x' is not a number");
     }
 
     void batchShapeMismatch()

@@ -307,6 +307,17 @@ void TestWorker::bindsLoopbackUnlessAllowed()
     QVERIFY(!elsewhere.ok());
     QVERIFY2(elsewhere.error().message.find("192.0.2.1 is not an address of this machine") != std::string::npos,
              elsewhere.error().message.c_str());
+
+    // The daemon refuses a port file it could not write before it serves anything.
+    QTemporaryDir dir;
+    for (const auto& [portFile, says] : {std::pair{dir.path(), QString("is a folder")}, std::pair{dir.filePath("none/w.port"), QString("does not exist")}}) {
+        QProcess daemon;
+        daemon.start(QStringLiteral(TS_WORKER_PATH), {"--listen", "127.0.0.1:0", "--port-file", portFile});
+        QVERIFY(daemon.waitForFinished(10000));
+        QCOMPARE(daemon.exitCode(), 2);
+        const QString err = QString::fromUtf8(daemon.readAllStandardError());
+        QVERIFY2(err.contains("--port-file " + portFile) && err.contains(says) && err.contains("hint:"), qPrintable(err));
+    }
 }
 
 void TestWorker::servesTls()

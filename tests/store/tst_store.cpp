@@ -192,7 +192,7 @@ void TestStore::recordAndQuery()
     spec.seed = 42;
     spec.strategy = "mirrored";
     spec.devices = {"cpu:0", "cpu:1"};
-    spec.tags = {"b", "a", "a"};
+    spec.tags = {"b", "a", "a", ""};  // duplicates and the empty tag are dropped
     auto run = store->createRun(spec);
     QVERIFY(run.ok());
     QCOMPARE(run->id.size(), std::size_t(36));
