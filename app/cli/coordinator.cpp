@@ -62,14 +62,13 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         cfg.modelFile.clear();
     }
     const bool ps = strategy == "parameter-server";
-    // parameter-server: this process pulls the final weights from the ps tasks, so it can write
-    // them itself; the workers are never told a path.
-    const std::string saveWeights = ps ? cfg.saveWeights : std::string();
-    if (ps) cfg.saveWeights.clear();
-    if (!cfg.saveWeights.empty() || !cfg.loadWeights.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument,
-                                 ps ? "--load-weights is not available with --cluster yet" : "--save-weights/--load-weights are not available with --cluster yet",
-                                 "workers write no files the coordinator names; train with --tf-config on each machine to keep weights"));
+    // The final weights come back to this process (pulled from the ps tasks, or sent by the
+    // chief), which writes them itself; the workers are never told a path.
+    const std::string saveWeights = cfg.saveWeights;
+    cfg.saveWeights.clear();
+    if (!cfg.loadWeights.empty()) {
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--load-weights is not available with --cluster yet",
+                                 "workers read no files the coordinator names; train with --tf-config on each machine to start from saved weights"));
         return 2;
     }
     ts::telemetry::EventBus bus;
@@ -142,15 +141,16 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         else std::printf("Epoch %lld: loss %.4f accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc, m.samplesPerSec);
         std::fflush(stdout);
     });
-    // A cancelled run saves its weights so far, as a local run does.
-    if (result.ok() && !saveWeights.empty() && !c.finalWeights().empty()) {
-        ts::Status saved = ts::writeSafetensors(saveWeights, c.finalWeights(), {{"format", "trainstudio"}, {"model", modelName},
-                                                                                {"step", std::to_string(result->steps)}});
+    // A cancelled run keeps its weights so far, as a local run does; the record lists them (in
+    // the run's folder when no --save-weights names a file).
+    if (result.ok() && !c.finalWeights().empty()) {
+        const std::map<std::string, std::string> meta{{"format", "trainstudio"}, {"model", modelName}, {"step", std::to_string(result->steps)}};
+        ts::Status saved = saveWeights.empty() ? ts::okStatus() : ts::writeSafetensors(saveWeights, c.finalWeights(), meta);
         if (!saved.ok()) result = saved.error();
-        else if (recording) {
-            ts::PreparedRun none;  // the weights are written already: keepWeights only lists them
-            recording->keepWeights(none, saveWeights, result->steps);
-        }
+        else if (recording) recording->keepWeights(c.finalWeights(), meta, saveWeights, result->steps);
+    } else if (result.ok() && !saveWeights.empty()) {
+        printError(ts::makeError(ts::ErrorCode::Internal, "no weights came back from the cluster: " + saveWeights + " was not written",
+                                 "the run's log says why (trainstudio-cli runs show RUN)"));
     }
     if (recording) {
         recording->setDevices(c.devices());

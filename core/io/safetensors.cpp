@@ -118,8 +118,18 @@ Status writeFileAtomically(const std::string& path, const std::vector<std::strin
     return okStatus();
 }
 
-Status writeSafetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                        const std::map<std::string, std::string>& metadata)
+namespace {
+
+// A safetensors file's bytes as views: the length and header held here, the tensors' data where
+// it lies (no copy). `path` names the destination in errors.
+struct Encoded {
+    char len[8];
+    std::string text;
+    std::vector<std::string_view> parts;
+};
+
+Status encodeParts(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                   const std::map<std::string, std::string>& metadata, Encoded& out)
 {
     nlohmann::ordered_json header = nlohmann::ordered_json::object();
     if (!metadata.empty()) {
@@ -165,7 +175,7 @@ Status writeSafetensors(const std::string& path, const std::vector<std::pair<std
         header[name] = std::move(entry);
     }
 
-    std::string text;
+    std::string& text = out.text;
     try {
         text = header.dump();
     } catch (const nlohmann::json::exception& e) {
@@ -175,11 +185,11 @@ Status writeSafetensors(const std::string& path, const std::vector<std::pair<std
                          "tensor names and metadata must be valid UTF-8");
     }
     text.append((8 - text.size() % 8) % 8, ' ');
-    char len[8];
+    char* len = out.len;
     uint64_t n = text.size();
     for (int i = 0; i < 8; ++i) len[i] = static_cast<char>((n >> (8 * i)) & 0xFF);
 
-    std::vector<std::string_view> parts;
+    std::vector<std::string_view>& parts = out.parts;
     parts.reserve(tensors.size() + 2);
     parts.emplace_back(len, 8);
     parts.emplace_back(text);
@@ -187,44 +197,47 @@ Status writeSafetensors(const std::string& path, const std::vector<std::pair<std
         const Tensor& t = tensors[i].second;
         parts.emplace_back(static_cast<const char*>(t.raw()), t.bytes());
     }
-    return writeFileAtomically(path, parts);
+    return okStatus();
 }
 
-Result<SafetensorsFile> readSafetensors(const std::string& path)
+} // namespace
+
+Status writeSafetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                        const std::map<std::string, std::string>& metadata)
 {
-    namespace fs = std::filesystem;
-    std::error_code ec;
-    const auto st = fs::status(path, ec);
-    if (!fs::exists(st)) return makeError(ErrorCode::NotFound, "safetensors file '" + path + "' does not exist");
-    if (!fs::is_regular_file(st))
-        return makeError(ErrorCode::IoError, "safetensors path '" + path + "' is not a regular file");
-    const uint64_t fileSize = fs::file_size(path, ec);
-    if (ec) return makeError(ErrorCode::IoError, "cannot stat '" + path + "': " + ec.message());
+    Encoded e;
+    TS_TRY(encodeParts(path, tensors, metadata, e));
+    return writeFileAtomically(path, e.parts);
+}
 
-    FilePtr f(std::fopen(path.c_str(), "rb"));
-    if (!f) return makeError(ErrorCode::IoError, "cannot open '" + path + "': " + std::strerror(errno));
+Result<std::string> encodeSafetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                      const std::map<std::string, std::string>& metadata, const std::string& label)
+{
+    Encoded e;
+    TS_TRY(encodeParts(label, tensors, metadata, e));
+    std::size_t total = 0;
+    for (const auto& p : e.parts) total += p.size();
+    std::string bytes;
+    bytes.reserve(total);
+    for (const auto& p : e.parts) bytes.append(p);
+    return bytes;
+}
 
-    if (fileSize < 8)
-        return makeError(ErrorCode::IoError,
-                         "safetensors file '" + path + "' is " + std::to_string(fileSize) +
-                             " bytes, too short for the 8-byte header length");
-    unsigned char len[8];
-    if (std::fread(len, 1, 8, f.get()) != 8)
-        return makeError(ErrorCode::IoError, "cannot read the header length of '" + path + "'");
-    uint64_t headerLen = 0;
-    for (int i = 7; i >= 0; --i) headerLen = (headerLen << 8) | len[i];
-    if (headerLen > fileSize - 8)
-        return makeError(ErrorCode::ParseError,
-                         "safetensors file '" + path + "' declares a " + std::to_string(headerLen) +
-                             "-byte header but only " + std::to_string(fileSize - 8) + " bytes follow the length",
-                         "the file is truncated or not a safetensors file");
-    if (headerLen > kMaxHeaderBytes)
-        return makeError(ErrorCode::ParseError, "safetensors file '" + path + "' declares a " +
-                                                    std::to_string(headerLen) + "-byte header (limit 100 MB)");
-    std::string text(static_cast<std::size_t>(headerLen), '\0');
-    if (std::fread(text.data(), 1, text.size(), f.get()) != text.size())
-        return makeError(ErrorCode::IoError, "cannot read the header of '" + path + "'");
+namespace {
 
+struct Span {
+    uint64_t begin, end;
+    std::string name;
+};
+struct Layout {
+    SafetensorsFile file;     // tensors allocated, not yet filled
+    std::vector<Span> spans;  // by offset, contiguous, covering the data buffer
+};
+
+// Validates the JSON header `text` against a data buffer of `bufferSize` bytes.
+Result<Layout> parseLayout(const std::string& text, uint64_t bufferSize, const std::string& path)
+{
+    Layout layout;
     nlohmann::ordered_json header;
     try {
         header = nlohmann::ordered_json::parse(text);
@@ -236,13 +249,8 @@ Result<SafetensorsFile> readSafetensors(const std::string& path)
         return makeError(ErrorCode::ParseError,
                          "safetensors file '" + path + "': the header is JSON but not an object");
 
-    const uint64_t bufferSize = fileSize - 8 - headerLen;
-    SafetensorsFile out;
-    struct Span {
-        uint64_t begin, end;
-        std::string name;
-    };
-    std::vector<Span> spans;
+    SafetensorsFile& out = layout.file;
+    std::vector<Span>& spans = layout.spans;
 
     for (const auto& [name, v] : header.items()) {
         if (name == "__metadata__") {
@@ -329,15 +337,82 @@ Result<SafetensorsFile> readSafetensors(const std::string& path)
                          "safetensors file '" + path + "' has " + std::to_string(bufferSize - pos) +
                              " bytes after the last tensor's data that no tensor covers");
 
+    return layout;
+}
+
+// The 8-byte little-endian header length at the start of a file.
+uint64_t headerLength(const unsigned char* len)
+{
+    uint64_t headerLen = 0;
+    for (int i = 7; i >= 0; --i) headerLen = (headerLen << 8) | len[i];
+    return headerLen;
+}
+
+} // namespace
+
+Result<SafetensorsFile> readSafetensors(const std::string& path)
+{
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const auto st = fs::status(path, ec);
+    if (!fs::exists(st)) return makeError(ErrorCode::NotFound, "safetensors file '" + path + "' does not exist");
+    if (!fs::is_regular_file(st))
+        return makeError(ErrorCode::IoError, "safetensors path '" + path + "' is not a regular file");
+    const uint64_t fileSize = fs::file_size(path, ec);
+    if (ec) return makeError(ErrorCode::IoError, "cannot stat '" + path + "': " + ec.message());
+
+    FilePtr f(std::fopen(path.c_str(), "rb"));
+    if (!f) return makeError(ErrorCode::IoError, "cannot open '" + path + "': " + std::strerror(errno));
+
+    if (fileSize < 8)
+        return makeError(ErrorCode::IoError,
+                         "safetensors file '" + path + "' is " + std::to_string(fileSize) +
+                             " bytes, too short for the 8-byte header length");
+    unsigned char len[8];
+    if (std::fread(len, 1, 8, f.get()) != 8)
+        return makeError(ErrorCode::IoError, "cannot read the header length of '" + path + "'");
+    const uint64_t headerLen = headerLength(len);
+    if (headerLen > fileSize - 8)
+        return makeError(ErrorCode::ParseError,
+                         "safetensors file '" + path + "' declares a " + std::to_string(headerLen) +
+                             "-byte header but only " + std::to_string(fileSize - 8) + " bytes follow the length",
+                         "the file is truncated or not a safetensors file");
+    if (headerLen > kMaxHeaderBytes)
+        return makeError(ErrorCode::ParseError, "safetensors file '" + path + "' declares a " +
+                                                    std::to_string(headerLen) + "-byte header (limit 100 MB)");
+    std::string text(static_cast<std::size_t>(headerLen), '\0');
+    if (std::fread(text.data(), 1, text.size(), f.get()) != text.size())
+        return makeError(ErrorCode::IoError, "cannot read the header of '" + path + "'");
+
+    TS_ASSIGN(Layout layout, parseLayout(text, fileSize - 8 - headerLen, path));
+    SafetensorsFile& out = layout.file;
     // Offsets are contiguous now, so one sequential pass reads everything.
-    for (const Span& s : spans) {
+    for (const Span& s : layout.spans) {
         Tensor& t = out.tensors.at(s.name);
         const std::size_t n = static_cast<std::size_t>(s.end - s.begin);
         if (n > 0 && std::fread(t.raw(), 1, n, f.get()) != n)
             return makeError(ErrorCode::IoError, "cannot read tensor '" + s.name + "' from safetensors file '" + path +
                                                      "'" + (std::ferror(f.get()) ? ": " + std::string(std::strerror(errno)) : ""));
     }
-    return out;
+    return std::move(layout.file);
+}
+
+Result<SafetensorsFile> decodeSafetensors(std::string_view bytes, const std::string& label)
+{
+    if (bytes.size() < 8)
+        return makeError(ErrorCode::ParseError, "safetensors file '" + label + "' is " + std::to_string(bytes.size()) +
+                                                    " bytes, too short for the 8-byte header length");
+    const uint64_t headerLen = headerLength(reinterpret_cast<const unsigned char*>(bytes.data()));
+    if (headerLen > bytes.size() - 8 || headerLen > kMaxHeaderBytes)
+        return makeError(ErrorCode::ParseError, "safetensors file '" + label + "' declares a " + std::to_string(headerLen) +
+                                                    "-byte header but " + std::to_string(bytes.size() - 8) + " bytes follow the length",
+                         "the bytes are truncated or not a safetensors file");
+    const std::string text(bytes.substr(8, static_cast<std::size_t>(headerLen)));
+    const std::string_view data = bytes.substr(8 + static_cast<std::size_t>(headerLen));
+    TS_ASSIGN(Layout layout, parseLayout(text, data.size(), label));
+    for (const Span& s : layout.spans)
+        if (s.end > s.begin) std::memcpy(layout.file.tensors.at(s.name).raw(), data.data() + s.begin, static_cast<std::size_t>(s.end - s.begin));
+    return std::move(layout.file);
 }
 
 } // namespace ts

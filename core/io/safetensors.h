@@ -34,6 +34,13 @@ Status writeSafetensors(const std::string& path, const std::vector<std::pair<std
 // as the reference implementation requires). Errors name the file and the tensor.
 Result<SafetensorsFile> readSafetensors(const std::string& path);
 
+// The bytes writeSafetensors would write, in memory (for sending weights over the network);
+// `label` names them in errors.
+Result<std::string> encodeSafetensors(const std::vector<std::pair<std::string, Tensor>>& tensors,
+                                      const std::map<std::string, std::string>& metadata, const std::string& label);
+// readSafetensors over bytes in memory, with the same validation; `label` names them in errors.
+Result<SafetensorsFile> decodeSafetensors(std::string_view bytes, const std::string& label);
+
 // Writes `parts` one after another to a temporary file in path's folder, fsyncs it and renames
 // it over `path` (then fsyncs the folder), so a crash never leaves a half-written file behind.
 // Shared by the writers in core/io.

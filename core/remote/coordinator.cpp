@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "data/dataset.h"
+#include "io/safetensors.h"
 #include "remote/ps_client.h"
 #include "remote/task_telemetry.h"
 #include "telemetry/bus.h"
@@ -522,6 +523,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     };
     // Each task's last reported step: a run stopped early has no "final" event to count from.
     std::vector<int64_t> lastStep(m_tasks.size(), 0);
+    // multi-worker-mirrored: the chief's weights at its end, as its "weights" parts arrive.
+    std::string chiefWeights;
+    int64_t weightParts = 0, weightPartsExpected = -1;
     std::vector<PsLoad> psLoad(m_tasks.size());
     std::unique_lock lock(inbox.mutex);
     for (;;) {
@@ -617,6 +621,17 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     fit.seconds = std::max(fit.seconds, f.value("seconds", 0.0));
                     fit.steps = workerSteps;
                     fit.samplesPerSec = workerSamplesPerSec;
+                }
+            } else if (e.kind == "weights" && chief && !psRun) {
+                // Parts arrive in order on the one stream; anything else is a broken sender and
+                // leaves the run without weights rather than with damaged ones.
+                const int64_t part = f.value("part", int64_t{-1}), parts = f.value("parts", int64_t{0});
+                if (part == weightParts && parts > 0 && (weightPartsExpected < 0 || parts == weightPartsExpected)) {
+                    weightPartsExpected = parts;
+                    chiefWeights += e.payload;
+                    ++weightParts;
+                } else {
+                    weightParts = -1;
                 }
             } else if (e.kind == "final" && chief) {
                 fit.steps = f.value("steps", int64_t{0});
@@ -716,6 +731,21 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 break;
             }
     fit.cancelled = (anyCancelled || m_cancel) && !failure;
+    if (!psRun && !failure && weightParts > 0) {
+        if (weightParts != weightPartsExpected) {
+            bus.publish(tm::Event(tm::LogEvent{stamp(m_tasks[primary]->id.toString(), "", lastStep[primary]), tm::LogLevel::Warning,
+                                               m_tasks[primary]->label + " sent " + std::to_string(weightParts) + " of " +
+                                                   std::to_string(weightPartsExpected) + " parts of its weights: none are kept"}));
+        } else {
+            auto decoded = decodeSafetensors(chiefWeights, m_tasks[primary]->label + "'s weights");
+            if (decoded.ok()) {
+                for (const auto& name : decoded->order) m_finalWeights.emplace_back(name, decoded->tensors.at(name));
+            } else {
+                bus.publish(tm::Event(tm::LogEvent{stamp(m_tasks[primary]->id.toString(), "", lastStep[primary]), tm::LogLevel::Warning,
+                                                   "the weights could not be read: " + decoded.error().message}));
+            }
+        }
+    }
     if (fit.steps == 0) {
         // Stopped before the "final" events (Stop, Ctrl-C): the steps the tasks reported, counted
         // as those are (parameter server: every worker's updates; else the chief's steps).

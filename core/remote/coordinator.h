@@ -105,8 +105,9 @@ public:
     // After run(): the devices each training task trained on, as the run record lists them
     // ({"task", "device", "name", "memory_total"}); empty before a task started.
     nlohmann::json devices() const { return m_devices; }
-    // parameter-server: the weights the ps tasks held when the last run() completed (Keras names
-    // and layouts, host tensors); empty after a failed or cancelled run, and for other strategies.
+    // The weights the last run() ended with (Keras names and layouts, host tensors): the ps
+    // tasks' (parameter-server) or the chief's, which it sends at its end (multi-worker-mirrored).
+    // A run stopped by cancel() keeps them too; empty after a failed run.
     const std::vector<std::pair<std::string, Tensor>>& finalWeights() const { return m_finalWeights; }
     const ClusterSpec& spec() const { return m_options.spec; }
     // How many times the last run() was restarted from its backup.

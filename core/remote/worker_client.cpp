@@ -178,6 +178,7 @@ Status WorkerClient::streamEvents(const std::string& runId, const std::function<
         w.wallTime = e.wall_time();
         w.fields = nlohmann::json::parse(e.json(), nullptr, false);
         if (w.fields.is_discarded()) w.fields = nlohmann::json::object();
+        w.payload = std::move(*e.mutable_payload());
         onEvent(w);
     }
     const grpc::Status st = reader->Finish();

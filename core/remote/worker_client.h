@@ -39,6 +39,7 @@ struct WorkerEvent {
     int64_t step = 0;
     double wallTime = 0;
     nlohmann::json fields;
+    std::string payload;  // "weights": a part of the chief's weights
 };
 
 struct WorkerPulse {

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distribute/cluster_spec.h"
+#include "io/safetensors.h"
 #include "remote/cluster.h"
 #include "remote/parameter_service.h"
 #include "remote/ps_client.h"
@@ -327,9 +328,11 @@ private:
                " ago; it lapses in " + elapsedText(std::ceil(left)) + " unless that run starts)";
     }
 
-    void publish(const std::string& kind, int64_t step, const nlohmann::json& fields, const std::string& device = {})
+    void publish(const std::string& kind, int64_t step, const nlohmann::json& fields, const std::string& device = {},
+                 std::string payload = {})
     {
         Event e;
+        if (!payload.empty()) e.set_payload(std::move(payload));
         e.set_run_id(m_runId);
         e.set_worker(m_task);
         e.set_device(device.empty() ? m_device : device);
@@ -341,6 +344,26 @@ private:
         m_events.push_back(std::move(e));
         m_step = step;
         m_cv.notify_all();
+    }
+
+    // The trainer's weights as "weights" events (safetensors bytes in parts that fit any message
+    // limit). A failure to export is logged and sent as a note; the run itself has trained.
+    void publishWeights(Trainer& trainer, int64_t step)
+    {
+        auto params = trainer.strategy().exportParameters();
+        auto bytes = params.ok() ? encodeSafetensors(*params, {{"format", "trainstudio"}, {"model", trainer.modelName()}, {"step", std::to_string(step)}},
+                                                     m_task + "'s weights")
+                                 : Result<std::string>(params.error());
+        if (!bytes.ok()) {
+            logLine("run " + m_runId + ": cannot send the weights: " + bytes.error().toString());
+            publish("log", step, {{"level", static_cast<int>(telemetry::LogLevel::Warning)}, {"message", "the chief could not send its weights: " + bytes.error().message}});
+            return;
+        }
+        constexpr std::size_t kPart = 1 << 20;
+        const std::size_t total = bytes->size();
+        const std::size_t parts = std::max<std::size_t>(1, (total + kPart - 1) / kPart);
+        for (std::size_t i = 0; i < parts; ++i)
+            publish("weights", step, {{"part", i}, {"parts", parts}, {"bytes", total}}, {}, bytes->substr(i * kPart, kPart));
     }
 
     // Spans of one drain go as one "spans" event, at most kSpansPerEvent each (a traced step of a
@@ -634,13 +657,24 @@ private:
             final["staleness_mean"] = st.pushes > 0 ? st.sum / static_cast<double>(st.pushes) : 0.0;
         }
         dropStore();
+        // The chief of a multi-worker run hands the run's weights to the coordinator, which keeps
+        // them with the run (the workers write no files it names). A stopped run's too, as a
+        // local run keeps them: a step broken off by the stop was not applied.
+        const bool chief = !store && spec.task() == spec.coordinator();
         if (!result.ok() && m_cancelRequested) {
             // Told to cancel, the tasks stop at their own next step: one still in a collective
             // sees its peers leave. That is the cancel, not a failure.
             logLine("run " + m_runId + " cancelled (" + result.error().message + ")");
+            bool byUser = false;  // not because another task failed
+            {
+                std::lock_guard lock(m_mutex);
+                byUser = m_cancelReason.empty();
+            }
+            if (chief && byUser) publishWeights(*run.trainer, run.trainer->globalStep());
             return finish("cancelled", {});
         }
         if (!result.ok()) return finish("failed", result.error().message, result.error().hint);
+        if (chief) publishWeights(*run.trainer, result->steps);
         if (result->cancelled) return finish("cancelled", {});
         final["epochs"] = result->epochs;
         final["samples_per_sec"] = result->samplesPerSec;

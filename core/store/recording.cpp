@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "io/safetensors.h"
 #include "store/bus_sink.h"
 #include "telemetry/advisor_sink.h"
 #include "train/run_config.h"
@@ -122,6 +123,25 @@ void RunRecording::keepWeights(PreparedRun& run, const std::string& savedPath, i
         return;
     }
     auto c = m_store.addCheckpoint(m_id, savedPath, step, "final");
+    if (!c.ok()) warn(c.error());
+}
+
+void RunRecording::keepWeights(const std::vector<std::pair<std::string, Tensor>>& weights, const std::map<std::string, std::string>& metadata,
+                               const std::string& savedPath, int64_t step)
+{
+    if (m_id.empty() || weights.empty()) return;
+    std::string path = savedPath;
+    if (path.empty()) {
+        const std::filesystem::path dir = m_store.runFilesDir(m_id);
+        std::error_code ec;
+        std::filesystem::create_directories(dir, ec);
+        path = (dir / "final.safetensors").string();
+        if (Status s = writeSafetensors(path, weights, metadata); !s.ok()) {
+            warn(s.error());
+            return;
+        }
+    }
+    auto c = m_store.addCheckpoint(m_id, path, step, "final");
     if (!c.ok()) warn(c.error());
 }
 

@@ -13,11 +13,13 @@
 //    default standard error), and the run carries on unrecorded or partly recorded.
 
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "common/result.h"
+#include "tensor/tensor.h"
 #include "store/run_store.h"
 
 namespace ts {
@@ -76,6 +78,9 @@ public:
     // Keeps the final weights: `savedPath` if given, else a file in the store's folder written
     // from `run`'s trainer.
     void keepWeights(PreparedRun& run, const std::string& savedPath, int64_t step);
+    // The same for weights that came from elsewhere (a remote run's chief or ps tasks).
+    void keepWeights(const std::vector<std::pair<std::string, Tensor>>& weights, const std::map<std::string, std::string>& metadata,
+                     const std::string& savedPath, int64_t step);
     // Writes the weights into the run's folder (atomically) as a periodic checkpoint.
     void checkpoint(PreparedRun& run, int64_t epoch, int64_t step);
     // Another file the run wrote (kind "trace"): listed with the run, removed with it.

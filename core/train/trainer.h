@@ -138,6 +138,7 @@ public:
     bool requestTrace(int64_t steps, bool layers = false);
 
     Strategy& strategy() { return *m_strategy; }
+    const std::string& modelName() const { return m_modelName; }
     const GraphAnalysis& graph() const { return *m_graph; }
     const LossSpec& loss() const { return m_loss; }
     float baseLearningRate() const { return m_baseLr; }

@@ -954,6 +954,16 @@ void TestIo::safetensorsRoundTrip()
     }
     QCOMPARE(r->tensors.at("view").toVector(), (std::vector<float>{3, 4, 5, 6}));
 
+    // In memory: the same bytes, and the same tensors back.
+    auto encoded = encodeSafetensors(in, meta, "the weights");
+    QVERIFY2(encoded.ok(), encoded.ok() ? "" : encoded.error().toString().c_str());
+    QVERIFY(*encoded == bytes);
+    auto decoded = decodeSafetensors(*encoded, "the weights");
+    QVERIFY2(decoded.ok(), decoded.ok() ? "" : decoded.error().toString().c_str());
+    QCOMPARE(decoded->metadata, meta);
+    QCOMPARE(decoded->order, names);
+    for (const auto& [name, t] : in) QCOMPARE(std::memcmp(decoded->tensors.at(name).raw(), t.raw(), t.bytes()), 0);
+
     // Nothing left behind but the file itself.
     int files = 0;
     for (const auto& e : fs::directory_iterator(m_tmp.path().toStdString()))
@@ -1060,6 +1070,12 @@ void TestIo::safetensorsCorrupt()
     VERIFY_MSG(r.error().message, path);
     if (!tensor.isEmpty()) VERIFY_MSG(r.error().message, "'" + tensor.toStdString() + "'");
     VERIFY_MSG(r.error().message, needle.toStdString());
+
+    // Bytes in memory get the same checks, named by their label.
+    auto inMemory = decodeSafetensors(bytes.toStdString(), "chief:0's weights");
+    QVERIFY(!inMemory.ok());
+    VERIFY_MSG(inMemory.error().message, "chief:0's weights");
+    if (!tensor.isEmpty()) VERIFY_MSG(inMemory.error().message, "'" + tensor.toStdString() + "'");
 
     auto missing = readSafetensors(tmp("absent.safetensors"));
     QVERIFY(!missing.ok());

@@ -20,9 +20,11 @@
 #include "io/safetensors.h"
 #include "store/run_store.h"
 
+#include "distributed/weight_diff.h"
 #include "distributed/worker_process.h"
 
 using namespace ts;
+using tstest::maxDiff;
 
 namespace {
 
@@ -86,23 +88,6 @@ Finished finish(QProcess& p, int ms = 120000)
     f.code = p.exitStatus() == QProcess::NormalExit ? p.exitCode() : -2;
     f.out = QString::fromUtf8(p.readAllStandardOutput()) + QString::fromUtf8(p.readAllStandardError());
     return f;
-}
-
-// Largest |a - b| over all tensors of two weight files (which must hold the same names/sizes).
-double maxDiff(const QString& a, const QString& b)
-{
-    auto fa = readSafetensors(a.toStdString());
-    auto fb = readSafetensors(b.toStdString());
-    if (!fa.ok() || !fb.ok()) return 1e9;
-    if (fa->tensors.size() != fb->tensors.size() || fa->tensors.empty()) return 1e9;
-    double worst = 0;
-    for (const auto& [name, x] : fa->tensors) {
-        auto it = fb->tensors.find(name);
-        if (it == fb->tensors.end() || x.numel() != it->second.numel()) return 1e9;
-        const Tensor& y = it->second;
-        for (int64_t k = 0; k < x.numel(); ++k) worst = std::max(worst, std::fabs(double(x.data<float>()[k]) - double(y.data<float>()[k])));
-    }
-    return worst;
 }
 
 void writeFile(const QString& path, const QByteArray& bytes)

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
+#include "distributed/weight_diff.h"
 #include "distributed/worker_process.h"
 #include "model/spec.h"
 #include "remote/coordinator.h"
@@ -59,6 +60,7 @@ std::unique_ptr<WorkerDaemon> startDaemon()
 }
 
 using tstest::WorkerProcess;
+using tstest::maxDiff;
 
 std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QString& name) { return tstest::spawnWorker(dir, name, kToken); }
 
@@ -362,7 +364,8 @@ void TestWorker::coordinatedRunIsRecorded()
     QVERIFY(!cluster.isEmpty());
     const QString db = dir.filePath("runs.db");
     // 300 steps (~0.5 s): long enough for the workers' 10 Hz device samplers to report.
-    auto coord = startCoordinator(coordinatorArgs(cluster, 300) + QStringList{"--db", db, "--json"});
+    const QString weights = dir.filePath("remote.safetensors");
+    auto coord = startCoordinator(coordinatorArgs(cluster, 300) + QStringList{"--db", db, "--json", "--save-weights", weights});
     QVERIFY(coord->waitForFinished(120000));
     const QString out = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
     QVERIFY2(coord->exitCode() == 0, qPrintable(out));
@@ -402,6 +405,38 @@ void TestWorker::coordinatedRunIsRecorded()
         tasks.insert(d.value("task", ""));
     }
     QVERIFY2(tasks == std::set<std::string>({"chief:0", "worker:0"}), run->devices.dump().c_str());
+
+    // The chief sent its weights back: --save-weights has them, the run lists them, and they are
+    // one process's with the same global batch (two replicas as threads).
+    auto kept = store->checkpoints(runId.toStdString());
+    QVERIFY(kept.ok());
+    QCOMPARE(kept->size(), std::size_t(1));
+    QCOMPARE(kept->front().kind, std::string("final"));
+    QCOMPARE(kept->front().path, weights.toStdString());
+    QCOMPARE(kept->front().step, int64_t(300));
+    const QString local = dir.filePath("local.safetensors");
+    QProcess one;
+    QStringList oneArgs = coordinatorArgs(cluster, 300);
+    oneArgs.remove(1, 2);  // --cluster FILE
+    one.start(QStringLiteral(TS_CLI_PATH), oneArgs + QStringList{"--strategy", "mirrored", "--devices", "cpu:0,cpu:1", "--no-record", "--save-weights", local});
+    QVERIFY(one.waitForFinished(120000));
+    QVERIFY2(one.exitCode() == 0, one.readAllStandardError().constData());
+    const double diff = maxDiff(weights, local);
+    QVERIFY2(diff < 1e-5, qPrintable(QString("coordinated vs one process: %1").arg(diff)));
+
+    // Without --save-weights the run keeps them in its folder, as a local run does (the studio's way).
+    auto again = startCoordinator(coordinatorArgs(cluster, 20) + QStringList{"--db", db, "--json"});
+    QVERIFY(again->waitForFinished(120000));
+    QVERIFY2(again->exitCode() == 0, again->readAllStandardError().constData());
+    const auto j2 = nlohmann::json::parse(QString::fromUtf8(again->readAllStandardOutput()).trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY(!j2.is_discarded() && j2.contains("run_id"));
+    auto keptAgain = store->checkpoints(j2["run_id"].get<std::string>());
+    QVERIFY(keptAgain.ok() && keptAgain->size() == 1);
+    QVERIFY2(keptAgain->front().path.find("final.safetensors") != std::string::npos, keptAgain->front().path.c_str());
+    auto file = readSafetensors(keptAgain->front().path);
+    QVERIFY2(file.ok(), file.ok() ? "" : file.error().toString().c_str());
+    QCOMPARE(file->metadata["step"], std::string("20"));
+    QCOMPARE(file->metadata["model"], std::string("seed_mlp"));
 }
 
 // --restarts with daemons: the worker daemon is killed with SIGKILL mid-run and started again on

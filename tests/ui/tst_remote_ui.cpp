@@ -30,6 +30,7 @@
 #include "distributed/worker_process.h"
 #include "dashboard/dashboardwidget.h"
 #include "data/dataset.h"
+#include "io/safetensors.h"
 #include "mainwindow.h"
 #include "session/trainingsession.h"
 #include "setup/runsetuppanel.h"
@@ -65,6 +66,19 @@ int deadPort()
 QString cluster(int chief, int worker)
 {
     return QString(R"({"cluster": {"chief": ["127.0.0.1:%1"], "worker": ["127.0.0.1:%2"]}})").arg(chief).arg(worker);
+}
+
+// The run lists one "final" checkpoint (at `step`, unless -1) whose file holds the seed MLP's weights.
+bool hasFinalWeights(store::RunStore& store, const std::string& runId, int64_t step)
+{
+    auto kept = store.checkpoints(runId);
+    if (!kept.ok() || kept->size() != 1 || kept->front().kind != "final" || (step >= 0 && kept->front().step != step)) {
+        qWarning("checkpoints of %s: %s", runId.c_str(), kept.ok() ? std::to_string(kept->size()).c_str() : kept.error().toString().c_str());
+        return false;
+    }
+    auto file = readSafetensors(kept->front().path);
+    if (!file.ok()) qWarning("%s", file.error().toString().c_str());
+    return file.ok() && file->tensors.size() == 4;  // two Dense layers: kernel and bias each
 }
 
 bool itemEnabled(QComboBox* box, int index)
@@ -302,6 +316,8 @@ void TestRemoteUi::trainsOnRemoteWorkersFromTheGui()
     QCOMPARE(int(info->status), int(telemetry::RunState::Completed));
     QCOMPARE(info->strategy, std::string("multi-worker-mirrored"));
     QCOMPARE(info->lastStep, int64_t(32));
+    // The chief's weights are kept with the run, as a local run's are, so the history can export them.
+    QVERIFY(hasFinalWeights(*store, w->session()->runId().toStdString(), 32));
 }
 
 void TestRemoteUi::stopEndsTheRemoteRun()
@@ -341,6 +357,7 @@ void TestRemoteUi::stopEndsTheRemoteRun()
     QVERIFY(info.ok());
     QCOMPARE(int(info->status), int(telemetry::RunState::Cancelled));
     QVERIFY(info->lastStep > 0);
+    QVERIFY(hasFinalWeights(*store, w->session()->runId().toStdString(), -1));  // the weights so far
     // The workers are idle again: a new check finds both ready.
     // (A worker reports busy until its task has wound down: check again for a few seconds.)
     QSignalSpy done(setup->clusterProbe(), &ClusterProbe::finished);
@@ -393,6 +410,7 @@ void TestRemoteUi::trainsWithParameterServerFromTheGui()
     auto metrics = store->metricNames(id);
     QVERIFY(metrics.ok());
     QVERIFY2(std::find(metrics->begin(), metrics->end(), "staleness") != metrics->end(), "no staleness metric");
+    QVERIFY(hasFinalWeights(*store, id, -1));  // pulled from the ps task
 }
 
 QTEST_MAIN(TestRemoteUi)

@@ -239,6 +239,11 @@ void TrainingSession::engineRemote(RunConfig config, std::string runName)
         m_recording = nullptr;
     }
     recording->setDevices(coordinator->devices());
+    // The weights the run ended with (the chief's or the ps tasks'), kept with the run as a
+    // local run's are, so the history can export them.
+    if (result.ok())
+        recording->keepWeights(coordinator->finalWeights(), {{"format", "trainstudio"}, {"model", config.model.name}, {"step", std::to_string(result->steps)}},
+                               {}, result->steps);
     recording->fitDone(result, m_interrupted);
     State end = State::Completed;
     QString message;
