@@ -67,9 +67,16 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     const std::string saveWeights = cfg.saveWeights;
     cfg.saveWeights.clear();
     if (!cfg.loadWeights.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--load-weights is not available with --cluster yet",
-                                 "workers read no files the coordinator names; train with --tf-config on each machine to start from saved weights"));
-        return 2;
+        // The coordinator sends the file's weights to every task; checked before any contact.
+        if (ps) {
+            printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--load-weights is not available for parameter-server runs",
+                                     "the ps tasks initialise the variables; start the run without --load-weights"));
+            return 2;
+        }
+        if (auto w = ts::readSafetensors(cfg.loadWeights); !w.ok()) {
+            printError(w.error());
+            return 2;
+        }
     }
     ts::telemetry::EventBus bus;
     // --trace: every task traces every step and streams its spans here; one file holds them all,

@@ -13,6 +13,7 @@
 #include <optional>
 #include <thread>
 
+#include "common/json_document.h"
 #include "data/dataset.h"
 #include "io/safetensors.h"
 #include "remote/ps_client.h"
@@ -299,6 +300,29 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
 {
     cfg.strategy.kind = m_strategy;
     m_restarts = 0;
+    // --load-weights: the tasks cannot read this machine's files, so the bytes travel with each
+    // task (checked here first, so a damaged file fails before any worker starts).
+    m_initialWeights.clear();
+    m_initialWeightsName = cfg.loadWeights;
+    Status weightsOk = okStatus();
+    if (!cfg.loadWeights.empty()) {
+        if (m_strategy != "multi-worker-mirrored") {
+            weightsOk = makeError(ErrorCode::Unsupported, "a parameter-server run cannot start from saved weights (" + cfg.loadWeights + ")",
+                                  "start it without load_weights: the ps tasks initialise the variables");
+        } else {
+            auto bytes = readTextFile(cfg.loadWeights, "weights file");
+            auto decoded = bytes.ok() ? decodeSafetensors(*bytes, cfg.loadWeights) : Result<SafetensorsFile>(bytes.error());
+            if (decoded.ok()) m_initialWeights = std::move(bytes).value();
+            else weightsOk = decoded.takeError();
+        }
+        cfg.loadWeights.clear();
+    }
+    if (!weightsOk.ok()) {
+        Error e = weightsOk.takeError();
+        bus.publish(tm::Event(tm::ErrorEvent{taskStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
+        bus.publish(tm::Event(tm::RunStateEvent{taskStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
+        return e;
+    }
     if (Status ok = checkBackupConfig(cfg.backup, m_strategy); !ok.ok()) {
         Error e = ok.takeError();
         bus.publish(tm::Event(tm::ErrorEvent{taskStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
@@ -436,6 +460,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     start.trace = m_options.trace;
     start.traceLayers = m_options.traceLayers;
     start.coordinator = m_who;
+    start.initialWeights = m_initialWeights;
+    start.initialWeightsName = m_initialWeightsName;
     for (std::size_t i = 0; i < m_tasks.size(); ++i) {
         Task& t = *m_tasks[i];
         auto tf = m_options.spec.tfConfigFor(t.id);

@@ -85,6 +85,8 @@ public:
     // Trains `config` (its model inline, strategy forced to this coordinator's) as run `runId`
     // and publishes the merged stream on `bus`. onEpoch (optional) sees the chief's epochs.
     // A cancel() gives a FitResult with cancelled = true once every worker has stopped.
+    // config.loadWeights (multi-worker-mirrored): this process reads the file and every task
+    // starts from its weights; a parameter-server run refuses it.
     // Backups (config.backup, multi-worker-mirrored): the chief task backs up under its daemon's
     // --backup-root; with backup.restarts a run that fails after its tasks started is started
     // again, once every task answers and is idle, and resumes from the chief's backup into the
@@ -132,6 +134,7 @@ private:
     nlohmann::json m_summary = nlohmann::json::object();
     nlohmann::json m_devices = nlohmann::json::array();
     std::vector<std::pair<std::string, Tensor>> m_finalWeights;
+    std::string m_initialWeights, m_initialWeightsName;  // run()'s load_weights: bytes and file
     std::atomic<bool> m_cancel{false};
     std::function<void()> m_wake;   // wakes run()'s loop; set while it runs
     std::string m_taskRun;          // the attempt whose tasks train now (empty: none)

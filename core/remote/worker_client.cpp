@@ -118,8 +118,16 @@ Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& r
     req.set_trace(options.trace);
     req.set_trace_layers(options.traceLayers);
     req.set_coordinator(options.coordinator);
+    req.set_initial_weights(options.initialWeights);
+    req.set_initial_weights_name(options.initialWeightsName);
     StartTaskReply reply;
     const grpc::Status st = m_impl->stub->StartTask(&ctx, req, &reply);
+    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        return makeError(ErrorCode::InvalidArgument,
+                         m_impl->label + " refused the task: it is " + std::to_string(req.ByteSizeLong()) + " bytes" +
+                             (options.initialWeights.empty() ? std::string() : " with its initial weights") +
+                             ", more than the worker accepts (" + st.error_message() + ")",
+                         "start that trainstudio-worker with a larger --max-message-bytes (at most 64 MiB)");
     if (!st.ok()) return m_impl->failOrBusy(st, "refused the task");
     return okStatus();
 }

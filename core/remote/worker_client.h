@@ -54,6 +54,8 @@ struct WorkerPulse {
 struct StartTaskOptions {
     bool trace = false, traceLayers = false;  // the task traces every step (a span per layer too)
     std::string coordinator;                  // who starts it, as other coordinators are told
+    std::string initialWeights;               // safetensors bytes every training task starts from
+    std::string initialWeightsName;           // the file they came from, for messages
 };
 
 class WorkerClient {

@@ -168,6 +168,15 @@ public:
         if (ps ? (type != "ps" && type != "worker") : (type != "chief" && type != "worker"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": a " + (ps ? "parameter-server" : "multi-worker-mirrored") + " run has no " + type + " tasks to start");
+        // The coordinator's --load-weights, validated here as a file would be.
+        std::shared_ptr<const SafetensorsFile> initial;
+        const std::string initialName = req->initial_weights_name().empty() ? "the initial weights" : req->initial_weights_name();
+        if (!req->initial_weights().empty()) {
+            if (ps) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": a parameter-server run cannot start from saved weights");
+            auto decoded = decodeSafetensors(req->initial_weights(), initialName);
+            if (!decoded.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": " + decoded.error().toString());
+            initial = std::make_shared<const SafetensorsFile>(std::move(decoded).value());
+        }
         std::lock_guard starting(m_startMutex);  // one StartTask at a time past this point
         std::unique_lock lock(m_mutex);
         if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
@@ -191,7 +200,9 @@ public:
         m_task = withTask->task().toString();
         m_psTask = type == "ps";
         logLine("starting " + m_task + " of run " + m_runId + " for " + ctx->peer());
-        m_thread = std::thread([this, c = std::move(cfg).value(), s = std::move(withTask).value()]() mutable { runTask(std::move(c), std::move(s)); });
+        m_thread = std::thread([this, c = std::move(cfg).value(), s = std::move(withTask).value(), initial, initialName]() mutable {
+            runTask(std::move(c), std::move(s), initial.get(), initialName);
+        });
         return grpc::Status::OK;
     }
 
@@ -537,7 +548,8 @@ private:
         finish(reason == "done" ? "completed" : "cancelled", {});
     }
 
-    void runTask(RunConfig cfg, ClusterSpec spec)
+    // `initial`: weights every training task starts from (the coordinator's --load-weights), or null.
+    void runTask(RunConfig cfg, ClusterSpec spec, const SafetensorsFile* initial, const std::string& initialName)
     {
         m_device = "host";
         if (cfg.strategy.threads == 0 && spec.task().type != "ps") {
@@ -606,6 +618,14 @@ private:
             return finish("failed", prepared.error().message, prepared.error().hint);
         }
         PreparedRun run = std::move(prepared).value();
+        if (initial) {
+            std::vector<std::pair<std::string, Tensor>> tensors;
+            for (const auto& name : initial->order) tensors.emplace_back(name, initial->tensors.at(name));
+            if (Status st = run.trainer->strategy().importParameters(tensors, initialName); !st.ok()) {
+                dropStore();
+                return finish("failed", st.error().message, st.error().hint);
+            }
+        }
         {
             std::lock_guard lock(m_mutex);
             std::string devices;

@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <csignal>
+#include <fstream>
 #include <set>
 #include <thread>
 
@@ -125,6 +126,7 @@ private slots:
     void bindsLoopbackUnlessAllowed();
     void servesTls();
     void coordinatedRunIsRecorded();
+    void coordinatedRunStartsFromWeights();
     void reservationHoldsTheWorker();
     void crossedCoordinatorsOneWins();
     void taskTelemetryIsPublished();
@@ -437,6 +439,63 @@ void TestWorker::coordinatedRunIsRecorded()
     QVERIFY2(file.ok(), file.ok() ? "" : file.error().toString().c_str());
     QCOMPARE(file->metadata["step"], std::string("20"));
     QCOMPARE(file->metadata["model"], std::string("seed_mlp"));
+}
+
+// --load-weights with --cluster: the coordinator reads the file and every task starts from it,
+// so 20 more steps on two daemons equal one process with two replicas from the same file; a file
+// that is not weights, weights of another model and a parameter-server run are refused.
+void TestWorker::coordinatedRunStartsFromWeights()
+{
+    QTemporaryDir dir;
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
+    const QString start = dir.filePath("start.safetensors"), remote = dir.filePath("remote.safetensors"), local = dir.filePath("local.safetensors");
+    auto run = [](const QStringList& args) {
+        auto p = startCoordinator(args);
+        p->waitForFinished(120000);
+        return std::pair{p->exitCode(), QString::fromUtf8(p->readAllStandardOutput() + p->readAllStandardError())};
+    };
+    QStringList localArgs = coordinatorArgs(cluster, 20);
+    localArgs.remove(1, 2);  // --cluster FILE
+    auto [c0, o0] = run(localArgs + QStringList{"--strategy", "one-device", "--no-record", "--save-weights", start});
+    QVERIFY2(c0 == 0, qPrintable(o0));
+    auto [c1, o1] = run(coordinatorArgs(cluster, 20) + QStringList{"--no-record", "--load-weights", start, "--save-weights", remote});
+    QVERIFY2(c1 == 0, qPrintable(o1));
+    auto [c2, o2] = run(localArgs + QStringList{"--strategy", "mirrored", "--devices", "cpu:0,cpu:1", "--no-record", "--load-weights", start,
+                                                "--save-weights", local});
+    QVERIFY2(c2 == 0, qPrintable(o2));
+    const double diff = maxDiff(remote, local);
+    QVERIFY2(diff < 1e-5, qPrintable(QString("from the same weights, coordinated vs one process: %1").arg(diff)));
+    QVERIFY(maxDiff(remote, start) > 1e-3);  // and they trained
+
+    auto [c3, o3] = run(coordinatorArgs(cluster, 20) + QStringList{"--no-record", "--load-weights", cluster});
+    QVERIFY2(c3 == 2 && o3.contains(cluster) && o3.contains("not a safetensors file"), qPrintable(o3));
+    const QString cnn = dir.filePath("cnn.safetensors");
+    auto [c4, o4] = run(QStringList{"train", "--model", "cnn", "--max-steps", "1", "--limit", "256", "--no-validation", "--no-record", "--save-weights", cnn});
+    QVERIFY2(c4 == 0, qPrintable(o4));
+    auto [c5, o5] = run(coordinatorArgs(cluster, 20) + QStringList{"--no-record", "--load-weights", cnn});
+    QVERIFY2(c5 != 0 && o5.contains("chief:0") && o5.contains("the model expects (784, 256)"), qPrintable(o5));
+    // Weights beyond the daemons' message limit (4 MiB): the limit and the flag are named.
+    auto model = nlohmann::json::parse(std::ifstream(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json"));
+    for (auto& layer : model["layers"])
+        if (layer["attrs"].value("units", 0) == 256) layer["attrs"]["units"] = 2048;
+    const QString bigModel = dir.filePath("big.json"), big = dir.filePath("big.safetensors");
+    std::ofstream(bigModel.toStdString()) << model.dump();
+    auto [c7, o7] = run(QStringList{"train", "--model", bigModel, "--max-steps", "1", "--limit", "256", "--no-validation", "--no-record", "--save-weights", big});
+    QVERIFY2(c7 == 0, qPrintable(o7));
+    QStringList bigArgs = coordinatorArgs(cluster, 1);
+    bigArgs[bigArgs.indexOf("mlp")] = bigModel;
+    auto [c8, o8] = run(bigArgs + QStringList{"--no-record", "--load-weights", big});
+    QVERIFY2(c8 != 0 && o8.contains("with its initial weights, more than the worker accepts") && o8.contains("--max-message-bytes"), qPrintable(o8));
+
+    const QString psCluster = dir.filePath("ps.json");
+    QFile psFile(psCluster);
+    QVERIFY(psFile.open(QIODevice::WriteOnly));
+    psFile.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1"], "ps": ["127.0.0.1:%2"]}})").arg(chief->port).arg(worker->port).toUtf8());
+    psFile.close();
+    auto [c6, o6] = run(coordinatorArgs(psCluster, 20) + QStringList{"--no-record", "--strategy", "parameter-server", "--load-weights", start});
+    QVERIFY2(c6 == 2 && o6.contains("not available for parameter-server runs"), qPrintable(o6));
 }
 
 // --restarts with daemons: the worker daemon is killed with SIGKILL mid-run and started again on
