@@ -151,7 +151,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     // A cancelled run keeps its weights so far, as a local run does; the record lists them (in
     // the run's folder when no --save-weights names a file).
     if (result.ok() && !c.finalWeights().empty()) {
-        const std::map<std::string, std::string> meta{{"format", "trainstudio"}, {"model", modelName}, {"step", std::to_string(result->steps)}};
+        const auto meta = ts::weightsMetadata(modelName, result->steps);
         ts::Status saved = saveWeights.empty() ? ts::okStatus() : ts::writeSafetensors(saveWeights, c.finalWeights(), meta);
         if (!saved.ok()) result = saved.error();
         else if (recording) recording->keepWeights(c.finalWeights(), meta, saveWeights, result->steps);

@@ -20,7 +20,22 @@ struct SafetensorsFile {
     std::map<std::string, Tensor> tensors;         // host tensors
     std::vector<std::string> order;                // tensor names in the header's order
     std::map<std::string, std::string> metadata;   // the "__metadata__" entry
+
+    // The tensors with their names, in the header's order (what importParameters takes).
+    std::vector<std::pair<std::string, Tensor>> inOrder() const
+    {
+        std::vector<std::pair<std::string, Tensor>> out;
+        out.reserve(order.size());
+        for (const auto& name : order) out.emplace_back(name, tensors.at(name));
+        return out;
+    }
 };
+
+// The metadata TrainStudio writes with a model's weights.
+inline std::map<std::string, std::string> weightsMetadata(const std::string& model, int64_t step)
+{
+    return {{"format", "trainstudio"}, {"model", model}, {"step", std::to_string(step)}};
+}
 
 // Writes the tensors atomically: a reader sees the old file or the complete new one, never a
 // partial write. The header keeps the given order; the data is laid out widest dtype first so

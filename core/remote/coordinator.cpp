@@ -765,7 +765,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         } else {
             auto decoded = decodeSafetensors(chiefWeights, m_tasks[primary]->label + "'s weights");
             if (decoded.ok()) {
-                for (const auto& name : decoded->order) m_finalWeights.emplace_back(name, decoded->tensors.at(name));
+                m_finalWeights = decoded->inOrder();
             } else {
                 bus.publish(tm::Event(tm::LogEvent{stamp(m_tasks[primary]->id.toString(), "", lastStep[primary]), tm::LogLevel::Warning,
                                                    "the weights could not be read: " + decoded.error().message}));

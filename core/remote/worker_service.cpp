@@ -362,8 +362,7 @@ private:
     void publishWeights(Trainer& trainer, int64_t step)
     {
         auto params = trainer.strategy().exportParameters();
-        auto bytes = params.ok() ? encodeSafetensors(*params, {{"format", "trainstudio"}, {"model", trainer.modelName()}, {"step", std::to_string(step)}},
-                                                     m_task + "'s weights")
+        auto bytes = params.ok() ? encodeSafetensors(*params, weightsMetadata(trainer.modelName(), step), m_task + "'s weights")
                                  : Result<std::string>(params.error());
         if (!bytes.ok()) {
             logLine("run " + m_runId + ": cannot send the weights: " + bytes.error().toString());
@@ -619,9 +618,7 @@ private:
         }
         PreparedRun run = std::move(prepared).value();
         if (initial) {
-            std::vector<std::pair<std::string, Tensor>> tensors;
-            for (const auto& name : initial->order) tensors.emplace_back(name, initial->tensors.at(name));
-            if (Status st = run.trainer->strategy().importParameters(tensors, initialName); !st.ok()) {
+            if (Status st = run.trainer->strategy().importParameters(initial->inOrder(), initialName); !st.ok()) {
                 dropStore();
                 return finish("failed", st.error().message, st.error().hint);
             }

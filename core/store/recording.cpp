@@ -100,13 +100,14 @@ void RunRecording::setDevices(const nlohmann::json& devices)
     if (Status s = m_store.setRunDevices(m_id, devices); !s.ok()) warn(s.error());
 }
 
-void RunRecording::saveCheckpoint(PreparedRun& run, const std::string& fileName, int64_t step, const std::string& kind)
+void RunRecording::saveCheckpoint(const std::string& fileName, int64_t step, const std::string& kind,
+                                  const std::function<Status(const std::string&)>& write)
 {
     const std::filesystem::path dir = m_store.runFilesDir(m_id);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     const std::string path = (dir / fileName).string();
-    Status s = run.trainer->saveWeights(path);
+    Status s = write(path);
     if (!s.ok()) {
         warn(s.error());
         return;
@@ -119,7 +120,7 @@ void RunRecording::keepWeights(PreparedRun& run, const std::string& savedPath, i
 {
     if (m_id.empty()) return;
     if (savedPath.empty()) {
-        saveCheckpoint(run, "final.safetensors", step, "final");
+        saveCheckpoint("final.safetensors", step, "final", [&](const std::string& path) { return run.trainer->saveWeights(path); });
         return;
     }
     auto c = m_store.addCheckpoint(m_id, savedPath, step, "final");
@@ -130,25 +131,19 @@ void RunRecording::keepWeights(const std::vector<std::pair<std::string, Tensor>>
                                const std::string& savedPath, int64_t step)
 {
     if (m_id.empty() || weights.empty()) return;
-    std::string path = savedPath;
-    if (path.empty()) {
-        const std::filesystem::path dir = m_store.runFilesDir(m_id);
-        std::error_code ec;
-        std::filesystem::create_directories(dir, ec);
-        path = (dir / "final.safetensors").string();
-        if (Status s = writeSafetensors(path, weights, metadata); !s.ok()) {
-            warn(s.error());
-            return;
-        }
+    if (savedPath.empty()) {
+        saveCheckpoint("final.safetensors", step, "final", [&](const std::string& path) { return writeSafetensors(path, weights, metadata); });
+        return;
     }
-    auto c = m_store.addCheckpoint(m_id, path, step, "final");
+    auto c = m_store.addCheckpoint(m_id, savedPath, step, "final");
     if (!c.ok()) warn(c.error());
 }
 
 void RunRecording::checkpoint(PreparedRun& run, int64_t epoch, int64_t step)
 {
     if (m_id.empty()) return;
-    saveCheckpoint(run, "epoch-" + std::to_string(epoch) + ".safetensors", step, "periodic");
+    saveCheckpoint("epoch-" + std::to_string(epoch) + ".safetensors", step, "periodic",
+                   [&](const std::string& path) { return run.trainer->saveWeights(path); });
 }
 
 void RunRecording::keepFile(const std::string& kind, const std::string& path)

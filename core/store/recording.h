@@ -93,8 +93,10 @@ public:
 private:
     void warn(const Error& e) const;
     Status create(const RunConfig& config, const PreparedRun* run);
-    // Writes `run`'s weights into the run's folder and records them as a checkpoint of `kind`.
-    void saveCheckpoint(PreparedRun& run, const std::string& fileName, int64_t step, const std::string& kind);
+    // Writes weights into the run's folder as `fileName` (through `write`, given the path) and
+    // records them as a checkpoint of `kind`; a failure is a warning.
+    void saveCheckpoint(const std::string& fileName, int64_t step, const std::string& kind,
+                        const std::function<Status(const std::string&)>& write);
 
     RunStore m_store;
     RecordingOptions m_options;

@@ -178,9 +178,7 @@ Result<TrainingState> readTrainingState(const std::string& path)
                          "the file is damaged; delete it to start the run from the beginning");
     }
     if (auto sum = meta.find("checksum"); sum != meta.end()) {  // absent in backups written before it existed
-        std::vector<std::pair<std::string, Tensor>> inOrder;
-        for (const auto& name : file.order) inOrder.emplace_back(name, file.tensors.at(name));
-        if (const std::string actual = tensorsChecksum(inOrder); actual != sum->second)
+        if (const std::string actual = tensorsChecksum(file.inOrder()); actual != sum->second)
             return damaged(path, "its tensors' checksum is " + actual + ", the file records " + sum->second);
     }
     const std::string prefix = kOptimizerPrefix;

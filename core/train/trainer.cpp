@@ -501,17 +501,13 @@ Status Trainer::saveWeights(const std::string& path)
 {
     TS_TRACE_SCOPE("checkpoint", "checkpoint");
     TS_ASSIGN(auto params, m_strategy->exportParameters());
-    std::map<std::string, std::string> meta = {{"format", "trainstudio"}, {"model", m_modelName},
-                                               {"step", std::to_string(m_step)}};
-    return writeSafetensors(path, params, meta);
+    return writeSafetensors(path, params, weightsMetadata(m_modelName, m_step));
 }
 
 Status Trainer::loadWeights(const std::string& path)
 {
     TS_ASSIGN(auto file, readSafetensors(path));
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    for (const auto& name : file.order) tensors.emplace_back(name, file.tensors.at(name));
-    return m_strategy->importParameters(tensors, path);
+    return m_strategy->importParameters(file.inOrder(), path);
 }
 
 Result<TrainingState> Trainer::captureState(const TrainingPosition& position)

@@ -5,6 +5,7 @@
 #include <QMetaObject>
 
 #include "distribute/cluster_spec.h"
+#include "io/safetensors.h"
 #include "model/spec.h"
 #include "remote/auth.h"
 #include "remote/coordinator.h"
@@ -242,8 +243,7 @@ void TrainingSession::engineRemote(RunConfig config, std::string runName)
     // The weights the run ended with (the chief's or the ps tasks'), kept with the run as a
     // local run's are, so the history can export them.
     if (result.ok())
-        recording->keepWeights(coordinator->finalWeights(), {{"format", "trainstudio"}, {"model", config.model.name}, {"step", std::to_string(result->steps)}},
-                               {}, result->steps);
+        recording->keepWeights(coordinator->finalWeights(), weightsMetadata(config.model.name, result->steps), {}, result->steps);
     recording->fitDone(result, m_interrupted);
     State end = State::Completed;
     QString message;
