@@ -174,17 +174,23 @@ Status DeviceSampler::start(EventBus& bus)
     m_thread = std::thread([this, &bus, period] {
         becomeBackgroundThread("ts-sampler");
         Tracer::setThreadLane(m_options.hostLane);
-        auto next = std::chrono::steady_clock::now() + period;
+        auto last = std::chrono::steady_clock::now();
+        auto next = last + period;
         std::unique_lock lock(m_mutex);
         while (!m_stop) {
             if (m_cv.wait_until(lock, next, [this] { return m_stop; })) break;
             lock.unlock();
             for (auto& e : sampleOnce()) bus.publish(Event(std::move(e)));
+            last = std::chrono::steady_clock::now();
             lock.lock();
             next += period;
-            const auto now = std::chrono::steady_clock::now();
-            if (next < now) next = now + period;  // fell behind (suspended): don't burst
+            if (next < last) next = last + period;  // fell behind (suspended): don't burst
         }
+        lock.unlock();
+        // A closing round for the tail since the last tick, so a run shorter than one period
+        // still has every lane on its dashboards; not when a tick has just covered it.
+        if (ticks() == 0 || std::chrono::steady_clock::now() - last >= period / 2)
+            for (auto& e : sampleOnce()) bus.publish(Event(std::move(e)));
     });
     return okStatus();
 }

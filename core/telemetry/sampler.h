@@ -9,7 +9,9 @@
 //  - Step axis: every sample carries the value of the step counter passed in the options
 //    (the Trainer's atomic), read when the sample is taken.
 //  - The first host sample needs a previous reading for utilisation, so the thread takes a
-//    baseline at start and publishes from the first tick on.
+//    baseline at start and publishes from the first tick on; stop() publishes
+//    one closing round (the tail since the last tick), so even a run shorter than one period
+//    has a sample per lane.
 //  - Errors: start() fails if /proc cannot be read (not Linux, no procfs); a probe whose sample
 //    reports nothing (utilisation < 0 and no memory) is skipped for that tick.
 

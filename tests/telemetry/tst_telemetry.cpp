@@ -729,6 +729,26 @@ void TestTelemetry::samplerThreadOnRealProc()
         lastStep = e.stamp.step;
     }
     QVERIFY(lastStep > 0);
+
+    // A run shorter than one period (a tiny model's whole remote run can be) still gets one
+    // closing round per lane when the sampler stops, and only one.
+    SamplerOptions slow;
+    slow.hz = 0.5;
+    DeviceSampler brief(slow);
+    brief.addProbe(Lane{"local", "gpu:0", "sampler"}, [] {
+        DeviceSample s;
+        s.utilisation = 0.5;
+        return s;
+    });
+    QVERIFY(brief.start(bus).ok());
+    sub->drain();
+    brief.stop();
+    brief.stop();  // idempotent: no second closing round
+    auto closing = ofType<DeviceSampleEvent>(sub->drain());
+    QCOMPARE(closing.size(), std::size_t(2));
+    QCOMPARE(closing[0].stamp.lane.device, std::string(""));
+    QVERIFY(closing[0].utilisation >= 0 && closing[0].utilisation <= 1);  // since the baseline taken at start
+    QCOMPARE(closing[1].stamp.lane.device, std::string("gpu:0"));
     SamplerOptions bad;
     bad.procRoot = "/nonexistent-proc";
     DeviceSampler noProc(bad);
