@@ -67,12 +67,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     const std::string saveWeights = cfg.saveWeights;
     cfg.saveWeights.clear();
     if (!cfg.loadWeights.empty()) {
-        // The coordinator sends the file's weights to every task; checked before any contact.
-        if (ps) {
-            printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--load-weights is not available for parameter-server runs",
-                                     "the ps tasks initialise the variables; start the run without --load-weights"));
-            return 2;
-        }
+        // The coordinator sends the file's weights to every training task; checked before any contact.
         if (auto w = ts::readSafetensors(cfg.loadWeights); !w.ok()) {
             printError(w.error());
             return 2;

@@ -18,6 +18,7 @@ public:
     std::shared_ptr<ParameterStore> m_store;
     int m_rank = 0, m_workers = 1, m_threads = 1;
     std::vector<StoreVariable> m_variables;
+    bool m_begun = false;
     std::atomic<bool> m_cancelled{false};
 
     std::string name() const override { return "parameter-server"; }
@@ -45,9 +46,20 @@ public:
             v.grads = slot.grad.data<float>();
             m_variables.push_back(std::move(v));
         }
-        // Worker 0's initial values (from the run's seed) become the ps tasks' values, like TF's
-        // chief creating the variables; the other workers wait for them.
-        return m_store->begin(m_variables, m_rank == 0);
+        m_begun = false;
+        return okStatus();
+    }
+
+    // Worker 0's values (from the run's seed, or the weights imported after initialise) become
+    // the ps tasks' values, like TF's chief creating the variables; the other workers wait for
+    // them. Deferred to the first use so that an import between initialise and fit is what the
+    // ps tasks start from.
+    Status begin()
+    {
+        if (m_begun) return okStatus();
+        TS_TRY(m_store->begin(m_variables, m_rank == 0));
+        m_begun = true;
+        return okStatus();
     }
 
     // This worker's rows of `batch`, as indices into it: all of a local shard (an auto-sharded
@@ -72,6 +84,7 @@ public:
         if (e > b) {
             {
                 PhaseScope phase(StepPart::Communication, "pull variables");
+                TS_TRY(begin());
                 TS_TRY(m_store->pull());
             }
             float loss = 0;
@@ -98,6 +111,7 @@ public:
     Result<StepStats> evalStep(const Batch& batch) override
     {
         if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+        TS_TRY(begin());
         TS_TRY(m_store->pull());
         float loss = 0;
         int64_t correct = 0;
@@ -108,15 +122,21 @@ public:
 
     Result<std::vector<std::pair<std::string, Tensor>>> exportParameters() override
     {
+        TS_TRY(begin());
         TS_TRY(m_store->flush());
         TS_TRY(m_store->pull());
         return m_program->exportParameters();
     }
 
-    Status importParameters(const std::vector<std::pair<std::string, Tensor>>&, const std::string& source) override
+    // Before the first step only: worker 0's imported values initialise the ps tasks (the
+    // others' are checked for shape and then replaced by what they pull). Later, the ps tasks
+    // hold the variables and a worker's copy is only a cache of them.
+    Status importParameters(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source) override
     {
-        return makeError(ErrorCode::Unsupported, "parameter-server workers cannot load weights (" + source + "): the ps tasks hold them",
-                         "start the run without load_weights");
+        if (m_begun)
+            return makeError(ErrorCode::Unsupported, "parameter-server workers cannot load weights (" + source + ") once training began: the ps tasks hold them",
+                             "load the weights when the run starts (load_weights)");
+        return m_program->importParameters(tensors, source);
     }
 };
 

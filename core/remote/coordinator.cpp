@@ -301,20 +301,16 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     cfg.strategy.kind = m_strategy;
     m_restarts = 0;
     // --load-weights: the tasks cannot read this machine's files, so the bytes travel with each
-    // task (checked here first, so a damaged file fails before any worker starts).
+    // training task (checked here first, so a damaged file fails before any worker starts). In a
+    // parameter-server run, worker 0's imported values become the ps tasks' initial values.
     m_initialWeights.clear();
     m_initialWeightsName = cfg.loadWeights;
     Status weightsOk = okStatus();
     if (!cfg.loadWeights.empty()) {
-        if (m_strategy != "multi-worker-mirrored") {
-            weightsOk = makeError(ErrorCode::Unsupported, "a parameter-server run cannot start from saved weights (" + cfg.loadWeights + ")",
-                                  "start it without load_weights: the ps tasks initialise the variables");
-        } else {
-            auto bytes = readTextFile(cfg.loadWeights, "weights file");
-            auto decoded = bytes.ok() ? decodeSafetensors(*bytes, cfg.loadWeights) : Result<SafetensorsFile>(bytes.error());
-            if (decoded.ok()) m_initialWeights = std::move(bytes).value();
-            else weightsOk = decoded.takeError();
-        }
+        auto bytes = readTextFile(cfg.loadWeights, "weights file");
+        auto decoded = bytes.ok() ? decodeSafetensors(*bytes, cfg.loadWeights) : Result<SafetensorsFile>(bytes.error());
+        if (decoded.ok()) m_initialWeights = std::move(bytes).value();
+        else weightsOk = decoded.takeError();
         cfg.loadWeights.clear();
     }
     if (!weightsOk.ok()) {
@@ -460,10 +456,11 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     start.trace = m_options.trace;
     start.traceLayers = m_options.traceLayers;
     start.coordinator = m_who;
-    start.initialWeights = m_initialWeights;
-    start.initialWeightsName = m_initialWeightsName;
     for (std::size_t i = 0; i < m_tasks.size(); ++i) {
         Task& t = *m_tasks[i];
+        const bool trains = t.id.type != "ps";  // a ps task is initialised by worker 0
+        start.initialWeights = trains ? m_initialWeights : std::string();
+        start.initialWeightsName = trains ? m_initialWeightsName : std::string();
         auto tf = m_options.spec.tfConfigFor(t.id);
         Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, start) : Status(tf.error());
         if (!st.ok()) {

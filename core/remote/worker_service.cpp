@@ -172,7 +172,8 @@ public:
         std::shared_ptr<const SafetensorsFile> initial;
         const std::string initialName = req->initial_weights_name().empty() ? "the initial weights" : req->initial_weights_name();
         if (!req->initial_weights().empty()) {
-            if (ps) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": a parameter-server run cannot start from saved weights");
+            if (type == "ps")  // worker 0 initialises the ps tasks from its imported weights
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": a ps task takes no initial weights; send them to the workers");
             auto decoded = decodeSafetensors(req->initial_weights(), initialName);
             if (!decoded.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": " + decoded.error().toString());
             initial = std::make_shared<const SafetensorsFile>(std::move(decoded).value());
