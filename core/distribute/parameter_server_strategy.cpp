@@ -1,6 +1,7 @@
 #include "distribute/parameter_server_strategy.h"
 
 #include <atomic>
+#include <cstring>
 #include <thread>
 
 #include "backend/registry.h"
@@ -9,6 +10,8 @@
 
 namespace ts {
 namespace {
+
+constexpr const char* kUpdates = "ps/updates";
 
 class ParameterServerStrategy final : public Strategy {
 public:
@@ -19,6 +22,8 @@ public:
     int m_rank = 0, m_workers = 1, m_threads = 1;
     std::vector<StoreVariable> m_variables;
     bool m_begun = false;
+    StoreResume m_resume;           // worker 0: what the ps tasks start from (a backup's state)
+    bool m_snapshotValues = false;  // the program holds the latest snapshot's values
     std::atomic<bool> m_cancelled{false};
 
     std::string name() const override { return "parameter-server"; }
@@ -47,6 +52,7 @@ public:
             m_variables.push_back(std::move(v));
         }
         m_begun = false;
+        m_resume = {};
         return okStatus();
     }
 
@@ -57,7 +63,7 @@ public:
     Status begin()
     {
         if (m_begun) return okStatus();
-        TS_TRY(m_store->begin(m_variables, m_rank == 0));
+        TS_TRY(m_store->begin(m_variables, m_rank == 0, m_rank == 0 ? &m_resume : nullptr));
         m_begun = true;
         return okStatus();
     }
@@ -86,6 +92,7 @@ public:
                 PhaseScope phase(StepPart::Communication, "pull variables");
                 TS_TRY(begin());
                 TS_TRY(m_store->pull());
+                m_snapshotValues = false;
             }
             float loss = 0;
             int64_t correct = 0;
@@ -113,6 +120,7 @@ public:
         if (m_cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
         TS_TRY(begin());
         TS_TRY(m_store->pull());
+        m_snapshotValues = false;
         float loss = 0;
         int64_t correct = 0;
         TS_TRY(m_program->forward(batch.x, false, 0));
@@ -123,9 +131,70 @@ public:
     Result<std::vector<std::pair<std::string, Tensor>>> exportParameters() override
     {
         TS_TRY(begin());
-        TS_TRY(m_store->flush());
-        TS_TRY(m_store->pull());
+        // Right after a snapshot (a backup takes the optimizer state first), its values, which
+        // match that state; else the ps tasks' current ones.
+        if (!m_snapshotValues) {
+            TS_TRY(m_store->flush());
+            TS_TRY(m_store->pull());
+        }
+        m_snapshotValues = false;
         return m_program->exportParameters();
+    }
+
+    // A training-state backup: the ps tasks' optimizer state as one arena (a local optimizer's
+    // layout) and their update count, bit-copied into two floats.
+    Result<std::vector<std::pair<std::string, Tensor>>> exportOptimizerState() override
+    {
+        TS_TRY(begin());
+        TS_ASSIGN(StoreSnapshot snap, m_store->snapshot());
+        m_snapshotValues = true;
+        std::vector<std::pair<std::string, Tensor>> out;
+        for (auto& [name, flat] : snap.optimizer) {
+            const auto n = static_cast<int64_t>(flat.size());
+            out.emplace_back(name, Tensor::fromVector(Shape({n}), flat));
+        }
+        std::vector<float> updates(2);
+        std::memcpy(updates.data(), &snap.updates, sizeof(snap.updates));
+        out.emplace_back(kUpdates, Tensor::fromVector(Shape({2}), updates));
+        return out;
+    }
+
+    Status importOptimizerState(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source) override
+    {
+        if (m_begun)
+            return makeError(ErrorCode::Unsupported, "parameter-server workers cannot restore optimizer state (" + source + ") once training began",
+                             "restore a backup when the run starts");
+        StoreResume r;
+        r.position = m_resume.position;
+        bool haveUpdates = false;
+        for (const auto& [name, t] : tensors) {
+            if (t.dtype() != DType::F32)
+                return makeError(ErrorCode::InvalidArgument, source + ": optimizer state '" + name + "' is not float32", "delete the backup");
+            const float* p = t.data<float>();
+            if (name == kUpdates) {
+                if (t.numel() != 2) return makeError(ErrorCode::InvalidArgument, source + ": '" + name + "' must hold 2 values", "delete the backup");
+                std::memcpy(&r.state.updates, p, sizeof(r.state.updates));
+                haveUpdates = r.state.updates >= 0;
+            } else {
+                r.state.optimizer.emplace_back(name, std::vector<float>(p, p + t.numel()));
+            }
+        }
+        if (!haveUpdates)
+            return makeError(ErrorCode::InvalidArgument, source + ": no parameter-server update count ('" + std::string(kUpdates) + "'): it was not written by a parameter-server run",
+                             "resume with the strategy the backup was written by, or delete it");
+        m_resume = std::move(r);
+        return okStatus();
+    }
+
+    int processRank() const override { return m_rank; }
+    bool sharesResumeThroughStore() const override { return true; }
+
+    // Worker 0's resume point reaches the others through the ps tasks it initialises.
+    Result<std::string> shareResumePoint(const std::string& chiefs) override
+    {
+        if (m_rank == 0) m_resume.position = chiefs;
+        TS_TRY(begin());
+        return m_store->resumePosition();
     }
 
     // Before the first step only: worker 0's imported values initialise the ps tasks (the

@@ -34,13 +34,34 @@ struct StalenessStats {
     double sum = 0;                // over acknowledged pushes (mean = sum / pushes)
 };
 
+// The ps tasks' side of a training-state backup: their optimizer's state and update count.
+struct StoreSnapshot {
+    // Each optimizer state tensor over every variable, in the order begin() got them (one arena,
+    // as a local optimizer holds it), e.g. {"adam/m", ...}.
+    std::vector<std::pair<std::string, std::vector<float>>> optimizer;
+    int64_t updates = 0;  // applied so far (ps:0's count; the ps tasks' Adam step count)
+};
+
+// What worker 0 starts the ps tasks from when a run resumes from its backup.
+struct StoreResume {
+    StoreSnapshot state;   // no optimizer tensors: a fresh optimizer
+    std::string position;  // opaque bytes (worker 0's place in the data) the others read back
+};
+
 class ParameterStore {
 public:
     virtual ~ParameterStore() = default;
     // Plans the partition of `variables` over the ps tasks. With `initialise` (exactly one worker
-    // of a run: worker 0), their current values become the ps tasks' initial values; the others
-    // wait until every ps is initialised and check that it holds the same plan.
-    virtual Status begin(const std::vector<StoreVariable>& variables, bool initialise) = 0;
+    // of a run: worker 0), their current values become the ps tasks' initial values, with
+    // `resume`'s optimizer state, update count and position when it is given; the others wait
+    // until every ps is initialised and check that it holds the same plan.
+    virtual Status begin(const std::vector<StoreVariable>& variables, bool initialise, const StoreResume* resume) = 0;
+    // After begin(): the position worker 0 initialised the ps tasks with ("" for a fresh start).
+    virtual std::string resumePosition() const = 0;
+    // Waits for this worker's pushes, then takes every ps's values (into the variables' buffers),
+    // optimizer state and update count, each ps's at one moment (not all ps at the same one:
+    // the other workers go on pushing).
+    virtual Result<StoreSnapshot> snapshot() = 0;
     // Current values of every variable from every ps (in parallel) into the variables' buffers.
     virtual Status pull() = 0;
     // Sends the gradients to the ps tasks without waiting for them to be applied (at most one

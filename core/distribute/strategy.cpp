@@ -395,13 +395,18 @@ public:
 Result<std::vector<std::pair<std::string, Tensor>>> Strategy::exportOptimizerState()
 {
     return makeError(ErrorCode::Unsupported, "the " + name() + " strategy cannot back up its optimizer state",
-                     "backups are for the one-device, mirrored and multi-worker-mirrored strategies");
+                     "back up the run without this strategy, or turn backups off");
+}
+
+Result<std::string> Strategy::shareResumePoint(const std::string&)
+{
+    return makeError(ErrorCode::Unsupported, "the " + name() + " strategy shares its resume point with broadcastFromChief");
 }
 
 Status Strategy::importOptimizerState(const std::vector<std::pair<std::string, Tensor>>&, const std::string&)
 {
     return makeError(ErrorCode::Unsupported, "the " + name() + " strategy cannot restore optimizer state",
-                     "backups are for the one-device, mirrored and multi-worker-mirrored strategies");
+                     "back up the run without this strategy, or turn backups off");
 }
 
 Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,

@@ -104,6 +104,11 @@ public:
     virtual int processRank() const { return 0; }
     virtual int processCount() const { return 1; }
     virtual Status broadcastFromChief(Tensor&) { return okStatus(); }
+    // Parameter-server: the chief's resume point (opaque bytes, "" for a fresh start) reaches
+    // every worker through the ps tasks, which this starts; the chief passes its own and every
+    // worker gets it back. Unsupported elsewhere: the trainer broadcasts it (broadcastFromChief).
+    virtual bool sharesResumeThroughStore() const { return false; }
+    virtual Result<std::string> shareResumePoint(const std::string& chiefs);
 };
 
 } // namespace ts

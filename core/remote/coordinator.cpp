@@ -143,7 +143,7 @@ struct PsEvaluator {
                 v.grads = slot.grad.data<float>();
                 vars.push_back(std::move(v));
             }
-            TS_TRY(store->begin(vars, false));
+            TS_TRY(store->begin(vars, false, nullptr));
             begun = true;
         } else {
             TS_TRY(store->pull());
@@ -319,7 +319,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
         bus.publish(tm::Event(tm::RunStateEvent{taskStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
         return e;
     }
-    if (Status ok = checkBackupConfig(cfg.backup, m_strategy); !ok.ok()) {
+    if (Status ok = checkBackupConfig(cfg.backup); !ok.ok()) {
         Error e = ok.takeError();
         bus.publish(tm::Event(tm::ErrorEvent{taskStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
         bus.publish(tm::Event(tm::RunStateEvent{taskStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));

@@ -1,6 +1,7 @@
 #include "remote/parameter_service.h"
 
 #include <cmath>
+#include <cstring>
 #include <mutex>
 
 #include "backend/registry.h"
@@ -97,10 +98,34 @@ public:
         }
         if (auto st = m_optimizer->prepare(*m_backend, total); !st.ok())
             return refuse(*ctx, grpc::StatusCode::INTERNAL, call, st.error().message);
+        // Resuming from a backup: the optimizer's state, slice by slice as the values.
+        std::vector<std::pair<std::string, Tensor>> state;
+        for (const auto& s : req->state()) {
+            if (s.slices_size() != req->values_size())
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "optimizer state '" + s.name() + "' needs one entry per slice");
+            std::vector<float> flat;
+            flat.reserve(static_cast<std::size_t>(total));
+            for (int i = 0; i < s.slices_size(); ++i) {
+                const std::string& b = s.slices(i);
+                if (static_cast<int64_t>(b.size()) != m_counts[static_cast<std::size_t>(i)] * 4)
+                    return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                                  "optimizer state '" + s.name() + "' of slice " + m_slices[static_cast<std::size_t>(i)] + " has the wrong size");
+                const std::size_t at = flat.size();
+                flat.resize(at + b.size() / 4);
+                std::memcpy(flat.data() + at, b.data(), b.size());
+            }
+            state.emplace_back(s.name(), Tensor::fromVector(Shape({total}), flat));
+        }
+        if (!state.empty())
+            if (auto st = m_optimizer->importState(*m_backend, state, m_label + "'s initial state"); !st.ok())
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, st.error().message);
+        if (req->version() < 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "version must be >= 0");
         m_initialised = true;
         m_stats = {};
         m_stats.initialised = true;
         m_stats.elements = total;
+        m_stats.version = req->version();
+        m_resume = req->resume();
         logLine(m_label + " of run " + m_runId + ": initialised " + std::to_string(m_slices.size()) + " slice(s), " +
                 std::to_string(total) + " values, by " + ctx->peer());
         return grpc::Status::OK;
@@ -125,6 +150,7 @@ public:
             at += n;
             if (req->describe()) reply->add_slices(m_slices[i]);
         }
+        if (req->describe()) reply->set_resume(m_resume);
         ++m_stats.pulls;
         m_stats.bytesOut += at * 4;
         return grpc::Status::OK;
@@ -169,6 +195,38 @@ public:
         return grpc::Status::OK;
     }
 
+    grpc::Status Snapshot(grpc::ServerContext* ctx, const SnapshotRequest* req, SnapshotReply* reply) override
+    {
+        const char* call = "ParameterServer.Snapshot";
+        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        std::lock_guard lock(m_mutex);
+        if (auto st = checkRun(*ctx, call, req->run_id(), true); !st.ok()) return st;
+        ShardWork work(m_stats.busySeconds, m_traceBus, m_runId, m_device, m_stats.version, "serve snapshot", "checkpoint");
+        auto state = m_optimizer->exportState(*m_backend);
+        if (!state.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, m_label + ": " + state.error().message);
+        auto host = Tensor::create(m_values.shape(), DType::F32);
+        if (!host.ok()) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "cannot copy the shard");
+        const Tensor& values = *host;
+        if (!m_backend->copyToHost(m_values, values.data<float>()).ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the shard");
+        auto split = [&](const Tensor& flat, google::protobuf::RepeatedPtrField<std::string>* out) {
+            const char* bytes = reinterpret_cast<const char*>(flat.data<float>());
+            int64_t at = 0;
+            for (int64_t n : m_counts) {
+                out->Add(std::string(bytes + at * 4, static_cast<std::size_t>(n) * 4));
+                at += n;
+            }
+        };
+        reply->set_version(m_stats.version);
+        split(values, reply->mutable_values());
+        for (const auto& [name, t] : *state) {
+            OptimizerState* o = reply->add_state();
+            o->set_name(name);
+            split(t, o->mutable_slices());
+        }
+        m_stats.bytesOut += values.numel() * 4 * static_cast<int64_t>(1 + state->size());
+        return grpc::Status::OK;
+    }
+
     // Called with m_mutex held.
     grpc::Status checkRun(const grpc::ServerContext& ctx, const char* call, const std::string& runId, bool needInitialised)
     {
@@ -188,6 +246,7 @@ public:
     Tensor m_values, m_grads;
     std::vector<std::string> m_slices;
     std::vector<int64_t> m_counts;
+    std::string m_resume;  // worker 0's position in the data when resuming from a backup
     bool m_initialised = false;
     ShardStats m_stats;
 };

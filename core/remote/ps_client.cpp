@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -36,6 +37,9 @@ public:
     PsClientOptions options;
     PartitionPlan plan;
     std::vector<StoreVariable> variables;
+    std::vector<int64_t> arenaOffsets;  // each variable's first element in the one-arena layout
+    int64_t arenaSize = 0;
+    std::string resume;                 // ps:0's InitializeRequest.resume, read by begin()
     std::vector<std::unique_ptr<Lane>> lanes;
     std::atomic<bool> cancelled{false};
     std::mutex callsMutex;
@@ -224,7 +228,7 @@ Result<std::shared_ptr<RemoteParameterStore>> RemoteParameterStore::connect(cons
 
 const PartitionPlan& RemoteParameterStore::plan() const { return m_impl->plan; }
 
-Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, bool initialise)
+Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, bool initialise, const StoreResume* resume)
 {
     Impl& d = *m_impl;
     std::vector<VariableInfo> infos;
@@ -234,7 +238,19 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
     }
     TS_ASSIGN(d.plan, partitionVariables(infos, static_cast<int>(d.lanes.size()), d.options.partition));
     d.variables = variables;
+    d.arenaOffsets.clear();
+    d.arenaSize = 0;
+    for (const auto& v : variables) {
+        d.arenaOffsets.push_back(d.arenaSize);
+        d.arenaSize += v.info.numel();
+    }
     for (std::size_t p = 0; p < d.lanes.size(); ++p) d.lanes[p]->slices = d.plan.perPs[p];
+    if (resume)
+        for (const auto& [name, flat] : resume->state.optimizer)
+            if (static_cast<int64_t>(flat.size()) != d.arenaSize)
+                return makeError(ErrorCode::InvalidArgument, "optimizer state '" + name + "' has " + std::to_string(flat.size()) +
+                                                                 " values, this model's variables have " + std::to_string(d.arenaSize),
+                                 "the backup belongs to a different model; delete it or start a new run");
     const auto deadline = std::chrono::steady_clock::now() + d.options.startTimeout;
     // Until the deadline, "not hosting this run yet" and "not initialised yet" mean "starting".
     auto retry = [&](Lane& lane, const std::function<grpc::Status()>& call, const std::string& what) -> Status {
@@ -263,6 +279,17 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
                 req.add_values(reinterpret_cast<const char*>(variables[static_cast<std::size_t>(s.variable)].values + s.offset),
                                static_cast<std::size_t>(s.count) * 4);
             }
+            if (resume) {
+                for (const auto& [name, flat] : resume->state.optimizer) {
+                    OptimizerState* o = req.add_state();
+                    o->set_name(name);
+                    for (const auto& s : lane->slices)
+                        o->add_slices(reinterpret_cast<const char*>(flat.data() + d.arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset),
+                                      static_cast<std::size_t>(s.count) * 4);
+                }
+                req.set_version(resume->state.updates);
+                req.set_resume(resume->position);
+            }
             TS_TRY(retry(*lane, [&] {
                 Impl::Call call(d, d.options.callTimeout);
                 InitializeReply reply;
@@ -282,8 +309,52 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
             return lane->stub->Pull(&call.ctx, req, &reply);
         }, "pull failed"));
         TS_TRY(d.store(*lane, reply, true));
+        if (lane == d.lanes.front()) d.resume = reply.resume();
     }
     return okStatus();
+}
+
+std::string RemoteParameterStore::resumePosition() const { return m_impl->resume; }
+
+Result<StoreSnapshot> RemoteParameterStore::snapshot()
+{
+    Impl& d = *m_impl;
+    TS_TRY(flush());
+    StoreSnapshot out;
+    std::map<std::string, std::size_t> slot;  // name -> index in out.optimizer
+    for (auto& lane : d.lanes) {
+        SnapshotReply reply;
+        {
+            Impl::Call call(d, d.options.callTimeout);
+            SnapshotRequest req;
+            req.set_run_id(d.options.runId);
+            const grpc::Status st = lane->stub->Snapshot(&call.ctx, req, &reply);
+            if (!st.ok()) return d.fail(*lane, st, "snapshot failed");
+        }
+        PullReply values;
+        values.set_version(reply.version());
+        *values.mutable_values() = reply.values();
+        TS_TRY(d.store(*lane, values, false));
+        if (lane == d.lanes.front()) out.updates = reply.version();
+        for (const auto& state : reply.state()) {
+            auto [it, added] = slot.emplace(state.name(), out.optimizer.size());
+            if (added) out.optimizer.emplace_back(state.name(), std::vector<float>(static_cast<std::size_t>(d.arenaSize)));
+            if (state.slices_size() != static_cast<int>(lane->slices.size()))
+                return makeError(ErrorCode::Internal, lane->label + ": optimizer state '" + state.name() + "' came back with " +
+                                                          std::to_string(state.slices_size()) + " slice(s), the plan gives it " +
+                                                          std::to_string(lane->slices.size()));
+            std::vector<float>& flat = out.optimizer[it->second].second;
+            for (std::size_t i = 0; i < lane->slices.size(); ++i) {
+                const ShardSlice& s = lane->slices[i];
+                const std::string& b = state.slices(static_cast<int>(i));
+                if (static_cast<int64_t>(b.size()) != s.count * 4)
+                    return makeError(ErrorCode::Internal, lane->label + ": optimizer state '" + state.name() + "' of slice " + s.toString() +
+                                                              " came back with the wrong size");
+                std::memcpy(flat.data() + d.arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset, b.data(), b.size());
+            }
+        }
+    }
+    return out;
 }
 
 Status RemoteParameterStore::pull()

@@ -36,7 +36,9 @@ public:
     static Result<std::shared_ptr<RemoteParameterStore>> connect(const PsClientOptions& options);
     ~RemoteParameterStore() override;
 
-    Status begin(const std::vector<StoreVariable>& variables, bool initialise) override;
+    Status begin(const std::vector<StoreVariable>& variables, bool initialise, const StoreResume* resume) override;
+    std::string resumePosition() const override;
+    Result<StoreSnapshot> snapshot() override;
     Status pull() override;
     Status push(float learningRate) override;
     Status flush() override;

@@ -80,13 +80,9 @@ std::string exact(double v)
 
 } // namespace
 
-Status checkBackupConfig(const BackupConfig& backup, const std::string& strategyKind)
+Status checkBackupConfig(const BackupConfig& backup)
 {
     if (!backup.enabled()) return okStatus();
-    if (strategyKind == "parameter-server" || strategyKind == "parameter_server")
-        return makeError(ErrorCode::Unsupported,
-                         "backups are not available for parameter-server runs: their optimizer state lives on the ps tasks",
-                         "remove the backup folder (--backup-dir), or use multi-worker-mirrored");
     if (backup.everySteps < 0)
         return makeError(ErrorCode::InvalidArgument, "backup every " + std::to_string(backup.everySteps) + " steps",
                          "use a step count >= 1, or 0 to back up after each epoch");

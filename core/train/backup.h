@@ -50,10 +50,9 @@ struct TrainingState {
     std::vector<std::pair<std::string, Tensor>> optimizer;   // host tensors, e.g. "adam/m"
 };
 
-// Whether `backup` can be used with the strategy `strategyKind`: parameter-server runs keep their
-// optimizer state on the ps tasks (Unsupported), and the step interval must be >= 0. Checked by
-// the Trainer and, before any task starts, by the coordinator.
-Status checkBackupConfig(const BackupConfig& backup, const std::string& strategyKind);
+// Whether `backup` is usable: the step interval must be >= 0. Checked by the Trainer and, before
+// any task starts, by the coordinator.
+Status checkBackupConfig(const BackupConfig& backup);
 
 // Failures a restart from the backup can get past (a peer that died or was cut off, I/O);
 // configuration and data errors would only fail again.

@@ -1,6 +1,7 @@
 #include "train/trainer.h"
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <utility>
 
@@ -69,7 +70,7 @@ Result<std::unique_ptr<Trainer>> Trainer::create(const ModelSpec& model, const T
     TS_ASSIGN(auto probe, Optimizer::create(opt));  // validates the config before any allocation
     t->m_baseLr = probe->learningRate();
     TS_ASSIGN(t->m_schedule, LrSchedule::create(config.schedule, t->m_baseLr));
-    TS_TRY(checkBackupConfig(config.backup, config.strategy.kind));
+    TS_TRY(checkBackupConfig(config.backup));
     TS_ASSIGN(t->m_strategy, Strategy::create(config.strategy, analysis, t->m_loss, opt));
     return t;
 }
@@ -516,8 +517,10 @@ Result<TrainingState> Trainer::captureState(const TrainingPosition& position)
     state.position = position;
     state.fingerprint = m_config.backupFingerprint;
     state.model = m_modelName;
-    TS_ASSIGN(state.parameters, m_strategy->exportParameters());
+    // The optimizer state first: a parameter-server snapshot takes the values with it, which
+    // exportParameters then returns (values and state of the same moment).
     TS_ASSIGN(state.optimizer, m_strategy->exportOptimizerState());
+    TS_ASSIGN(state.parameters, m_strategy->exportParameters());
     return state;
 }
 
@@ -568,32 +571,56 @@ Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
         }
         if (failure) verdict = 2;
     }
-    Tensor v = Tensor::fromVector({1}, {verdict});
-    TS_TRY(m_strategy->broadcastFromChief(v));
-    verdict = v.data<float>()[0];
-    if (verdict == 2) {
+    if (m_strategy->sharesResumeThroughStore()) {
+        // Parameter-server: worker 0 starts the ps tasks from its backup and leaves its position
+        // with them; the others read it back. A worker 0 whose backup is unusable fails, and the
+        // coordinator stops the others waiting for the ps tasks.
         if (failure) return *failure;
-        return makeError(ErrorCode::InvalidArgument, "the chief could not restore the run's backup (its error says why)",
-                         "fix or delete the chief's backup folder, then start every task again");
-    }
-    if (verdict == 0) return false;
-    if (m_strategy->processCount() > 1) {
-        // Every process continues from the chief's state, whatever its own folder holds.
-        TS_ASSIGN(auto params, m_strategy->exportParameters());
-        TS_ASSIGN(auto optimizer, m_strategy->exportOptimizerState());
-        for (auto& [name, t] : params) TS_TRY(m_strategy->broadcastFromChief(t));
-        for (auto& [name, t] : optimizer) TS_TRY(m_strategy->broadcastFromChief(t));
-        Tensor position = encodePosition(m_resumeAt ? *m_resumeAt : TrainingPosition{});
-        TS_TRY(m_strategy->broadcastFromChief(position));
+        std::string position;
+        if (chief && verdict == 1) {
+            const Tensor p = encodePosition(*m_resumeAt);
+            position.assign(reinterpret_cast<const char*>(p.data<float>()), static_cast<std::size_t>(p.numel()) * sizeof(float));
+        }
+        TS_ASSIGN(std::string shared, m_strategy->shareResumePoint(position));
+        if (shared.empty()) return false;
         if (!chief) {
-            TrainingState state;
-            state.position = decodePosition(position);
-            state.parameters = std::move(params);
-            state.optimizer = std::move(optimizer);
-            TS_TRY(restoreState(state, "the chief's backup"));
+            const Tensor probe = encodePosition(TrainingPosition{});
+            if (shared.size() != static_cast<std::size_t>(probe.numel()) * sizeof(float))
+                return makeError(ErrorCode::Internal, "worker 0's resume position from the ps tasks has " + std::to_string(shared.size()) + " bytes",
+                                 "every task of the run must run the same TrainStudio version");
+            std::vector<float> floats(static_cast<std::size_t>(probe.numel()));
+            std::memcpy(floats.data(), shared.data(), shared.size());
+            m_resumeAt = decodePosition(Tensor::fromVector(probe.shape(), floats));
+            m_step = m_resumeAt->step;
+        }
+    } else {
+        Tensor v = Tensor::fromVector({1}, {verdict});
+        TS_TRY(m_strategy->broadcastFromChief(v));
+        verdict = v.data<float>()[0];
+        if (verdict == 2) {
+            if (failure) return *failure;
+            return makeError(ErrorCode::InvalidArgument, "the chief could not restore the run's backup (its error says why)",
+                             "fix or delete the chief's backup folder, then start every task again");
+        }
+        if (verdict == 0) return false;
+        if (m_strategy->processCount() > 1) {
+            // Every process continues from the chief's state, whatever its own folder holds.
+            TS_ASSIGN(auto params, m_strategy->exportParameters());
+            TS_ASSIGN(auto optimizer, m_strategy->exportOptimizerState());
+            for (auto& [name, t] : params) TS_TRY(m_strategy->broadcastFromChief(t));
+            for (auto& [name, t] : optimizer) TS_TRY(m_strategy->broadcastFromChief(t));
+            Tensor position = encodePosition(m_resumeAt ? *m_resumeAt : TrainingPosition{});
+            TS_TRY(m_strategy->broadcastFromChief(position));
+            if (!chief) {
+                TrainingState state;
+                state.position = decodePosition(position);
+                state.parameters = std::move(params);
+                state.optimizer = std::move(optimizer);
+                TS_TRY(restoreState(state, "the chief's backup"));
+            }
         }
     }
-    const std::string from = chief ? path : std::string("the chief's backup");
+    const std::string from = chief ? path : m_strategy->sharesResumeThroughStore() ? std::string("worker 0's backup") : std::string("the chief's backup");
     if (listener) listener->onResume(*m_resumeAt, from);
     if (m_config.bus) {
         telemetry::RunStateEvent resumed;

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <csignal>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -19,6 +20,7 @@
 #include "parameter_server.grpc.pb.h"
 #include "train/run_config.h"
 #include "worker.grpc.pb.h"
+#include "remote/ps_client.h"
 #include "remote/worker_service.h"
 #include "store/run_store.h"
 #include "train/trainer.h"
@@ -116,6 +118,8 @@ private slots:
     void trainsWithTwoPs();
     void refusesPushWithoutToken();
     void psTaskAppliesPushesAndRefusesMalformedOnes();
+    void snapshotRestoresTheOptimizer();
+    void restartedRunResumesFromBackup();
     void killedPsIsNamed();
     void killedWorkerIsNamed();
     void silentPsIsNamed();
@@ -572,6 +576,197 @@ void TestParameterServer::psTaskAppliesPushesAndRefusesMalformedOnes()
     QCOMPARE(state, std::string("completed"));
     PullReply gone;
     QCOMPARE(pull(gone).error_code(), grpc::StatusCode::UNAVAILABLE);
+}
+
+// A backup's side on the ps tasks: two ps tasks with Adam hold three variables (one split over
+// both). Run A takes one update, is snapshotted, then takes a second. Run B starts from the
+// snapshot (values, Adam's moments, the update count) and takes the same second update: its
+// values equal run A's bit for bit. A second worker of run B reads worker 0's position back.
+void TestParameterServer::snapshotRestoresTheOptimizer()
+{
+    WorkerOptions o;
+    o.token = kToken;
+    std::vector<std::unique_ptr<WorkerDaemon>> daemons;
+    for (int i = 0; i < 4; ++i) {
+        auto d = WorkerDaemon::start(o);
+        QVERIFY2(d.ok(), d.ok() ? "" : d.error().toString().c_str());
+        daemons.push_back(std::move(d).value());
+    }
+    auto address = [&](int i) { return "127.0.0.1:" + std::to_string(daemons[static_cast<std::size_t>(i)]->port()); };
+    RunConfig cfg;
+    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    cfg.strategy.kind = "parameter-server";
+    cfg.optimizer = {{"type", "adam"}, {"learning_rate", 0.01}};
+    PartitionOptions partition;
+    partition.policy = "by-size";
+    partition.minShardBytes = 32;
+    // Run `run` on daemons first and first + 1 as ps:0 and ps:1; returns its cluster.
+    auto startRun = [&](const std::string& run, int first) -> ClusterSpec {
+        const std::string json = R"({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"], "ps": [")" + address(first) + R"(", ")" +
+                                 address(first + 1) + R"("]}})";
+        for (int i = 0; i < 2; ++i) {
+            auto control = Worker::NewStub(grpc::CreateChannel(address(first + i), grpc::InsecureChannelCredentials()));
+            grpc::ClientContext c;
+            c.AddMetadata("authorization", "Bearer " + kToken);
+            StartTaskRequest req;
+            req.set_run_id(run);
+            req.set_run_config_json(cfg.toJson().dump());
+            req.set_cluster_json(json);
+            req.set_task_type("ps");
+            req.set_task_index(i);
+            StartTaskReply reply;
+            const grpc::Status st = control->StartTask(&c, req, &reply);
+            if (!st.ok()) qWarning("StartTask: %s", st.error_message().c_str());
+        }
+        return *ClusterSpec::fromText(json, "test cluster");
+    };
+    auto connect = [&](const std::string& run, const ClusterSpec& spec, const std::string& worker) {
+        PsClientOptions po;
+        po.spec = spec;
+        po.runId = run;
+        po.token = kToken;
+        po.worker = worker;
+        po.partition = partition;
+        return std::move(RemoteParameterStore::connect(po)).value();
+    };
+    // Three variables and their gradients, in buffers the stores read and write.
+    struct Vars {
+        std::vector<std::vector<float>> values{std::vector<float>(24), std::vector<float>(5), std::vector<float>(6)};
+        std::vector<std::vector<float>> grads{std::vector<float>(24), std::vector<float>(5), std::vector<float>(6)};
+        std::vector<StoreVariable> list()
+        {
+            const std::vector<VariableInfo> infos{{"a", {6, 4}}, {"b", {5}}, {"c", {3, 2}}};
+            std::vector<StoreVariable> out;
+            for (std::size_t i = 0; i < infos.size(); ++i) out.push_back({infos[i], values[i].data(), grads[i].data()});
+            return out;
+        }
+        void setGrads(float scale)
+        {
+            for (std::size_t v = 0; v < grads.size(); ++v)
+                for (std::size_t i = 0; i < grads[v].size(); ++i) grads[v][i] = scale * std::sin(float(i + 7 * v) + scale);
+        }
+    };
+    Vars a;
+    for (std::size_t v = 0; v < a.values.size(); ++v)
+        for (std::size_t i = 0; i < a.values[v].size(); ++i) a.values[v][i] = 0.1f * float(i) - float(v);
+    const ClusterSpec specA = startRun("run-a", 0);
+    auto storeA = connect("run-a", specA, "worker:0");
+    QVERIFY(storeA->begin(a.list(), true, nullptr).ok());
+    QVERIFY(storeA->plan().perPs[0].size() + storeA->plan().perPs[1].size() > 3);  // a variable is split
+    QCOMPARE(storeA->resumePosition(), std::string());
+    a.setGrads(1.f);
+    QVERIFY(storeA->push(0.01f).ok());
+    auto snap = storeA->snapshot();
+    QVERIFY2(snap.ok(), snap.ok() ? "" : snap.error().toString().c_str());
+    QCOMPARE(snap->updates, int64_t(1));
+    QCOMPARE(snap->optimizer.size(), std::size_t(2));  // Adam's m and v, over all 35 values
+    for (const auto& [name, flat] : snap->optimizer) QCOMPARE(flat.size(), std::size_t(35));
+    const auto snapValues = a.values;  // the snapshot wrote its values into the buffers
+    a.setGrads(-2.f);
+    QVERIFY(storeA->push(0.01f).ok());
+    QVERIFY(storeA->flush().ok());
+    QVERIFY(storeA->pull().ok());
+
+    Vars b;
+    b.values = snapValues;
+    const ClusterSpec specB = startRun("run-b", 2);
+    auto storeB = connect("run-b", specB, "worker:0");
+    StoreResume resume{*snap, "worker 0's position"};
+    QVERIFY(storeB->begin(b.list(), true, &resume).ok());
+    auto again = storeB->snapshot();
+    QVERIFY(again.ok());
+    QCOMPARE(again->updates, int64_t(1));
+    for (std::size_t i = 0; i < 2; ++i) QVERIFY(again->optimizer[i] == snap->optimizer[i]);
+    Vars other;
+    auto storeB1 = connect("run-b", specB, "worker:1");
+    QVERIFY(storeB1->begin(other.list(), false, nullptr).ok());
+    QCOMPARE(storeB1->resumePosition(), std::string("worker 0's position"));
+    QVERIFY(other.values == snapValues);
+    b.setGrads(-2.f);
+    QVERIFY(storeB->push(0.01f).ok());
+    QVERIFY(storeB->flush().ok());
+    QVERIFY(storeB->pull().ok());
+    QVERIFY(b.values == a.values);  // the same second update, bit for bit
+    QVERIFY(b.values != snapValues);
+
+    // A state of the wrong size is refused before any ps is touched, naming the tensor.
+    Vars c;
+    StoreResume wrong = resume;
+    wrong.state.optimizer[0].second.pop_back();
+    auto storeC = connect("run-c", specB, "worker:0");
+    Status refused = storeC->begin(c.list(), true, &wrong);
+    QVERIFY(!refused.ok());
+    QVERIFY2(refused.error().message.find("has 34 values, this model's variables have 35") != std::string::npos, refused.error().message.c_str());
+}
+
+// --backup-dir and --restarts with a parameter-server run: worker 0's daemon backs the run up
+// every 10 steps (its weights and the ps tasks' optimizer state) under its --backup-root; worker
+// 1 is killed with SIGKILL after the first epoch and started again; the coordinator restarts
+// the run, worker 0 starts the new ps tasks from its backup, both workers continue from its
+// position, and the run completes all its steps. (Asynchronous updates: not bit for bit.)
+void TestParameterServer::restartedRunResumesFromBackup()
+{
+    if (!QFileInfo(QString::fromStdString(defaultFashionMnistDir())).isDir()) QSKIP("Fashion-MNIST is not installed");
+    QTemporaryDir dir;
+    const QString root = dir.filePath("w0-backups");
+    auto ps = spawnWorker(dir.path(), "ps0");
+    auto w0 = tstest::spawnWorker(dir.path(), "worker0", kToken, {"--backup-root", root});
+    auto w1 = spawnWorker(dir.path(), "worker1");
+    QVERIFY(ps->port > 0 && w0->port > 0 && w1->port > 0);
+    const QString cluster = dir.filePath("cluster.json");
+    {
+        QFile f(cluster);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
+                    .arg(w0->port).arg(w1->port).arg(ps->port).toUtf8());
+    }
+    // 3200 examples in global batches of 64: 50 steps an epoch for each worker, 150 in all.
+    auto coord = startCoordinator(trainArgs(cluster, 3) + QStringList{"--limit", "3200", "--db", dir.filePath("runs.db"), "--json", "--backup-dir",
+                                                                      "run-p", "--backup-every-steps", "10", "--restarts", "1"});
+    QString out;
+    QVERIFY2(tstest::readUntil(*coord, out, "\"epoch\":1"), qPrintable(out + coord->readAllStandardError()));
+    QVERIFY(QFile::exists(root + "/run-p/backup.safetensors"));
+    const int port = w1->port;
+    ::kill(static_cast<pid_t>(w1->process->processId()), SIGKILL);
+    w1->process->waitForFinished();
+    w1 = tstest::spawnWorker(dir.path(), "worker1", kToken, {}, port);
+    QCOMPARE(w1->port, port);
+    QVERIFY(coord->waitForFinished(120000));
+    out += QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out));
+    const auto final = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!final.is_discarded() && final.value("final", false), qPrintable(out));
+    qInfo("restarted parameter-server run: %s", final.dump().c_str());
+    QCOMPARE(final["restarts"].get<int>(), 1);
+    // Each worker ends at its 150th step (the run's steps are their sum).
+    QCOMPARE(final["tasks"]["worker:0"]["steps"].get<int>(), 150);
+    QCOMPARE(final["tasks"]["worker:1"]["steps"].get<int>(), 150);
+    QCOMPARE(final["steps"].get<int>(), 300);
+    QVERIFY2(final["val_accuracy"].get<double>() > 0.7, qPrintable(out));
+    // The completed run deleted worker 0's backup.
+    QVERIFY(!QFile::exists(root + "/run-p/backup.safetensors"));
+    // Both workers resumed from the same step of worker 0's backup (a multiple of 10, past the first epoch).
+    auto store = ts::store::RunStore::open(dir.filePath("runs.db").toStdString());
+    QVERIFY(store.ok());
+    auto logs = store->logs(final["run_id"].get<std::string>());
+    QVERIFY(logs.ok());
+    bool restarting = false;
+    std::set<std::string> resumedAt;
+    int resumed = 0;
+    for (const auto& l : *logs) {
+        restarting |= l.message.find("restarting the run from its backup") != std::string::npos;
+        const auto at = l.message.find("resumed from ");
+        if (at == std::string::npos) continue;
+        const auto after = l.message.find(" after step ", at);
+        QVERIFY2(after != std::string::npos, l.message.c_str());
+        resumedAt.insert(l.message.substr(after, l.message.find(' ', after + 12) - after));
+        ++resumed;
+        qInfo("%s", l.message.c_str());
+    }
+    QVERIFY(restarting);
+    QVERIFY2(resumed == 2 && resumedAt.size() == 1, qPrintable(out));
+    const int step = std::stoi(resumedAt.begin()->substr(12));
+    QVERIFY2(step >= 50 && step % 10 == 0, qPrintable(QString::number(step)));
 }
 
 void TestParameterServer::killedPsIsNamed()

@@ -487,10 +487,7 @@ QStringList RunSetupPanel::problems() const
     if (m_lr->value() <= 0) p << tr("Learning rate: must be greater than 0 (try 0.001 for adam).");
     if (m_backup->isChecked()) {
         const QString dir = m_backupDir->text().trimmed();
-        if (strategy() == "parameter-server")
-            p << tr("Backup: parameter-server runs keep their optimizer state on the ps tasks and cannot be backed up; uncheck "
-                    "Backup or use MultiWorkerMirrored.");
-        else if (dir.isEmpty())
+        if (dir.isEmpty())
             p << tr("Backup: choose the folder to back the run up into.");
         else if (isRemoteStrategy() && (QDir::isAbsolutePath(dir) || dir.split('/').contains("..")))
             p << tr("Backup: for remote workers give a folder name without '..' (each worker keeps it under its --backup-root), "
