@@ -31,6 +31,8 @@ int main(int argc, char** argv)
     app.add_option("--tls-key", o.tls.privateKey, "PEM private key for --tls-cert");
     app.add_option("--tls-ca", o.tls.rootCa, "PEM CA that signed the other workers' certificates (tasks verify the rendezvous with it)");
     app.add_option("--max-message-bytes", o.maxMessageBytes, "largest request accepted or reply sent (a ps task's shard must fit)")->check(CLI::Range(1024, 64 << 20));
+    app.add_option("--max-weights-bytes", o.maxWeightsBytes, "largest initial-weights file a coordinator's --load-weights may send (default 2 GiB)")
+        ->check(CLI::Range(int64_t{1024}, int64_t{64} << 30));
     app.add_option("--backup-root", o.backupRoot,
                    "folder under which runs' backups (--backup-dir NAME of the coordinator) are kept (default: " +
                        ts::defaultBackupRoot() + ")");

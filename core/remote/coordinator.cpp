@@ -456,11 +456,27 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     start.trace = m_options.trace;
     start.traceLayers = m_options.traceLayers;
     start.coordinator = m_who;
+    // The initial weights go to every training task at once (a ps task is initialised by worker
+    // 0), before any task starts: the first started would otherwise wait for the last's transfer.
+    if (!m_initialWeights.empty()) {
+        std::vector<Status> sent(m_tasks.size(), okStatus());
+        std::vector<std::thread> senders;
+        for (std::size_t i = 0; i < m_tasks.size(); ++i)
+            if (!m_tasks[i]->ps)
+                senders.emplace_back([&, i] { sent[i] = m_tasks[i]->client->sendWeights(taskRun, m_initialWeightsName, m_initialWeights); });
+        for (auto& s : senders) s.join();
+        for (std::size_t i = 0; i < m_tasks.size(); ++i) {
+            if (sent[i].ok()) continue;
+            for (auto& other : m_tasks) (void)other->client->cancel(taskRun, "failed");
+            Error e = sent[i].takeError();
+            bus.publish(tm::Event(tm::ErrorEvent{stamp(m_tasks[i]->id.toString(), "", 0), e.message, e.hint, m_tasks[i]->label}));
+            return finish(Result<FitResult>(e), 0);
+        }
+    }
     for (std::size_t i = 0; i < m_tasks.size(); ++i) {
         Task& t = *m_tasks[i];
-        const bool trains = t.id.type != "ps";  // a ps task is initialised by worker 0
-        start.initialWeights = trains ? m_initialWeights : std::string();
-        start.initialWeightsName = trains ? m_initialWeightsName : std::string();
+        start.initialWeightsSent = !m_initialWeights.empty() && !t.ps;
+        start.initialWeightsName = start.initialWeightsSent ? m_initialWeightsName : std::string();
         auto tf = m_options.spec.tfConfigFor(t.id);
         Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, start) : Status(tf.error());
         if (!st.ok()) {

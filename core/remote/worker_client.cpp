@@ -118,17 +118,45 @@ Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& r
     req.set_trace(options.trace);
     req.set_trace_layers(options.traceLayers);
     req.set_coordinator(options.coordinator);
-    req.set_initial_weights(options.initialWeights);
+    req.set_initial_weights_sent(options.initialWeightsSent);
     req.set_initial_weights_name(options.initialWeightsName);
     StartTaskReply reply;
     const grpc::Status st = m_impl->stub->StartTask(&ctx, req, &reply);
     if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
         return makeError(ErrorCode::InvalidArgument,
-                         m_impl->label + " refused the task: it is " + std::to_string(req.ByteSizeLong()) + " bytes" +
-                             (options.initialWeights.empty() ? std::string() : " with its initial weights") +
-                             ", more than the worker accepts (" + st.error_message() + ")",
+                         m_impl->label + " refused the task: it is " + std::to_string(req.ByteSizeLong()) +
+                             " bytes, more than the worker accepts (" + st.error_message() + ")",
                          "start that trainstudio-worker with a larger --max-message-bytes (at most 64 MiB)");
     if (!st.ok()) return m_impl->failOrBusy(st, "refused the task");
+    return okStatus();
+}
+
+Status WorkerClient::sendWeights(const std::string& runId, const std::string& name, const std::string& bytes)
+{
+    constexpr std::size_t kPart = 256 << 10;  // well inside any --max-message-bytes a run config fits in
+    grpc::ClientContext ctx;
+    // Time for the bytes at a slow 8 MiB/s, on top of the usual call.
+    m_impl->prepare(ctx, std::chrono::seconds(10 + static_cast<int64_t>(bytes.size() >> 23)));
+    SendWeightsReply reply;
+    auto writer = m_impl->stub->SendWeights(&ctx, &reply);
+    for (std::size_t at = 0; at < bytes.size() || at == 0; at += kPart) {
+        WeightsPart part;
+        part.set_run_id(runId);
+        part.set_name(name);
+        part.set_total_bytes(static_cast<int64_t>(bytes.size()));
+        part.set_data(bytes.substr(at, kPart));
+        if (!writer->Write(part)) break;  // the worker ended the call: Finish says why
+        if (bytes.empty()) break;
+    }
+    writer->WritesDone();
+    const grpc::Status st = writer->Finish();
+    if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
+        return makeError(ErrorCode::InvalidArgument, m_impl->label + " refused the initial weights: " + st.error_message(),
+                         "start that trainstudio-worker with a larger --max-weights-bytes");
+    if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
+        return makeError(ErrorCode::InvalidArgument, m_impl->label + " refused the initial weights: " + st.error_message(),
+                         "check the file with trainstudio-cli, or save the weights again");
+    if (!st.ok()) return m_impl->failOrBusy(st, "could not send the initial weights");
     return okStatus();
 }
 

@@ -54,7 +54,7 @@ struct WorkerPulse {
 struct StartTaskOptions {
     bool trace = false, traceLayers = false;  // the task traces every step (a span per layer too)
     std::string coordinator;                  // who starts it, as other coordinators are told
-    std::string initialWeights;               // safetensors bytes every training task starts from
+    bool initialWeightsSent = false;          // sendWeights() delivered its initial weights
     std::string initialWeightsName;           // the file they came from, for messages
 };
 
@@ -71,6 +71,10 @@ public:
     Status reserve(const std::string& runId, const std::string& coordinator, int seconds);
     Status startTask(const std::string& runId, const nlohmann::json& runConfig, const std::string& tfConfig,
                      const std::string& taskType, int taskIndex, const StartTaskOptions& options = {});
+    // Sends a safetensors file's bytes (any size, in 256 KiB parts) that the task of `runId` will
+    // start from (startTask with initialWeightsSent). The worker checks them on arrival; its
+    // refusal names the file (damaged, or over its --max-weights-bytes).
+    Status sendWeights(const std::string& runId, const std::string& name, const std::string& bytes);
     // Asks the running task to trace its next `steps` steps. OK(true) started; OK(false) the task
     // cannot now, `why` says so ("worker:1: the task traces every step already").
     Result<bool> captureTrace(const std::string& runId, int64_t steps, bool layers, std::string* why = nullptr);

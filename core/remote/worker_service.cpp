@@ -57,8 +57,9 @@ grpc::Status refuse(const grpc::ServerContext& ctx, grpc::StatusCode code, const
 
 class WorkerService final : public Worker::Service {
 public:
-    WorkerService(std::string token, std::string name, TlsFiles tls, ParameterService* ps, std::string backupRoot)
-        : m_token(std::move(token)), m_name(std::move(name)), m_backupRoot(std::move(backupRoot)), m_tls(std::move(tls)), m_ps(ps) {}
+    WorkerService(std::string token, std::string name, TlsFiles tls, ParameterService* ps, std::string backupRoot, int64_t maxWeightsBytes)
+        : m_token(std::move(token)), m_name(std::move(name)), m_backupRoot(std::move(backupRoot)), m_tls(std::move(tls)), m_ps(ps),
+          m_maxWeightsBytes(maxWeightsBytes) {}
     ~WorkerService() override { shutdown(); }
 
     void setName(std::string name) { m_name = std::move(name); }
@@ -168,21 +169,26 @@ public:
         if (ps ? (type != "ps" && type != "worker") : (type != "chief" && type != "worker"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": a " + (ps ? "parameter-server" : "multi-worker-mirrored") + " run has no " + type + " tasks to start");
-        // The coordinator's --load-weights, validated here as a file would be.
-        std::shared_ptr<const SafetensorsFile> initial;
-        const std::string initialName = req->initial_weights_name().empty() ? "the initial weights" : req->initial_weights_name();
-        if (!req->initial_weights().empty()) {
-            if (type == "ps")  // worker 0 initialises the ps tasks from its imported weights
-                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": a ps task takes no initial weights; send them to the workers");
-            auto decoded = decodeSafetensors(req->initial_weights(), initialName);
-            if (!decoded.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": " + decoded.error().toString());
-            initial = std::make_shared<const SafetensorsFile>(std::move(decoded).value());
-        }
+        // worker 0 initialises the ps tasks from its imported weights
+        if (req->initial_weights_sent() && type == "ps")
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": a ps task takes no initial weights; send them to the workers");
         std::lock_guard starting(m_startMutex);  // one StartTask at a time past this point
         std::unique_lock lock(m_mutex);
         if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
         if (reservedByOther(req->run_id())) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, reservedText());
         if (m_shutdown) return grpc::Status(grpc::StatusCode::UNAVAILABLE, "the worker is shutting down");
+        // The coordinator's --load-weights, sent (and checked) by SendWeights just before.
+        std::shared_ptr<const SafetensorsFile> initial;
+        std::string initialName;
+        if (req->initial_weights_sent()) {
+            if (!m_sentWeights || m_sentWeightsRun != req->run_id())
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                              source + ": no initial weights were sent for this run (SendWeights comes before StartTask)");
+            initial = std::move(m_sentWeights);
+            initialName = m_sentWeightsName;
+        }
+        m_sentWeights = nullptr;  // taken, or another run's
+        m_sentWeightsRun.clear();
         lock.unlock();
         if (m_thread.joinable()) m_thread.join();  // the previous task has finished
         lock.lock();
@@ -264,6 +270,10 @@ public:
     {
         if (auto st = checkToken(*ctx, m_token, "Worker.Cancel"); !st.ok()) return st;
         std::lock_guard lock(m_mutex);
+        if (!req->run_id().empty() && req->run_id() == m_sentWeightsRun) {
+            m_sentWeights = nullptr;
+            m_sentWeightsRun.clear();
+        }
         if (!req->run_id().empty() && req->run_id() == m_reservedRun) {
             // The coordinator gives up before starting this task (another of its workers was
             // busy): the worker is free again at once, not when the reservation lapses.
@@ -281,6 +291,54 @@ public:
                  : m_cancelReason == "failed" ? "stopping " + m_task + " of run " + m_runId + ": another task of the run failed"
                                               : "cancelling run " + m_runId) +
                 " (asked by " + ctx->peer() + ")");
+        return grpc::Status::OK;
+    }
+
+    grpc::Status SendWeights(grpc::ServerContext* ctx, grpc::ServerReader<WeightsPart>* reader, SendWeightsReply*) override
+    {
+        const char* call = "Worker.SendWeights";
+        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        WeightsPart part;
+        if (!reader->Read(&part)) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "no weights were sent");
+        const std::string runId = part.run_id(), name = part.name().empty() ? "the initial weights" : part.name();
+        const int64_t total = part.total_bytes();
+        if (runId.empty() || runId.size() > 128) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "run_id must be 1..128 characters");
+        if (total <= 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, name + ": total_bytes must be > 0");
+        if (total > m_maxWeightsBytes)
+            return refuse(*ctx, grpc::StatusCode::RESOURCE_EXHAUSTED, call,
+                          name + " is " + std::to_string(total) + " bytes, more than this worker holds (--max-weights-bytes " +
+                              std::to_string(m_maxWeightsBytes) + ")");
+        {
+            std::lock_guard lock(m_mutex);
+            if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
+            if (reservedByOther(runId)) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, reservedText());
+            m_sentWeights = nullptr;  // the next SendWeights replaces what was kept
+            m_sentWeightsRun.clear();
+        }
+        std::string bytes;
+        bytes.reserve(static_cast<std::size_t>(total));
+        do {
+            if (part.run_id() != runId || part.total_bytes() != total)
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, name + ": every part must name the same run and total_bytes");
+            if (static_cast<int64_t>(bytes.size() + part.data().size()) > total)
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, name + ": more than the " + std::to_string(total) + " bytes announced");
+            bytes += part.data();
+        } while (reader->Read(&part));
+        if (static_cast<int64_t>(bytes.size()) != total)
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          name + ": got " + std::to_string(bytes.size()) + " of the " + std::to_string(total) + " bytes announced");
+        // Checked now, as a file would be: a damaged transfer fails before any task starts.
+        auto decoded = decodeSafetensors(bytes, name);
+        if (!decoded.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, decoded.error().toString());
+        bytes = std::string();
+        std::lock_guard lock(m_mutex);
+        if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
+        if (reservedByOther(runId)) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, reservedText());
+        m_sentWeights = std::make_shared<const SafetensorsFile>(std::move(decoded).value());
+        m_sentWeightsRun = runId;
+        m_sentWeightsName = name;
+        // A long transfer must not let the run's reservation lapse before its StartTask.
+        if (m_reservedRun == runId) m_reservedUntil = std::max(m_reservedUntil, std::chrono::steady_clock::now() + std::chrono::seconds(30));
         return grpc::Status::OK;
     }
 
@@ -708,6 +766,10 @@ private:
     std::string m_backupRoot;  // remote tasks' backup folders live under it
     TlsFiles m_tls;
     ParameterService* m_ps;                          // the daemon's; hosts this daemon's ps task
+    int64_t m_maxWeightsBytes;
+    // SendWeights: initial weights checked and kept for m_sentWeightsRun until its StartTask.
+    std::shared_ptr<const SafetensorsFile> m_sentWeights;
+    std::string m_sentWeightsRun, m_sentWeightsName;
     std::shared_ptr<RemoteParameterStore> m_store;   // a parameter-server worker's link to the ps tasks
     std::mutex m_startMutex;
     std::mutex m_mutex;
@@ -791,7 +853,8 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
     auto impl = std::make_unique<Impl>();
     impl->ps = std::make_unique<ParameterService>(options.token);
     impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls, impl->ps.get(),
-                                                   options.backupRoot.empty() ? defaultBackupRoot() : options.backupRoot);
+                                                   options.backupRoot.empty() ? defaultBackupRoot() : options.backupRoot,
+                                                   options.maxWeightsBytes);
     impl->rendezvous = makeRendezvousService(options.token);
     grpc::ServerBuilder builder;
     // gRPC turns SO_REUSEPORT on by default: a second server on a taken port then "listens" too

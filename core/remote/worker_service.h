@@ -16,6 +16,7 @@
 //    the daemon's backupRoot. Binding anything but loopback needs allowRemote.
 //  - Errors: start() says which address could not be bound and what to do.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -35,6 +36,7 @@ struct WorkerOptions {
                                           // coordinating daemon's rendezvous when this one is a peer
     std::string backupRoot;               // tasks' backup folders (relative names) live under it;
                                           // empty: defaultBackupRoot() (train/backup.h)
+    int64_t maxWeightsBytes = int64_t{2} << 30;  // largest initial-weights file (SendWeights) held
 };
 
 class WorkerDaemon {

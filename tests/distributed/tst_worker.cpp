@@ -20,6 +20,7 @@
 #include "data/dataset.h"
 #include "distributed/weight_diff.h"
 #include "distributed/worker_process.h"
+#include "io/safetensors.h"
 #include "model/spec.h"
 #include "remote/coordinator.h"
 #include "remote/task_telemetry.h"
@@ -127,6 +128,7 @@ private slots:
     void servesTls();
     void coordinatedRunIsRecorded();
     void coordinatedRunStartsFromWeights();
+    void initialWeightsArriveInParts();
     void reservationHoldsTheWorker();
     void crossedCoordinatorsOneWins();
     void taskTelemetryIsPublished();
@@ -486,8 +488,18 @@ void TestWorker::coordinatedRunStartsFromWeights()
     QVERIFY2(c7 == 0, qPrintable(o7));
     QStringList bigArgs = coordinatorArgs(cluster, 1);
     bigArgs[bigArgs.indexOf("mlp")] = bigModel;
-    auto [c8, o8] = run(bigArgs + QStringList{"--no-record", "--load-weights", big});
-    QVERIFY2(c8 != 0 && o8.contains("with its initial weights, more than the worker accepts") && o8.contains("--max-message-bytes"), qPrintable(o8));
+    // 6.5 MB of weights, over the daemons' 4 MiB message limit: they travel in parts, and the run
+    // starts from them (one step on 2 daemons equals one process's from the same file).
+    const QString bigRemote = dir.filePath("big-remote.safetensors"), bigLocal = dir.filePath("big-local.safetensors");
+    auto [c8, o8] = run(bigArgs + QStringList{"--no-record", "--load-weights", big, "--save-weights", bigRemote});
+    QVERIFY2(c8 == 0, qPrintable(o8));
+    QStringList bigLocalArgs = bigArgs;
+    bigLocalArgs.remove(1, 2);
+    auto [c11, o11] = run(bigLocalArgs + QStringList{"--strategy", "mirrored", "--devices", "cpu:0,cpu:1", "--no-record", "--load-weights", big,
+                                                     "--save-weights", bigLocal});
+    QVERIFY2(c11 == 0, qPrintable(o11));
+    const double bigDiff = maxDiff(bigRemote, bigLocal);
+    QVERIFY2(bigDiff < 1e-5, qPrintable(QString("6.5 MB from the same file, coordinated vs one process: %1").arg(bigDiff)));
 
     const QString psCluster = dir.filePath("ps.json");
     QFile psFile(psCluster);
@@ -510,6 +522,55 @@ void TestWorker::coordinatedRunStartsFromWeights()
     QVERIFY(maxDiff(psOut, start) > 1e-4);  // it did take the step
     auto [c10, o10] = run(coordinatorArgs(psCluster, 1) + QStringList{"--no-record", "--strategy", "parameter-server", "--load-weights", cnn});
     QVERIFY2(c10 != 0 && o10.contains("worker:0") && o10.contains("the model expects (784, 256)"), qPrintable(o10));
+}
+
+// SendWeights: a file larger than the daemon's message limit arrives in parts and is checked on
+// arrival; one over --max-weights-bytes, a cut one, and a StartTask claiming weights that were
+// never sent (or were dropped by a Cancel) are refused, naming the file and the flag.
+void TestWorker::initialWeightsArriveInParts()
+{
+    WorkerOptions o;
+    o.token = kToken;
+    o.maxMessageBytes = 1 << 20;
+    o.maxWeightsBytes = 3 << 20;
+    auto daemon = WorkerDaemon::start(o);
+    QVERIFY(daemon.ok());
+    auto client = WorkerClient::connect("worker:0 at here", "127.0.0.1:" + std::to_string((*daemon)->port()), kToken);
+    QVERIFY(client.ok());
+    WorkerClient& c = **client;
+    // 2.4 MB: over the 1 MiB message limit, so only parts get through.
+    std::vector<std::pair<std::string, Tensor>> tensors{{"w", Tensor::fromVector(Shape({600000}), std::vector<float>(600000, 0.5f))}};
+    auto bytes = encodeSafetensors(tensors, {}, "w.safetensors");
+    QVERIFY(bytes.ok());
+    Status sent = c.sendWeights("r1", "w.safetensors", *bytes);
+    QVERIFY2(sent.ok(), sent.ok() ? "" : sent.error().toString().c_str());
+    Status big = c.sendWeights("r1", "big.safetensors", std::string(4 << 20, 'x'));
+    QVERIFY(!big.ok());
+    QVERIFY2(big.error().message.find("big.safetensors is 4194304 bytes, more than this worker holds (--max-weights-bytes 3145728)") != std::string::npos,
+             big.error().message.c_str());
+    QVERIFY2(big.error().hint.find("--max-weights-bytes") != std::string::npos, big.error().hint.c_str());
+    Status cut = c.sendWeights("r1", "cut.safetensors", bytes->substr(0, bytes->size() - 100));
+    QVERIFY(!cut.ok());
+    QVERIFY2(cut.error().message.find("refused the initial weights") != std::string::npos &&
+                 cut.error().message.find("'cut.safetensors'") != std::string::npos && cut.error().message.find("truncated") != std::string::npos,
+             cut.error().message.c_str());
+    // A StartTask that says the weights were sent, when none are kept for its run.
+    RunConfig cfg;
+    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    cfg.strategy.kind = "multi-worker-mirrored";
+    const std::string cluster = R"({"cluster": {"worker": ["127.0.0.1:1"]}, "task": {"type": "worker", "index": 0}})";
+    StartTaskOptions start;
+    start.initialWeightsSent = true;
+    start.initialWeightsName = "w.safetensors";
+    QVERIFY(c.sendWeights("r1", "w.safetensors", *bytes).ok());
+    (void)c.cancel("r1");  // the run's weights are dropped with it
+    Status st = c.startTask("r1", cfg.toJson(), cluster, "worker", 0, start);
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("no initial weights were sent for this run") != std::string::npos, st.error().message.c_str());
+    QVERIFY(c.sendWeights("r1", "w.safetensors", *bytes).ok());
+    st = c.startTask("r2", cfg.toJson(), cluster, "worker", 0, start);  // another run's weights
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("no initial weights were sent for this run") != std::string::npos, st.error().message.c_str());
 }
 
 // --restarts with daemons: the worker daemon is killed with SIGKILL mid-run and started again on
