@@ -113,6 +113,11 @@ MainWindow::MainWindow(QWidget* parent)
     });
     connect(m_session, &TrainingSession::runStarted, m_runs, &RunHistoryPanel::refresh);
     connect(m_trainPage, &TrainPage::runFinished, m_runs, &RunHistoryPanel::refresh);
+    connect(m_runs, &RunHistoryPanel::startFromWeightsRequested, this, [this](const QString& runId, const QString& path) {
+        m_trainPage->setup()->setInitialWeights(path);
+        showTab(QStringLiteral("train"));
+        statusBar()->showMessage(tr("The next run starts from the weights of run %1").arg(runId.left(8)), 8000);
+    });
     connect(m_runs, &RunHistoryPanel::openRunRequested, this, [this](const QString& runId) {
         QString error;
         if (!openRecordedRun(runId, &error)) showError(tr("Open run"), error);

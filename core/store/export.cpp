@@ -146,7 +146,7 @@ Result<std::size_t> exportChromeTrace(RunStore& store, const std::string& runId,
     return n;
 }
 
-Result<Checkpoint> exportFinalWeights(RunStore& store, const std::string& runId, const std::string& path)
+Result<Checkpoint> finalCheckpoint(RunStore& store, const std::string& runId)
 {
     TS_ASSIGN(std::vector<Checkpoint> cps, store.checkpoints(runId));
     if (cps.empty())
@@ -157,6 +157,13 @@ Result<Checkpoint> exportFinalWeights(RunStore& store, const std::string& runId,
         if (c.kind == "final") pick = &c;
     if (!pick) pick = &cps.back();
     TS_TRY(store.verifyCheckpoint(*pick));
+    return *pick;
+}
+
+Result<Checkpoint> exportFinalWeights(RunStore& store, const std::string& runId, const std::string& path)
+{
+    TS_ASSIGN(const Checkpoint picked, finalCheckpoint(store, runId));
+    const Checkpoint* pick = &picked;
     std::ifstream in(pick->path, std::ios::binary);
     if (!in) return makeError(ErrorCode::IoError, "cannot read checkpoint file '" + pick->path + "'");
     const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -21,8 +21,11 @@ Status exportEpochMetricsCsv(RunStore& store, const std::string& runId, std::ost
 // number of spans written.
 Result<std::size_t> exportChromeTrace(RunStore& store, const std::string& runId, const std::string& path);
 
-// Copies the run's final weights (its "final" checkpoint, else the latest) to `path`, after
-// checking the checkpoint still has its recorded checksum. Returns the checkpoint used.
+// The run's final weights: its "final" checkpoint, else the latest, checked against its recorded
+// checksum. NotFound names the run when it has none.
+Result<Checkpoint> finalCheckpoint(RunStore& store, const std::string& runId);
+
+// Copies the run's final weights (finalCheckpoint) to `path`. Returns the checkpoint used.
 Result<Checkpoint> exportFinalWeights(RunStore& store, const std::string& runId, const std::string& path);
 
 } // namespace ts::store

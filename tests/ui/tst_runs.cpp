@@ -347,6 +347,16 @@ void TestRuns::exportsWriteFiles()
     auto tensors = ts::readSafetensors(out.toStdString());
     QVERIFY2(tensors.ok(), tensors.ok() ? "" : tensors.error().toString().c_str());
 
+    // Train From Its Weights hands the run's final checkpoint to the setup.
+    QSignalSpy startFrom(&panel, &RunHistoryPanel::startFromWeightsRequested);
+    QVERIFY2(panel.trainFromWeights(m_adam, &error), qPrintable(error));
+    QCOMPARE(startFrom.count(), 1);
+    QCOMPARE(startFrom.at(0).at(0).toString(), m_adam);
+    QCOMPARE(startFrom.at(0).at(1).toString(), weights);
+    QVERIFY(!panel.trainFromWeights(m_sgd, &error));
+    QVERIFY2(error.contains(m_sgd) && error.contains("no recorded weights"), qPrintable(error));
+    QCOMPARE(startFrom.count(), 1);
+
     // A run without weights, and a folder that does not exist: errors name the run and file.
     QVERIFY(!panel.exportWeights(m_sgd, m_dir.filePath("sgd.safetensors"), &error));
     QVERIFY2(error.contains(m_sgd), qPrintable(error));

@@ -76,6 +76,7 @@ private slots:
     void initTestCase();
     void trainFromTheGuiRecordsTheRun();
     void pauseResumeStop();
+    void trainsFromARunsWeights();
     void stoppedRunResumesFromItsBackup();
     void closingDuringARunMarksItInterrupted();
     void invalidSetupsAreExplained();
@@ -180,6 +181,45 @@ void TestSession::trainFromTheGuiRecordsTheRun()
     QString bad;
     QVERIFY(!w->openRecordedRun("no-such-run", &bad));
     QVERIFY2(bad.contains("no-such-run"), qPrintable(bad));
+}
+
+// Runs > Train From Its Weights: the next run starts from a recorded run's final weights (the
+// setup's "Start from weights" field), so its first loss is the trained model's, not a fresh one's.
+void TestSession::trainsFromARunsWeights()
+{
+    auto w = window(2, 4096);
+    TrainPage* page = w->trainPage();
+    RunSetupPanel* setup = page->setup();
+    QSignalSpy finished(w->session(), &TrainingSession::finished);
+    QVERIFY(page->startTraining());
+    QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 1, 60000);
+    const QString first = w->session()->runId();
+    const double freshLoss = w->session()->data().steps().loss.front();
+    const double trainedLoss = w->session()->data().steps().loss.back();
+    QVERIFY2(trainedLoss < 0.6 * freshLoss, qPrintable(QString("%1 -> %2").arg(freshLoss).arg(trainedLoss)));
+
+    w->runHistory()->refresh();
+    w->showTab("runs");
+    QString error;
+    QVERIFY2(w->runHistory()->trainFromWeights(first, &error), qPrintable(error));
+    QCOMPARE(w->currentTab(), QString("train"));
+    QVERIFY2(setup->initialWeights().endsWith(".safetensors") && QFileInfo(setup->initialWeights()).isFile(), qPrintable(setup->initialWeights()));
+    QCOMPARE(QString::fromStdString(setup->config().loadWeights), setup->initialWeights());
+    QVERIFY2(setup->problems().isEmpty(), qPrintable(setup->problems().join('\n')));
+    QVERIFY(page->startTraining());
+    QTRY_COMPARE_WITH_TIMEOUT(finished.count(), 2, 60000);
+    QCOMPARE(finished.at(1).at(0).value<State>(), State::Completed);
+    const double continuedLoss = w->session()->data().steps().loss.front();
+    QVERIFY2(continuedLoss < 0.6 * freshLoss, qPrintable(QString("fresh %1, continued from the weights %2").arg(freshLoss).arg(continuedLoss)));
+
+    // A run without weights, and a file that is not there, are explained.
+    QVERIFY(!w->runHistory()->trainFromWeights("no-such-run", &error));
+    QVERIFY2(error.contains("no-such-run"), qPrintable(error));
+    setup->setInitialWeights(m_dir.filePath("missing.safetensors"));
+    QVERIFY2(setup->problems().join('\n').contains("Start from weights: "), qPrintable(setup->problems().join('\n')));
+    QVERIFY(!page->trainButton()->isEnabled());
+    setup->setInitialWeights({});
+    QVERIFY(setup->problems().isEmpty());
 }
 
 void TestSession::pauseResumeStop()

@@ -61,8 +61,11 @@ RunHistoryPanel::RunHistoryPanel(QWidget* parent)
     m_exportCsvAction = new QAction(tr("Metrics as CSV…"), this);
     m_exportTraceAction = new QAction(tr("Chrome Trace…"), this);
     m_exportWeightsAction = new QAction(tr("Final Weights (safetensors)…"), this);
+    m_trainFromAction = new QAction(tr("Train From Its Weights"), this);
+    m_trainFromAction->setToolTip(tr("Set the run's final weights as the next run's starting point (fine-tune or continue it)"));
     m_refreshAction = new QAction(tr("Refresh"), this);
     const std::pair<QAction*, const char*> names[] = {
+        {m_trainFromAction, "trainFromWeightsAction"},
         {m_openAction, "openRunAction"},       {m_compareAction, "compareRunsAction"},
         {m_renameAction, "renameRunAction"},   {m_tagAction, "tagRunAction"},
         {m_deleteAction, "deleteRunAction"},   {m_exportCsvAction, "exportCsvAction"},
@@ -88,6 +91,11 @@ RunHistoryPanel::RunHistoryPanel(QWidget* parent)
     connect(m_exportTraceAction, &QAction::triggered, this, [this] { askExport(ExportTrace); });
     connect(m_exportWeightsAction, &QAction::triggered, this, [this] { askExport(ExportWeights); });
     connect(m_refreshAction, &QAction::triggered, this, &RunHistoryPanel::refresh);
+    connect(m_trainFromAction, &QAction::triggered, this, [this] {
+        const QStringList ids = selectedRunIds();
+        QString error;
+        if (ids.size() == 1 && !trainFromWeights(ids.first(), &error)) showMessage(error, true);
+    });
 
     auto* toolbar = new QToolBar(this);
     toolbar->addAction(m_openAction);
@@ -106,6 +114,7 @@ RunHistoryPanel::RunHistoryPanel(QWidget* parent)
     exportButton->setMenu(exportMenu);
     exportButton->setPopupMode(QToolButton::InstantPopup);
     toolbar->addWidget(exportButton);
+    toolbar->addAction(m_trainFromAction);
     toolbar->addSeparator();
     toolbar->addAction(m_refreshAction);
     m_filter->setObjectName(QStringLiteral("runsFilter"));
@@ -283,6 +292,7 @@ void RunHistoryPanel::updateActions()
     m_exportCsvAction->setEnabled(n == 1);
     m_exportTraceAction->setEnabled(n == 1);
     m_exportWeightsAction->setEnabled(n == 1);
+    m_trainFromAction->setEnabled(n == 1);
     m_refreshAction->setEnabled(m_store != nullptr);
 }
 
@@ -423,6 +433,28 @@ bool RunHistoryPanel::exportWeights(const QString& runId, const QString& path, Q
                     .arg(qs(checkpoint->kind), runId)
                     .arg(checkpoint->step)
                     .arg(QDir::toNativeSeparators(path)));
+    return true;
+}
+
+bool RunHistoryPanel::trainFromWeights(const QString& runId, QString* error)
+{
+    if (!m_store) {
+        if (error)
+            *error = tr("No run database is open: open the run history’s database first.");
+        return false;
+    }
+    auto checkpoint = store::finalCheckpoint(*m_store, runId.toStdString());
+    if (!checkpoint.ok()) {
+        if (error)
+            *error = tr("Cannot train from the weights of run %1: %2").arg(runId, qs(checkpoint.error().toString()));
+        return false;
+    }
+    const QString path = qs(checkpoint->path);
+    showMessage(tr("The next run starts from the %1 weights of run %2 (step %3): %4")
+                    .arg(qs(checkpoint->kind), runId)
+                    .arg(checkpoint->step)
+                    .arg(QDir::toNativeSeparators(path)));
+    Q_EMIT startFromWeightsRequested(runId, path);
     return true;
 }
 

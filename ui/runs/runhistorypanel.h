@@ -62,12 +62,16 @@ public:
     bool exportMetricsCsv(const QString& runId, const QString& path, QString* error = nullptr);
     bool exportTrace(const QString& runId, const QString& path, QString* error = nullptr);
     bool exportWeights(const QString& runId, const QString& path, QString* error = nullptr);
+    // Emits startFromWeightsRequested with the run's final checkpoint (checked against its
+    // checksum), for a new run that continues from it.
+    bool trainFromWeights(const QString& runId, QString* error = nullptr);
     // Overlays the runs in the compare view and emits compareRequested.
     bool compareRuns(const QStringList& runIds, QString* error = nullptr);
 
 Q_SIGNALS:
     void openRunRequested(const QString& runId);
     void compareRequested(const QStringList& runIds);
+    void startFromWeightsRequested(const QString& runId, const QString& weightsPath);
     // Something the user asked for failed; the message names the run and the file.
     void errorOccurred(const QString& message);
 
@@ -97,6 +101,7 @@ private:
     QAction* m_exportCsvAction;
     QAction* m_exportTraceAction;
     QAction* m_exportWeightsAction;
+    QAction* m_trainFromAction;
     QAction* m_refreshAction;
 };
 

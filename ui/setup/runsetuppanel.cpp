@@ -307,6 +307,21 @@ void RunSetupPanel::buildUi()
     m_seed->setRange(0, std::numeric_limits<int>::max());
     m_seed->setObjectName("seed");
     hf->addRow(tr("Seed"), m_seed);
+    m_initialWeights = new QLineEdit;
+    m_initialWeights->setObjectName("initialWeights");
+    m_initialWeights->setPlaceholderText(tr("the seed's initial weights"));
+    m_initialWeights->setToolTip(tr("Start from saved weights (.safetensors, e.g. a run's final weights: Runs > Train From Its "
+                                    "Weights) to fine-tune or continue it; the model must have the same layers and shapes"));
+    auto* weightsBrowse = new QPushButton(tr("Browse…"));
+    auto* weightsRow = new QHBoxLayout;
+    weightsRow->addWidget(m_initialWeights, 1);
+    weightsRow->addWidget(weightsBrowse);
+    hf->addRow(tr("Start from weights"), weightsRow);
+    connect(weightsBrowse, &QPushButton::clicked, this, [this] {
+        const QString path = QFileDialog::getOpenFileName(this, tr("Initial weights"), m_initialWeights->text(),
+                                                          tr("safetensors (*.safetensors);;All files (*)"));
+        if (!path.isEmpty()) m_initialWeights->setText(path);
+    });
     layout->addWidget(hyper);
 
     // --- backup and restore (Keras BackupAndRestore)
@@ -359,6 +374,7 @@ void RunSetupPanel::buildUi()
     for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed, m_backupEvery, m_restarts})
         connect(s, &QSpinBox::valueChanged, this, changedSignal);
     connect(m_backupDir, &QLineEdit::textChanged, this, changedSignal);
+    connect(m_initialWeights, &QLineEdit::textChanged, this, changedSignal);
     for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_autoShard, m_strategy, m_optimizer, m_schedule})
         connect(c, &QComboBox::currentIndexChanged, this, changedSignal);
     for (QCheckBox* c : {m_validate, m_usePipeline, m_shuffle, m_flip, m_crop, m_backup})
@@ -485,6 +501,8 @@ QStringList RunSetupPanel::problems() const
                  .arg(m_batch->value() / replicas * replicas == 0 ? replicas : m_batch->value() / replicas * replicas)
                  .arg((m_batch->value() / replicas + 1) * replicas);
     if (m_lr->value() <= 0) p << tr("Learning rate: must be greater than 0 (try 0.001 for adam).");
+    if (const QString w = m_initialWeights->text().trimmed(); !w.isEmpty() && !QFileInfo(w).isFile())
+        p << tr("Start from weights: %1 is not a file; choose a .safetensors file or clear the field.").arg(QDir::toNativeSeparators(w));
     if (m_backup->isChecked()) {
         const QString dir = m_backupDir->text().trimmed();
         if (dir.isEmpty())
@@ -566,6 +584,7 @@ RunConfig RunSetupPanel::config() const
         auto spec = PipelineSpec::fromJson(pipelineJson(c), "the run setup's pipeline");
         if (spec.ok()) c.pipeline = std::move(spec).value();  // problems() reports the error
     }
+    c.loadWeights = m_initialWeights->text().trimmed().toStdString();
     if (m_backup->isChecked()) {
         c.backup.dir = m_backupDir->text().trimmed().toStdString();
         c.backup.everySteps = m_backupEvery->value();
@@ -573,6 +592,9 @@ RunConfig RunSetupPanel::config() const
     }
     return c;
 }
+
+void RunSetupPanel::setInitialWeights(const QString& path) { m_initialWeights->setText(path); }
+QString RunSetupPanel::initialWeights() const { return m_initialWeights->text().trimmed(); }
 
 void RunSetupPanel::setConfig(const RunConfig& c)
 {
@@ -600,6 +622,7 @@ void RunSetupPanel::setConfig(const RunConfig& c)
     for (const auto& d : c.strategy.devices) devices << QString::fromStdString(d.toString());
     if (!devices.isEmpty()) setCheckedDevices(devices);
     m_threads->setValue(c.strategy.threads);
+    m_initialWeights->setText(QString::fromStdString(c.loadWeights));
     m_backup->setChecked(c.backup.enabled());
     m_backupDir->setText(QString::fromStdString(c.backup.dir));
     m_backupEvery->setValue(static_cast<int>(std::min<int64_t>(c.backup.everySteps, m_backupEvery->maximum())));

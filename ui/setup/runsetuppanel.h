@@ -43,6 +43,10 @@ public:
     // Fills the form from a configuration (a past run's, a saved one).
     void setConfig(const RunConfig& config);
     QStringList problems() const;
+    // A .safetensors file the run starts from instead of the seed's initial weights ("": none);
+    // remote runs send it to their workers.
+    void setInitialWeights(const QString& path);
+    QString initialWeights() const;
 
     // Strategy as RunConfig names it: "one-device", "mirrored", "multi-worker-mirrored",
     // "parameter-server".
@@ -114,6 +118,7 @@ private:
     QSpinBox* m_seed = nullptr;
     QCheckBox* m_backup = nullptr;
     QLineEdit* m_backupDir = nullptr;
+    QLineEdit* m_initialWeights = nullptr;
     QSpinBox* m_backupEvery = nullptr;
     QSpinBox* m_restarts = nullptr;
     QLabel* m_problems = nullptr;
