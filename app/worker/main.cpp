@@ -13,12 +13,14 @@
 
 #include <CLI/CLI.hpp>
 
+#include "common/allocator_tuning.h"
 #include "remote/auth.h"
 #include "remote/worker_service.h"
 #include "train/backup.h"
 
 int main(int argc, char** argv)
 {
+    ts::keepLargeBuffersInHeap();
     CLI::App app{"trainstudio-worker: runs training tasks (chief, worker or ps) for a TrainStudio coordinator"};
     ts::remote::WorkerOptions o;
     o.listen = "127.0.0.1:7070";
@@ -30,7 +32,7 @@ int main(int argc, char** argv)
     app.add_option("--tls-cert", o.tls.certificate, "PEM certificate chain: serve TLS (with --tls-key)");
     app.add_option("--tls-key", o.tls.privateKey, "PEM private key for --tls-cert");
     app.add_option("--tls-ca", o.tls.rootCa, "PEM CA that signed the other workers' certificates (tasks verify the rendezvous with it)");
-    app.add_option("--max-message-bytes", o.maxMessageBytes, "largest request accepted or reply sent (a ps task's shard must fit)")->check(CLI::Range(1024, 64 << 20));
+    app.add_option("--max-message-bytes", o.maxMessageBytes, "largest request accepted or reply sent (a ps task's shard travels in parts that fit)")->check(CLI::Range(64 << 10, 64 << 20));
     app.add_option("--max-weights-bytes", o.maxWeightsBytes, "largest initial-weights file a coordinator's --load-weights may send (default 2 GiB)")
         ->check(CLI::Range(int64_t{1024}, int64_t{64} << 30));
     app.add_option("--backup-root", o.backupRoot,

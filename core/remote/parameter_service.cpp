@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstring>
 #include <mutex>
+#include <optional>
 
 #include "backend/registry.h"
 #include "optim/optimizer.h"
@@ -64,70 +65,96 @@ private:
 
 class ParameterService::Impl final : public ParameterServer::Service {
 public:
-    explicit Impl(std::string token) : m_token(std::move(token)) {}
+    Impl(std::string token, int64_t maxMessageBytes) : m_token(std::move(token)), m_maxMessageBytes(maxMessageBytes) {}
 
-    grpc::Status Initialize(grpc::ServerContext* ctx, const InitializeRequest* req, InitializeReply*) override
+    grpc::Status Initialize(grpc::ServerContext* ctx, const InitializeRequest* req, InitializeReply* reply) override
     {
         const char* call = "ParameterServer.Initialize";
         if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
         std::lock_guard lock(m_mutex);
         if (auto st = checkRun(*ctx, call, req->run_id(), false); !st.ok()) return st;
         if (m_initialised) return refuse(*ctx, grpc::StatusCode::ALREADY_EXISTS, call, m_label + " of run " + m_runId + " is already initialised");
-        if (req->slices_size() != req->values_size() || req->slices_size() == 0)
-            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "need one value entry per slice (and at least one slice)");
-        int64_t total = 0;
-        for (const auto& v : req->values()) {
-            if (v.size() % 4 != 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "values must be whole float32s");
-            total += static_cast<int64_t>(v.size() / 4);
-        }
-        auto values = Tensor::create(Shape({total}), DType::F32, m_backend->allocator());
-        auto grads = Tensor::create(Shape({total}), DType::F32, m_backend->allocator());
-        if (!values.ok() || !grads.ok()) return refuse(*ctx, grpc::StatusCode::RESOURCE_EXHAUSTED, call, "cannot allocate the shard");
-        m_values = std::move(values).value();
-        m_grads = std::move(grads).value();
-        m_slices.assign(req->slices().begin(), req->slices().end());
-        m_counts.clear();
-        int64_t at = 0;
-        for (const auto& v : req->values()) {
-            const int64_t n = static_cast<int64_t>(v.size() / 4);
-            Tensor view = m_values.rows(at, at + n);
-            if (n > 0 && !m_backend->copyFromHost(v.data(), view).ok())
-                return refuse(*ctx, grpc::StatusCode::INTERNAL, call, "cannot store the initial values");
-            m_counts.push_back(n);
-            at += n;
-        }
-        if (auto st = m_optimizer->prepare(*m_backend, total); !st.ok())
-            return refuse(*ctx, grpc::StatusCode::INTERNAL, call, st.error().message);
-        // Resuming from a backup: the optimizer's state, slice by slice as the values.
-        std::vector<std::pair<std::string, Tensor>> state;
-        for (const auto& s : req->state()) {
-            if (s.slices_size() != req->values_size())
-                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "optimizer state '" + s.name() + "' needs one entry per slice");
-            std::vector<float> flat;
-            flat.reserve(static_cast<std::size_t>(total));
-            for (int i = 0; i < s.slices_size(); ++i) {
-                const std::string& b = s.slices(i);
-                if (static_cast<int64_t>(b.size()) != m_counts[static_cast<std::size_t>(i)] * 4)
-                    return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
-                                  "optimizer state '" + s.name() + "' of slice " + m_slices[static_cast<std::size_t>(i)] + " has the wrong size");
-                const std::size_t at = flat.size();
-                flat.resize(at + b.size() / 4);
-                std::memcpy(flat.data() + at, b.data(), b.size());
+        reply->set_max_part_bytes(m_maxMessageBytes);
+        if (req->slices_size() > 0) {
+            // The layout part (again, if an initialiser started over): the shard is allocated.
+            if (req->slices_size() != req->slice_sizes_size())
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "need one size per slice");
+            if (req->version() < 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "version must be >= 0");
+            int64_t total = 0;
+            for (int64_t n : req->slice_sizes()) {
+                if (n < 0 || n > (int64_t{1} << 40)) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "slice size " + std::to_string(n) + " is out of range");
+                total += n;
             }
-            state.emplace_back(s.name(), Tensor::fromVector(Shape({total}), flat));
+            m_layout = false;
+            auto values = Tensor::create(Shape({total}), DType::F32, m_backend->allocator());
+            auto grads = Tensor::create(Shape({total}), DType::F32, m_backend->allocator());
+            if (!values.ok() || !grads.ok())
+                return refuse(*ctx, grpc::StatusCode::RESOURCE_EXHAUSTED, call, "cannot allocate a shard of " + std::to_string(total) + " values");
+            m_values = std::move(values).value();
+            m_grads = std::move(grads).value();
+            m_slices.assign(req->slices().begin(), req->slices().end());
+            m_counts.assign(req->slice_sizes().begin(), req->slice_sizes().end());
+            m_total = total;
+            m_filled = 0;
+            m_initState.clear();
+            m_initVersion = req->version();
+            m_resume = req->resume();
+            m_layout = true;
+        } else if (!m_layout) {
+            return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, "send the shard's layout (its slices) before its values");
         }
-        if (!state.empty())
+        // Data: the parts arrive in order, so a lost or repeated one is caught.
+        if (req->values().size() % 4 != 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "values must be whole float32s");
+        const int64_t n = static_cast<int64_t>(req->values().size() / 4);
+        if (n > 0 || req->state_size() > 0) {
+            if (req->offset() != m_filled)
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                              "a part at offset " + std::to_string(req->offset()) + " where " + std::to_string(m_filled) + " was next");
+            if (n > m_total - m_filled)
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "values beyond the shard's " + std::to_string(m_total));
+            if (m_filled == 0 && m_initState.empty())
+                for (const auto& s : req->state()) m_initState.emplace_back(s.name(), std::vector<float>());
+            if (req->state_size() != static_cast<int>(m_initState.size()))
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "every part needs the same optimizer state tensors");
+            for (int i = 0; i < req->state_size(); ++i) {
+                const OptimizerState& s = req->state(i);
+                auto& [name, flat] = m_initState[static_cast<std::size_t>(i)];
+                if (s.name() != name || static_cast<int64_t>(s.data().size()) != n * 4)
+                    return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                                  "optimizer state '" + s.name() + "' does not match the part's values (name or size)");
+            }
+            Tensor view = m_values.rows(m_filled, m_filled + n);
+            if (n > 0 && !m_backend->copyFromHost(req->values().data(), view).ok())
+                return refuse(*ctx, grpc::StatusCode::INTERNAL, call, "cannot store the initial values");
+            for (int i = 0; i < req->state_size(); ++i) {
+                auto& flat = m_initState[static_cast<std::size_t>(i)].second;
+                const std::size_t at = flat.size();
+                flat.resize(at + static_cast<std::size_t>(n));
+                std::memcpy(flat.data() + at, req->state(i).data().data(), static_cast<std::size_t>(n) * 4);
+            }
+            m_filled += n;
+        }
+        if (!req->last()) return grpc::Status::OK;
+        if (m_filled != m_total)
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          "initialisation ended after " + std::to_string(m_filled) + " of the shard's " + std::to_string(m_total) + " values");
+        if (auto st = m_optimizer->prepare(*m_backend, m_total); !st.ok())
+            return refuse(*ctx, grpc::StatusCode::INTERNAL, call, st.error().message);
+        // Resuming from a backup: the optimizer's state.
+        if (!m_initState.empty()) {
+            std::vector<std::pair<std::string, Tensor>> state;
+            for (auto& [name, flat] : m_initState) state.emplace_back(name, Tensor::fromVector(Shape({m_total}), flat));
+            m_initState.clear();
             if (auto st = m_optimizer->importState(*m_backend, state, m_label + "'s initial state"); !st.ok())
                 return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, st.error().message);
-        if (req->version() < 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "version must be >= 0");
+        }
         m_initialised = true;
         m_stats = {};
         m_stats.initialised = true;
-        m_stats.elements = total;
-        m_stats.version = req->version();
-        m_resume = req->resume();
+        m_stats.elements = m_total;
+        m_stats.version = m_initVersion;
         logLine(m_label + " of run " + m_runId + ": initialised " + std::to_string(m_slices.size()) + " slice(s), " +
-                std::to_string(total) + " values, by " + ctx->peer());
+                std::to_string(m_total) + " values, by " + ctx->peer());
         return grpc::Status::OK;
     }
 
@@ -139,20 +166,29 @@ public:
         if (auto st = checkRun(*ctx, call, req->run_id(), true); !st.ok()) return st;
         ShardWork work(m_stats.busySeconds, m_traceBus, m_runId, m_device, m_stats.version, "serve pull", "communication");
         reply->set_version(m_stats.version);
-        int64_t at = 0;
-        for (std::size_t i = 0; i < m_counts.size(); ++i) {
-            const int64_t n = m_counts[i];
-            std::string* out = reply->add_values();
-            out->resize(static_cast<std::size_t>(n) * 4);
-            Tensor view = m_values.rows(at, at + n);
-            if (n > 0 && !m_backend->copyToHost(view, out->data()).ok())
-                return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the shard");
-            at += n;
-            if (req->describe()) reply->add_slices(m_slices[i]);
+        reply->set_elements(m_total);
+        reply->set_max_part_bytes(m_maxMessageBytes);
+        int64_t layoutBytes = 0;
+        if (req->describe()) {
+            for (std::size_t i = 0; i < m_slices.size(); ++i) {
+                reply->add_slices(m_slices[i]);
+                reply->add_slice_sizes(m_counts[i]);
+                layoutBytes += static_cast<int64_t>(m_slices[i].size()) + 16;
+            }
+            reply->set_resume(m_resume);
+            layoutBytes += static_cast<int64_t>(m_resume.size());
         }
-        if (req->describe()) reply->set_resume(m_resume);
-        ++m_stats.pulls;
-        m_stats.bytesOut += at * 4;
+        if (req->max_bytes() == 0) return grpc::Status::OK;
+        auto n = partElements(*ctx, call, req->offset(), req->max_bytes(), layoutBytes, 1);
+        if (!n.ok()) return n.status;
+        reply->set_offset(req->offset());
+        std::string* out = reply->mutable_values();
+        out->resize(static_cast<std::size_t>(n.elements) * 4);
+        Tensor view = m_values.rows(req->offset(), req->offset() + n.elements);
+        if (n.elements > 0 && !m_backend->copyToHost(view, out->data()).ok())
+            return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the shard");
+        if (req->offset() == 0) ++m_stats.pulls;
+        m_stats.bytesOut += n.elements * 4;
         return grpc::Status::OK;
     }
 
@@ -162,31 +198,30 @@ public:
         if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
         std::lock_guard lock(m_mutex);
         if (auto st = checkRun(*ctx, call, req->run_id(), true); !st.ok()) return st;
-        if (req->grads_size() != static_cast<int>(m_counts.size()))
+        if (req->grads().size() % 4 != 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "gradients must be whole float32s");
+        const int64_t n = static_cast<int64_t>(req->grads().size() / 4);
+        if (req->offset() < 0 || n > m_total - req->offset())
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
-                          "got " + std::to_string(req->grads_size()) + " gradient slice(s), " + m_label + " holds " + std::to_string(m_counts.size()));
-        for (int i = 0; i < req->grads_size(); ++i)
-            if (static_cast<int64_t>(req->grads(i).size()) != m_counts[static_cast<std::size_t>(i)] * 4)
-                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "gradient slice " + m_slices[static_cast<std::size_t>(i)] + " has the wrong size");
+                          "gradients for [" + std::to_string(req->offset()) + ", " + std::to_string(req->offset() + n) + "), " + m_label +
+                              " holds " + std::to_string(m_total) + " values");
         const float lr = req->learning_rate();
         if (!std::isfinite(lr) || lr < 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "learning_rate must be finite and >= 0");
         if (req->pulled_version() < 0 || req->pulled_version() > m_stats.version)
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "pulled_version " + std::to_string(req->pulled_version()) + " was never served");
         ShardWork work(m_stats.busySeconds, m_traceBus, m_runId, m_device, m_stats.version + 1, "apply update", "optimizer");
-        int64_t at = 0;
-        for (int i = 0; i < req->grads_size(); ++i) {
-            const int64_t n = m_counts[static_cast<std::size_t>(i)];
+        const int64_t at = req->offset();
+        if (n > 0) {
             Tensor view = m_grads.rows(at, at + n);
-            if (n > 0 && !m_backend->copyFromHost(req->grads(i).data(), view).ok())
-                return grpc::Status(grpc::StatusCode::INTERNAL, "cannot stage the gradients");
-            at += n;
+            if (!m_backend->copyFromHost(req->grads().data(), view).ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot stage the gradients");
+            // The ps's own update count drives Adam's bias correction, as TF's optimizer.iterations on a ps.
+            if (auto st = m_optimizer->apply(*m_backend, m_values, m_grads, at, at + n, lr, m_stats.version + 1); !st.ok())
+                return grpc::Status(grpc::StatusCode::INTERNAL, m_label + ": " + st.error().message);
         }
+        m_stats.bytesIn += n * 4;
+        reply->set_version(m_stats.version);
+        if (!req->last()) return grpc::Status::OK;
         const int64_t staleness = m_stats.version - req->pulled_version();
-        // The ps's own update count drives Adam's bias correction, as TF's optimizer.iterations on a ps.
-        if (auto st = m_optimizer->apply(*m_backend, m_values, m_grads, 0, at, lr, m_stats.version + 1); !st.ok())
-            return grpc::Status(grpc::StatusCode::INTERNAL, m_label + ": " + st.error().message);
         ++m_stats.version;
-        m_stats.bytesIn += at * 4;
         if (m_traceBus) work.args = {{"worker", req->worker()}, {"staleness", std::to_string(staleness)}};
         m_stats.maxStaleness = std::max(m_stats.maxStaleness, staleness);
         m_stats.sumStaleness += static_cast<double>(staleness);
@@ -201,30 +236,67 @@ public:
         if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
         std::lock_guard lock(m_mutex);
         if (auto st = checkRun(*ctx, call, req->run_id(), true); !st.ok()) return st;
-        ShardWork work(m_stats.busySeconds, m_traceBus, m_runId, m_device, m_stats.version, "serve snapshot", "checkpoint");
-        auto state = m_optimizer->exportState(*m_backend);
-        if (!state.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, m_label + ": " + state.error().message);
-        auto host = Tensor::create(m_values.shape(), DType::F32);
-        if (!host.ok()) return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "cannot copy the shard");
-        const Tensor& values = *host;
-        if (!m_backend->copyToHost(m_values, values.data<float>()).ok()) return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the shard");
-        auto split = [&](const Tensor& flat, google::protobuf::RepeatedPtrField<std::string>* out) {
-            const char* bytes = reinterpret_cast<const char*>(flat.data<float>());
-            int64_t at = 0;
-            for (int64_t n : m_counts) {
-                out->Add(std::string(bytes + at * 4, static_cast<std::size_t>(n) * 4));
-                at += n;
+        if (req->offset() == 0) {
+            // A new snapshot: one copy of the values and the optimizer's state at this moment.
+            ShardWork work(m_stats.busySeconds, m_traceBus, m_runId, m_device, m_stats.version, "take snapshot", "checkpoint");
+            auto state = m_optimizer->exportState(*m_backend);
+            if (!state.ok()) return grpc::Status(grpc::StatusCode::INTERNAL, m_label + ": " + state.error().message);
+            Snap snap;
+            snap.id = ++m_lastSnapshot;
+            snap.version = m_stats.version;
+            snap.values.resize(static_cast<std::size_t>(m_total));
+            if (m_total > 0 && !m_backend->copyToHost(m_values, snap.values.data()).ok())
+                return grpc::Status(grpc::StatusCode::INTERNAL, "cannot read the shard");
+            for (const auto& [name, t] : *state) {
+                if (t.numel() != m_total) return grpc::Status(grpc::StatusCode::INTERNAL, m_label + ": optimizer state '" + name + "' has the wrong size");
+                snap.state.emplace_back(name, std::vector<float>(t.data<float>(), t.data<float>() + m_total));
             }
+            m_snapshot = std::move(snap);
+        } else if (!m_snapshot || m_snapshot->id != req->snapshot()) {
+            return refuse(*ctx, grpc::StatusCode::ABORTED, call,
+                          "snapshot " + std::to_string(req->snapshot()) + " is gone (another one was taken since): take it again from offset 0");
+        }
+        const Snap& snap = *m_snapshot;
+        auto n = partElements(*ctx, call, req->offset(), req->max_bytes(), 0, 1 + static_cast<int64_t>(snap.state.size()));
+        if (!n.ok()) return n.status;
+        reply->set_version(snap.version);
+        reply->set_snapshot(snap.id);
+        reply->set_offset(req->offset());
+        reply->set_elements(m_total);
+        const auto bytes = [&](const std::vector<float>& flat) {
+            return std::string(reinterpret_cast<const char*>(flat.data() + req->offset()), static_cast<std::size_t>(n.elements) * 4);
         };
-        reply->set_version(m_stats.version);
-        split(values, reply->mutable_values());
-        for (const auto& [name, t] : *state) {
+        reply->set_values(bytes(snap.values));
+        for (const auto& [name, flat] : snap.state) {
             OptimizerState* o = reply->add_state();
             o->set_name(name);
-            split(t, o->mutable_slices());
+            o->set_data(bytes(flat));
         }
-        m_stats.bytesOut += values.numel() * 4 * static_cast<int64_t>(1 + state->size());
+        m_stats.bytesOut += n.elements * 4 * (1 + static_cast<int64_t>(snap.state.size()));
+        if (req->offset() + n.elements == m_total) m_snapshot.reset();  // all served: free the copy
         return grpc::Status::OK;
+    }
+
+    // How many values from `offset` the reply carries: as many as fit both bounds, each value
+    // taking `perValue` floats (the values and their optimizer state). Called with m_mutex held.
+    struct PartSize {
+        int64_t elements = 0;
+        grpc::Status status;
+        bool ok() const { return status.ok(); }
+    };
+    PartSize partElements(const grpc::ServerContext& ctx, const char* call, int64_t offset, int64_t maxBytes, int64_t extraBytes, int64_t perValue)
+    {
+        PartSize out;
+        if (offset < 0 || offset > m_total) {
+            out.status = refuse(ctx, grpc::StatusCode::OUT_OF_RANGE, call, "offset " + std::to_string(offset) + " is outside the shard's " + std::to_string(m_total) + " values");
+            return out;
+        }
+        const int64_t budget = std::min(maxBytes, m_maxMessageBytes) - kPartEnvelopeBytes - extraBytes;
+        out.elements = std::min(m_total - offset, std::max<int64_t>(0, budget) / (4 * perValue));
+        if (out.elements == 0 && offset < m_total)
+            out.status = refuse(ctx, grpc::StatusCode::RESOURCE_EXHAUSTED, call,
+                                "a part of " + std::to_string(std::min(maxBytes, m_maxMessageBytes)) + " bytes cannot carry a value");
+        return out;
     }
 
     // Called with m_mutex held.
@@ -237,7 +309,26 @@ public:
         return grpc::Status::OK;
     }
 
+    struct Snap {
+        int64_t id = 0, version = 0;
+        std::vector<float> values;
+        std::vector<std::pair<std::string, std::vector<float>>> state;
+    };
+
+    void reset()
+    {
+        m_values = Tensor();
+        m_grads = Tensor();
+        m_slices.clear();
+        m_counts.clear();
+        m_total = m_filled = 0;
+        m_initState.clear();
+        m_snapshot.reset();
+        m_layout = m_initialised = false;
+    }
+
     std::string m_token;
+    const int64_t m_maxMessageBytes;
     mutable std::mutex m_mutex;
     std::string m_runId, m_label, m_device;
     telemetry::EventBus* m_traceBus = nullptr;
@@ -246,12 +337,18 @@ public:
     Tensor m_values, m_grads;
     std::vector<std::string> m_slices;
     std::vector<int64_t> m_counts;
+    int64_t m_total = 0;
+    // Initialisation in progress: the values stored so far, the optimizer state received.
+    int64_t m_filled = 0, m_initVersion = 0;
+    std::vector<std::pair<std::string, std::vector<float>>> m_initState;
+    std::optional<Snap> m_snapshot;  // being served in parts
+    int64_t m_lastSnapshot = 0;
     std::string m_resume;  // worker 0's position in the data when resuming from a backup
-    bool m_initialised = false;
+    bool m_layout = false, m_initialised = false;
     ShardStats m_stats;
 };
 
-ParameterService::ParameterService(std::string token) : m_impl(std::make_unique<Impl>(std::move(token))) {}
+ParameterService::ParameterService(std::string token, int maxMessageBytes) : m_impl(std::make_unique<Impl>(std::move(token), maxMessageBytes)) {}
 ParameterService::~ParameterService() = default;
 grpc::Service* ParameterService::service() { return m_impl.get(); }
 
@@ -271,11 +368,7 @@ Status ParameterService::host(const std::string& runId, const std::string& label
     m_impl->m_backend = std::move(be).value();
     m_impl->m_device = m_impl->m_backend->device().toString();
     m_impl->m_traceBus = traceBus;
-    m_impl->m_values = Tensor();
-    m_impl->m_grads = Tensor();
-    m_impl->m_slices.clear();
-    m_impl->m_counts.clear();
-    m_impl->m_initialised = false;
+    m_impl->reset();
     m_impl->m_stats = {};
     return okStatus();
 }
@@ -285,9 +378,7 @@ void ParameterService::unhost()
     std::lock_guard lock(m_impl->m_mutex);
     m_impl->m_runId.clear();
     m_impl->m_traceBus = nullptr;
-    m_impl->m_initialised = false;
-    m_impl->m_values = Tensor();
-    m_impl->m_grads = Tensor();
+    m_impl->reset();
 }
 
 ShardStats ParameterService::stats() const

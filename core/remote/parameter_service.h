@@ -3,6 +3,7 @@
 // trainstudio-worker daemon. While the daemon runs a `ps` task it hosts that task's shard: worker 0
 // initialises the values, every worker pulls them and pushes gradients, and each push is applied
 // at once with the run's optimizer (asynchronous updates, serialised by one lock per shard).
+// Shards travel in parts that fit the daemon's message bound, so their size is not bounded by it.
 // Contract:
 //  - Threading: gRPC's threads serve calls concurrently; host/unhost/stats from any thread.
 //  - Security: every call needs the shared token; calls for another run, before initialisation,
@@ -24,6 +25,10 @@ class EventBus;
 
 namespace ts::remote {
 
+// What a part's message holds besides its float data (ids, names, field tags): both sides leave
+// this much of the bound for it.
+inline constexpr int64_t kPartEnvelopeBytes = 4096;
+
 struct ShardStats {
     bool initialised = false;
     int64_t version = 0;           // updates applied
@@ -37,7 +42,8 @@ struct ShardStats {
 
 class ParameterService {
 public:
-    explicit ParameterService(std::string token);
+    // `maxMessageBytes`: the daemon server's bound on every message; parts are sized to fit it.
+    ParameterService(std::string token, int maxMessageBytes);
     ~ParameterService();
     grpc::Service* service();
 

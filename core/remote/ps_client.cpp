@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "parameter_server.grpc.pb.h"
+#include "remote/parameter_service.h"
 
 namespace ts::remote {
 namespace {
@@ -19,11 +20,14 @@ struct Lane {
     std::string label, address;
     std::unique_ptr<ParameterServer::Stub> stub;
     std::vector<ShardSlice> slices;
+    std::vector<int64_t> starts;   // each slice's first value in the shard's flat layout
+    int64_t elements = 0;          // the shard's size in values
+    int64_t partBytes = 0;         // the largest message both ends take (known once the ps said)
     int64_t pulledVersion = 0;     // trainer thread only
     std::thread thread;            // sends this ps's pushes
     std::mutex mutex;
     std::condition_variable cv;
-    std::optional<PushRequest> pending;
+    std::vector<PushRequest> pending;  // one update's parts, sent in order
     int64_t pendingSeq = 0;
     bool busy = false, quit = false;
     std::optional<Error> error;
@@ -86,7 +90,7 @@ public:
             hint = "every task and the coordinator must use the same shared token";
             break;
         case grpc::StatusCode::RESOURCE_EXHAUSTED:
-            hint = "this ps's shard is larger than the daemons' --max-message-bytes: add ps tasks, use the by-size partitioner, or raise the bound";
+            hint = "a message did not fit a bound on its way (the daemons' --max-message-bytes): start the daemons with a larger one";
             break;
         default:
             break;
@@ -94,54 +98,96 @@ public:
         return makeError(ErrorCode::IoError, lane.label + ": " + what + ": " + st.error_message(), hint);
     }
 
-    Status pullLane(Lane& lane, bool describe)
+    // Calls f(variable values or state offset, values of the range) for each slice overlapping
+    // [a, b) of the lane's shard: f(const ShardSlice&, int64_t inSlice, int64_t atRange, int64_t n).
+    template <typename F>
+    static void forRange(const Lane& lane, int64_t a, int64_t b, F&& f)
     {
-        Call call(*this, options.callTimeout);
-        PullRequest req;
-        req.set_run_id(options.runId);
-        req.set_describe(describe);
-        PullReply reply;
-        const grpc::Status st = lane.stub->Pull(&call.ctx, req, &reply);
-        if (!st.ok()) return fail(lane, st, "pull failed");
-        return store(lane, reply, describe);
+        for (std::size_t i = 0; i < lane.slices.size(); ++i) {
+            const int64_t s0 = lane.starts[i], s1 = s0 + lane.slices[i].count;
+            const int64_t lo = std::max(a, s0), hi = std::min(b, s1);
+            if (hi > lo) f(lane.slices[i], lo - s0, lo - a, hi - lo);
+        }
     }
 
-    Status store(Lane& lane, const PullReply& reply, bool describe)
+    // Values a message carries when each takes `perValue` floats.
+    int64_t partValues(const Lane& lane, int64_t perValue) const
     {
-        if (reply.values_size() != static_cast<int>(lane.slices.size()))
-            return makeError(ErrorCode::Internal, lane.label + " holds " + std::to_string(reply.values_size()) + " slice(s), this plan gives it " +
-                                                      std::to_string(lane.slices.size()),
-                             "every task of the run must use the same model and partitioner");
-        for (std::size_t i = 0; i < lane.slices.size(); ++i) {
-            const ShardSlice& s = lane.slices[i];
-            const std::string& v = reply.values(static_cast<int>(i));
-            if (describe && reply.slices(static_cast<int>(i)) != s.toString())
-                return makeError(ErrorCode::Internal, lane.label + " holds " + reply.slices(static_cast<int>(i)) + " where this plan has " + s.toString(),
+        return std::max<int64_t>(1, (lane.partBytes - kPartEnvelopeBytes) / (4 * perValue));
+    }
+
+    void learnBound(Lane& lane, int64_t psBound) const
+    {
+        lane.partBytes = std::min<int64_t>(psBound > 0 ? psBound : options.maxMessageBytes, options.maxMessageBytes);
+    }
+
+    // Pulls the shard in parts; the version is the first part's (the oldest the values may be).
+    Status pullLane(Lane& lane)
+    {
+        int64_t offset = 0;
+        bool first = true;
+        do {
+            Call call(*this, options.callTimeout);
+            PullRequest req;
+            req.set_run_id(options.runId);
+            req.set_offset(offset);
+            req.set_max_bytes(lane.partBytes);
+            PullReply reply;
+            const grpc::Status st = lane.stub->Pull(&call.ctx, req, &reply);
+            if (!st.ok()) return fail(lane, st, "pull failed");
+            const int64_t n = static_cast<int64_t>(reply.values().size() / 4);
+            if (reply.elements() != lane.elements || reply.offset() != offset || reply.values().size() % 4 != 0 || n > lane.elements - offset ||
+                (n == 0 && offset < lane.elements))
+                return makeError(ErrorCode::Internal, lane.label + ": a pull part came back malformed (values " + std::to_string(offset) + "+" +
+                                                          std::to_string(n) + " of " + std::to_string(reply.elements()) + ", this plan gives it " +
+                                                          std::to_string(lane.elements) + ")",
                                  "every task of the run must use the same model and partitioner");
-            if (static_cast<int64_t>(v.size()) != s.count * 4)
-                return makeError(ErrorCode::Internal, lane.label + ": slice " + s.toString() + " came back with the wrong size");
-            std::memcpy(variables[static_cast<std::size_t>(s.variable)].values + s.offset, v.data(), v.size());
-        }
-        lane.pulledVersion = reply.version();
+            forRange(lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
+                std::memcpy(variables[static_cast<std::size_t>(s.variable)].values + s.offset + inSlice, reply.values().data() + at * 4,
+                            static_cast<std::size_t>(k) * 4);
+            });
+            if (first) lane.pulledVersion = reply.version();
+            first = false;
+            offset += n;
+        } while (offset < lane.elements);
         return okStatus();
+    }
+
+    // The ps's layout against this plan's.
+    Status checkLayout(const Lane& lane, const PullReply& reply) const
+    {
+        bool same = reply.slices_size() == static_cast<int>(lane.slices.size()) && reply.slice_sizes_size() == reply.slices_size();
+        for (std::size_t i = 0; same && i < lane.slices.size(); ++i)
+            same = reply.slices(static_cast<int>(i)) == lane.slices[i].toString() && reply.slice_sizes(static_cast<int>(i)) == lane.slices[i].count;
+        if (same) return okStatus();
+        std::string held;
+        for (int i = 0; i < reply.slices_size() && i < 4; ++i) held += (i ? ", " : "") + reply.slices(i);
+        if (reply.slices_size() > 4) held += ", ...";
+        std::string planned;
+        for (std::size_t i = 0; i < lane.slices.size() && i < 4; ++i) planned += (i ? ", " : "") + lane.slices[i].toString();
+        if (lane.slices.size() > 4) planned += ", ...";
+        return makeError(ErrorCode::Internal, lane.label + " holds " + std::to_string(reply.slices_size()) + " slice(s) (" + held + ") where this plan has " +
+                                                  std::to_string(lane.slices.size()) + " (" + planned + ")",
+                         "every task of the run must use the same model and partitioner");
     }
 
     void pushLoop(Lane& lane)
     {
         std::unique_lock lock(lane.mutex);
         for (;;) {
-            lane.cv.wait(lock, [&] { return lane.quit || lane.pending.has_value(); });
+            lane.cv.wait(lock, [&] { return lane.quit || !lane.pending.empty(); });
             if (lane.quit) return;
-            PushRequest req = std::move(*lane.pending);
+            std::vector<PushRequest> parts = std::move(lane.pending);
             const int64_t seq = lane.pendingSeq;
-            lane.pending.reset();
+            lane.pending.clear();
             lane.busy = true;
             lock.unlock();
             PushReply reply;
             grpc::Status st;
-            {
+            for (const auto& part : parts) {
                 Call call(*this, options.callTimeout);
-                st = lane.stub->Push(&call.ctx, req, &reply);
+                st = lane.stub->Push(&call.ctx, part, &reply);
+                if (!st.ok()) break;
             }
             lock.lock();
             lane.busy = false;
@@ -176,7 +222,7 @@ public:
     Status waitIdle(Lane& lane)
     {
         std::unique_lock lock(lane.mutex);
-        lane.cv.wait(lock, [&] { return (!lane.busy && !lane.pending) || cancelled; });
+        lane.cv.wait(lock, [&] { return (!lane.busy && lane.pending.empty()) || cancelled; });
         if (cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
         if (lane.error) return *lane.error;
         return okStatus();
@@ -244,7 +290,17 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
         d.arenaOffsets.push_back(d.arenaSize);
         d.arenaSize += v.info.numel();
     }
-    for (std::size_t p = 0; p < d.lanes.size(); ++p) d.lanes[p]->slices = d.plan.perPs[p];
+    for (std::size_t p = 0; p < d.lanes.size(); ++p) {
+        Lane& lane = *d.lanes[p];
+        lane.slices = d.plan.perPs[p];
+        lane.starts.clear();
+        lane.elements = 0;
+        for (const auto& sl : lane.slices) {
+            lane.starts.push_back(lane.elements);
+            lane.elements += sl.count;
+        }
+        d.learnBound(lane, 0);
+    }
     if (resume)
         for (const auto& [name, flat] : resume->state.optimizer)
             if (static_cast<int64_t>(flat.size()) != d.arenaSize)
@@ -272,32 +328,61 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
     };
     if (initialise) {
         for (auto& lane : d.lanes) {
-            InitializeRequest req;
-            req.set_run_id(d.options.runId);
+            // The layout first (it waits for a ps still starting), then the values in parts.
+            InitializeRequest layout;
+            layout.set_run_id(d.options.runId);
             for (const auto& s : lane->slices) {
-                req.add_slices(s.toString());
-                req.add_values(reinterpret_cast<const char*>(variables[static_cast<std::size_t>(s.variable)].values + s.offset),
-                               static_cast<std::size_t>(s.count) * 4);
+                layout.add_slices(s.toString());
+                layout.add_slice_sizes(s.count);
             }
             if (resume) {
-                for (const auto& [name, flat] : resume->state.optimizer) {
-                    OptimizerState* o = req.add_state();
-                    o->set_name(name);
-                    for (const auto& s : lane->slices)
-                        o->add_slices(reinterpret_cast<const char*>(flat.data() + d.arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset),
-                                      static_cast<std::size_t>(s.count) * 4);
-                }
-                req.set_version(resume->state.updates);
-                req.set_resume(resume->position);
+                layout.set_version(resume->state.updates);
+                layout.set_resume(resume->position);
             }
+            InitializeReply reply;
             TS_TRY(retry(*lane, [&] {
                 Impl::Call call(d, d.options.callTimeout);
-                InitializeReply reply;
-                return lane->stub->Initialize(&call.ctx, req, &reply);
+                reply.Clear();
+                return lane->stub->Initialize(&call.ctx, layout, &reply);
             }, "initialisation failed"));
+            d.learnBound(*lane, reply.max_part_bytes());
+            const std::size_t states = resume ? resume->state.optimizer.size() : 0;
+            const int64_t per = d.partValues(*lane, 1 + static_cast<int64_t>(states));
+            int64_t offset = 0;
+            do {
+                const int64_t n = std::min(per, lane->elements - offset);
+                InitializeRequest req;
+                req.set_run_id(d.options.runId);
+                req.set_offset(offset);
+                req.set_last(offset + n == lane->elements);
+                std::string* values = req.mutable_values();
+                values->resize(static_cast<std::size_t>(n) * 4);
+                Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
+                    std::memcpy(values->data() + at * 4, variables[static_cast<std::size_t>(s.variable)].values + s.offset + inSlice,
+                                static_cast<std::size_t>(k) * 4);
+                });
+                if (resume) {
+                    for (const auto& [name, flat] : resume->state.optimizer) {
+                        OptimizerState* o = req.add_state();
+                        o->set_name(name);
+                        std::string* data = o->mutable_data();
+                        data->resize(static_cast<std::size_t>(n) * 4);
+                        Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
+                            std::memcpy(data->data() + at * 4, flat.data() + d.arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset + inSlice,
+                                        static_cast<std::size_t>(k) * 4);
+                        });
+                    }
+                }
+                Impl::Call call(d, d.options.callTimeout);
+                InitializeReply ack;
+                const grpc::Status st = lane->stub->Initialize(&call.ctx, req, &ack);
+                if (!st.ok()) return d.fail(*lane, st, "initialisation failed at value " + std::to_string(offset) + " of " + std::to_string(lane->elements));
+                offset += n;
+            } while (offset < lane->elements);
         }
     }
-    // Everyone (the initialiser too) starts from what the ps tasks hold, checking the plan once.
+    // Everyone (the initialiser too) checks the plan against what the ps tasks hold, once, and
+    // starts from their values.
     for (auto& lane : d.lanes) {
         PullReply reply;
         TS_TRY(retry(*lane, [&] {
@@ -308,10 +393,11 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
             reply.Clear();
             return lane->stub->Pull(&call.ctx, req, &reply);
         }, "pull failed"));
-        TS_TRY(d.store(*lane, reply, true));
+        TS_TRY(d.checkLayout(*lane, reply));
+        d.learnBound(*lane, reply.max_part_bytes());
         if (lane == d.lanes.front()) d.resume = reply.resume();
     }
-    return okStatus();
+    return pull();
 }
 
 std::string RemoteParameterStore::resumePosition() const { return m_impl->resume; }
@@ -323,36 +409,51 @@ Result<StoreSnapshot> RemoteParameterStore::snapshot()
     StoreSnapshot out;
     std::map<std::string, std::size_t> slot;  // name -> index in out.optimizer
     for (auto& lane : d.lanes) {
-        SnapshotReply reply;
-        {
-            Impl::Call call(d, d.options.callTimeout);
-            SnapshotRequest req;
-            req.set_run_id(d.options.runId);
-            const grpc::Status st = lane->stub->Snapshot(&call.ctx, req, &reply);
-            if (!st.ok()) return d.fail(*lane, st, "snapshot failed");
-        }
-        PullReply values;
-        values.set_version(reply.version());
-        *values.mutable_values() = reply.values();
-        TS_TRY(d.store(*lane, values, false));
-        if (lane == d.lanes.front()) out.updates = reply.version();
-        for (const auto& state : reply.state()) {
-            auto [it, added] = slot.emplace(state.name(), out.optimizer.size());
-            if (added) out.optimizer.emplace_back(state.name(), std::vector<float>(static_cast<std::size_t>(d.arenaSize)));
-            if (state.slices_size() != static_cast<int>(lane->slices.size()))
-                return makeError(ErrorCode::Internal, lane->label + ": optimizer state '" + state.name() + "' came back with " +
-                                                          std::to_string(state.slices_size()) + " slice(s), the plan gives it " +
-                                                          std::to_string(lane->slices.size()));
-            std::vector<float>& flat = out.optimizer[it->second].second;
-            for (std::size_t i = 0; i < lane->slices.size(); ++i) {
-                const ShardSlice& s = lane->slices[i];
-                const std::string& b = state.slices(static_cast<int>(i));
-                if (static_cast<int64_t>(b.size()) != s.count * 4)
-                    return makeError(ErrorCode::Internal, lane->label + ": optimizer state '" + state.name() + "' of slice " + s.toString() +
-                                                              " came back with the wrong size");
-                std::memcpy(flat.data() + d.arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset, b.data(), b.size());
+        int64_t offset = 0, id = 0;
+        std::vector<std::string> names;  // the first part's, which every part repeats
+        do {
+            SnapshotReply reply;
+            {
+                Impl::Call call(d, d.options.callTimeout);
+                SnapshotRequest req;
+                req.set_run_id(d.options.runId);
+                req.set_offset(offset);
+                req.set_max_bytes(lane->partBytes);
+                req.set_snapshot(id);
+                const grpc::Status st = lane->stub->Snapshot(&call.ctx, req, &reply);
+                if (!st.ok()) return d.fail(*lane, st, "snapshot failed");
             }
-        }
+            const int64_t n = static_cast<int64_t>(reply.values().size() / 4);
+            if (reply.elements() != lane->elements || reply.offset() != offset || reply.values().size() % 4 != 0 || n > lane->elements - offset ||
+                (n == 0 && offset < lane->elements))
+                return makeError(ErrorCode::Internal, lane->label + ": a snapshot part came back malformed (values " + std::to_string(offset) + "+" +
+                                                          std::to_string(n) + " of " + std::to_string(reply.elements()) + ")");
+            if (offset == 0) {
+                id = reply.snapshot();
+                if (lane == d.lanes.front()) out.updates = reply.version();
+                for (const auto& state : reply.state()) names.push_back(state.name());
+            }
+            Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
+                std::memcpy(d.variables[static_cast<std::size_t>(s.variable)].values + s.offset + inSlice, reply.values().data() + at * 4,
+                            static_cast<std::size_t>(k) * 4);
+            });
+            if (reply.state_size() != static_cast<int>(names.size()))
+                return makeError(ErrorCode::Internal, lane->label + ": a snapshot part came back with " + std::to_string(reply.state_size()) +
+                                                          " optimizer state tensor(s), the first had " + std::to_string(names.size()));
+            for (int i = 0; i < reply.state_size(); ++i) {
+                const OptimizerState& state = reply.state(i);
+                if (state.name() != names[static_cast<std::size_t>(i)] || static_cast<int64_t>(state.data().size()) != n * 4)
+                    return makeError(ErrorCode::Internal, lane->label + ": optimizer state '" + state.name() + "' came back with the wrong name or size");
+                auto [it, added] = slot.emplace(state.name(), out.optimizer.size());
+                if (added) out.optimizer.emplace_back(state.name(), std::vector<float>(static_cast<std::size_t>(d.arenaSize)));
+                std::vector<float>& flat = out.optimizer[it->second].second;
+                Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
+                    std::memcpy(flat.data() + d.arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset + inSlice, state.data().data() + at * 4,
+                                static_cast<std::size_t>(k) * 4);
+                });
+            }
+            offset += n;
+        } while (offset < lane->elements);
     }
     return out;
 }
@@ -364,8 +465,8 @@ Status RemoteParameterStore::pull()
     const std::size_t n = d.lanes.size();
     std::vector<Status> results(n);
     std::vector<std::thread> threads;
-    for (std::size_t p = 1; p < n; ++p) threads.emplace_back([&, p] { results[p] = d.pullLane(*d.lanes[p], false); });
-    results[0] = d.pullLane(*d.lanes[0], false);
+    for (std::size_t p = 1; p < n; ++p) threads.emplace_back([&, p] { results[p] = d.pullLane(*d.lanes[p]); });
+    results[0] = d.pullLane(*d.lanes[0]);
     for (auto& t : threads) t.join();
     for (auto& r : results)
         if (!r.ok()) return r;
@@ -384,17 +485,30 @@ Status RemoteParameterStore::push(float learningRate)
         ++d.pushSeq;
     }
     for (auto& lane : d.lanes) {
-        PushRequest req;
-        req.set_run_id(d.options.runId);
-        req.set_worker(d.options.worker);
-        req.set_pulled_version(lane->pulledVersion);
-        req.set_learning_rate(learningRate);
-        for (const auto& s : lane->slices)
-            req.add_grads(reinterpret_cast<const char*>(d.variables[static_cast<std::size_t>(s.variable)].grads + s.offset),
-                          static_cast<std::size_t>(s.count) * 4);
+        // The gradients are copied now: the trainer's next step overwrites them.
+        std::vector<PushRequest> parts;
+        const int64_t per = d.partValues(*lane, 1);
+        int64_t offset = 0;
+        do {
+            const int64_t n = std::min(per, lane->elements - offset);
+            PushRequest& req = parts.emplace_back();
+            req.set_run_id(d.options.runId);
+            req.set_worker(d.options.worker);
+            req.set_pulled_version(lane->pulledVersion);
+            req.set_learning_rate(learningRate);
+            req.set_offset(offset);
+            req.set_last(offset + n == lane->elements);
+            std::string* grads = req.mutable_grads();
+            grads->resize(static_cast<std::size_t>(n) * 4);
+            Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
+                std::memcpy(grads->data() + at * 4, d.variables[static_cast<std::size_t>(s.variable)].grads + s.offset + inSlice,
+                            static_cast<std::size_t>(k) * 4);
+            });
+            offset += n;
+        } while (offset < lane->elements);
         {
             std::lock_guard lock(lane->mutex);
-            lane->pending = std::move(req);
+            lane->pending = std::move(parts);
             lane->pendingSeq = d.pushSeq;
         }
         lane->cv.notify_all();

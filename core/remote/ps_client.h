@@ -4,6 +4,8 @@
 // final weights through it.
 // Contract (in addition to ParameterStore's):
 //  - One channel and one push thread per ps task; pulls from several ps run in parallel.
+//  - Shards of any size: values, gradients and snapshots travel in parts that fit both this
+//    end's maxMessageBytes and the ps daemon's bound (which the ps tells).
 //  - Every call carries the shared token and a deadline (options.callTimeout); begin() waits up
 //    to options.startTimeout for ps tasks that are still starting or not initialised yet.
 //  - Errors name the ps task and its address ("ps:0 at 127.0.0.1:7071: push failed: ...").
@@ -28,7 +30,7 @@ struct PsClientOptions {
     PartitionOptions partition;
     std::chrono::milliseconds callTimeout{30000};
     std::chrono::milliseconds startTimeout{60000};
-    int maxMessageBytes = 64 << 20;   // largest pull reply accepted
+    int maxMessageBytes = 64 << 20;   // largest message this end takes; shard parts fit it and the ps's bound
 };
 
 class RemoteParameterStore final : public ParameterStore {

@@ -851,7 +851,7 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
     TS_TRY(checkCanListen(options.listen, "trainstudio-worker"));
     TS_ASSIGN(auto creds, serverCredentials(options.tls));
     auto impl = std::make_unique<Impl>();
-    impl->ps = std::make_unique<ParameterService>(options.token);
+    impl->ps = std::make_unique<ParameterService>(options.token, options.maxMessageBytes);
     impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls, impl->ps.get(),
                                                    options.backupRoot.empty() ? defaultBackupRoot() : options.backupRoot,
                                                    options.maxWeightsBytes);
