@@ -98,8 +98,8 @@ public:
         return makeError(ErrorCode::IoError, lane.label + ": " + what + ": " + st.error_message(), hint);
     }
 
-    // Calls f(variable values or state offset, values of the range) for each slice overlapping
-    // [a, b) of the lane's shard: f(const ShardSlice&, int64_t inSlice, int64_t atRange, int64_t n).
+    // For each slice overlapping [a, b) of the lane's flat shard, calls f(slice, inSlice, atRange,
+    // n): n values, starting `inSlice` values into the slice and `atRange` values into [a, b).
     template <typename F>
     static void forRange(const Lane& lane, int64_t a, int64_t b, F&& f)
     {
