@@ -222,9 +222,32 @@ void TestRemoteUi::clusterEditorEnablesStrategies()
     QVERIFY2(setup.problems().join('\n').contains("ps"), qPrintable(setup.problems().join('\n')));
     // ... and ParameterServer is what such a cluster is for.
     QVERIFY(itemEnabled(strategy, 3));
+    auto* partitioner = setup.findChild<QComboBox*>("partitioner");
+    auto* minShard = setup.findChild<QSpinBox*>("minShard");
+    QVERIFY(partitioner && minShard);
+    QVERIFY(!partitioner->isEnabled());  // MultiWorkerMirrored has no ps tasks to place variables on
     setup.setStrategy("parameter-server");
     QVERIFY2(setup.problems().isEmpty(), qPrintable(setup.problems().join('\n')));
     QCOMPARE(setup.config().strategy.kind, std::string("parameter-server"));
+    // Where the variables go: round-robin by default (TF without a partitioner); by size, with
+    // its minimum shard, splits large ones.
+    QVERIFY(partitioner->isEnabled());
+    QVERIFY(!minShard->isEnabled());
+    QCOMPARE(setup.config().strategy.partition.policy, std::string("round-robin"));
+    partitioner->setCurrentIndex(partitioner->findData("by-size"));
+    QVERIFY(minShard->isEnabled());
+    QCOMPARE(minShard->value(), 256);  // KiB, TF's default
+    minShard->setValue(64);
+    RunConfig psConfig = setup.config();
+    QCOMPARE(psConfig.strategy.partition.policy, std::string("by-size"));
+    QCOMPARE(psConfig.strategy.partition.minShardBytes, int64_t(64 << 10));
+    // ... and a run's configuration brings them back ("Train again", a loaded run).
+    partitioner->setCurrentIndex(0);
+    minShard->setValue(512);
+    setup.setConfig(psConfig);
+    QCOMPARE(partitioner->currentData().toString(), QString("by-size"));
+    QCOMPARE(minShard->value(), 64);
+    QCOMPARE(setup.config().strategy.partition.toJson(), psConfig.strategy.partition.toJson());
     // Export… writes each task's TF_CONFIG for machines that run their task themselves.
     QVERIFY(setup.findChild<QPushButton*>("exportTfConfig"));
     QTemporaryDir exportDir;
@@ -387,6 +410,12 @@ void TestRemoteUi::trainsWithParameterServerFromTheGui()
     auto w = remoteWindow(1, 4096, tfConfig, "parameter-server");
     TrainPage* page = w->trainPage();
     RunSetupPanel* setup = page->setup();
+    // Variables by size (one ps task: one shard each): the tasks accept the studio's partitioner.
+    // Its mapping to the configuration is checked in clusterEditorEnablesStrategies, the split in
+    // tst_parameter_server trainsWithTwoPs.
+    auto* partitioner = setup->findChild<QComboBox*>("partitioner");
+    partitioner->setCurrentIndex(partitioner->findData("by-size"));
+    setup->findChild<QSpinBox*>("minShard")->setValue(64);
     QVERIFY2(setup->problems().isEmpty(), qPrintable(setup->problems().join('\n')));
     QVERIFY(page->trainButton()->isEnabled());
     QSignalSpy finished(w->session(), &TrainingSession::finished);

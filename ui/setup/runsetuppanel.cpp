@@ -191,6 +191,23 @@ void RunSetupPanel::buildUi()
     m_threads->setSpecialValueText(tr("all cores"));
     m_threads->setObjectName("threads");
     sf->addRow(tr("CPU threads"), m_threads);
+    // ParameterServer: which ps task holds what (TF's variable_partitioner).
+    m_partitioner = new QComboBox;
+    m_partitioner->addItem(tr("Round-robin (whole variables)"), QStringLiteral("round-robin"));
+    m_partitioner->addItem(tr("By size (split large variables)"), QStringLiteral("by-size"));
+    m_partitioner->setObjectName("partitioner");
+    m_partitioner->setToolTip(tr("ParameterServer: round-robin places each variable whole on the next ps task (TF without a "
+                                 "partitioner); by size splits a variable along its first dimension into shards of at least the "
+                                 "minimum size, over as many ps tasks as that allows (TF's MinSizePartitioner), so one large "
+                                 "layer does not make one ps task the bottleneck"));
+    sf->addRow(tr("Variables on ps tasks"), m_partitioner);
+    m_minShard = new QSpinBox;
+    m_minShard->setRange(1, 1 << 20);
+    m_minShard->setValue(static_cast<int>(PartitionOptions{}.minShardBytes >> 10));
+    m_minShard->setSuffix(tr(" KiB"));
+    m_minShard->setObjectName("minShard");
+    m_minShard->setToolTip(tr("By size: the smallest shard a variable is split into (TF's default is 256 KiB)"));
+    sf->addRow(tr("Minimum shard"), m_minShard);
     layout->addWidget(dist);
 
     // --- remote workers: TF_CONFIG as TensorFlow users already write it
@@ -371,11 +388,11 @@ void RunSetupPanel::buildUi()
     m_dataDir->setText(defaultDataDirectory());
     m_dataDir->setReadOnly(true);
     auto changedSignal = [this] { updateDerived(); };
-    for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed, m_backupEvery, m_restarts})
+    for (QSpinBox* s : {m_limit, m_shuffleBuffer, m_threads, m_epochs, m_batch, m_seed, m_backupEvery, m_restarts, m_minShard})
         connect(s, &QSpinBox::valueChanged, this, changedSignal);
     connect(m_backupDir, &QLineEdit::textChanged, this, changedSignal);
     connect(m_initialWeights, &QLineEdit::textChanged, this, changedSignal);
-    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_autoShard, m_strategy, m_optimizer, m_schedule})
+    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_autoShard, m_strategy, m_optimizer, m_schedule, m_partitioner})
         connect(c, &QComboBox::currentIndexChanged, this, changedSignal);
     for (QCheckBox* c : {m_validate, m_usePipeline, m_shuffle, m_flip, m_crop, m_backup})
         connect(c, &QCheckBox::toggled, this, changedSignal);
@@ -462,6 +479,12 @@ void RunSetupPanel::updateDerived()
     m_devices->setEnabled(!remote);
     m_devices->setToolTip(remote ? tr("each remote worker trains on its own devices; the list is this machine's") : QString());
     m_threads->setEnabled(!remote);
+    const bool ps = strategy() == QLatin1String("parameter-server");
+    m_partitioner->setEnabled(ps);
+    m_minShard->setEnabled(ps && m_partitioner->currentData().toString() == QLatin1String("by-size"));
+    const QString notPs = tr("for ParameterServer runs: it places the variables on the ps tasks");
+    m_partitioner->setStatusTip(ps ? QString() : notPs);
+    m_minShard->setStatusTip(ps ? QString() : notPs);
     const bool pipe = m_usePipeline->isChecked();
     for (QWidget* w : std::initializer_list<QWidget*>{m_shuffleBuffer, m_parallelism, m_prefetch}) w->setEnabled(pipe);
     m_autoShard->setEnabled(pipe && remote);
@@ -580,6 +603,10 @@ RunConfig RunSetupPanel::config() const
     }
     if (c.strategy.kind == "one-device" && c.strategy.devices.size() > 1) c.strategy.devices.resize(1);
     c.strategy.threads = m_threads->value();
+    if (c.strategy.kind == "parameter-server") {
+        c.strategy.partition.policy = m_partitioner->currentData().toString().toStdString();
+        c.strategy.partition.minShardBytes = int64_t{m_minShard->value()} << 10;
+    }
     if (m_usePipeline->isChecked()) {
         auto spec = PipelineSpec::fromJson(pipelineJson(c), "the run setup's pipeline");
         if (spec.ok()) c.pipeline = std::move(spec).value();  // problems() reports the error
@@ -622,6 +649,8 @@ void RunSetupPanel::setConfig(const RunConfig& c)
     for (const auto& d : c.strategy.devices) devices << QString::fromStdString(d.toString());
     if (!devices.isEmpty()) setCheckedDevices(devices);
     m_threads->setValue(c.strategy.threads);
+    m_partitioner->setCurrentIndex(std::max(0, m_partitioner->findData(QString::fromStdString(c.strategy.partition.policy))));
+    m_minShard->setValue(static_cast<int>(std::clamp<int64_t>((c.strategy.partition.minShardBytes + 1023) >> 10, 1, m_minShard->maximum())));
     m_initialWeights->setText(QString::fromStdString(c.loadWeights));
     m_backup->setChecked(c.backup.enabled());
     m_backupDir->setText(QString::fromStdString(c.backup.dir));

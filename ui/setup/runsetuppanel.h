@@ -109,6 +109,8 @@ private:
     QComboBox* m_strategy = nullptr;
     QListWidget* m_devices = nullptr;
     QSpinBox* m_threads = nullptr;
+    QComboBox* m_partitioner = nullptr;  // parameter-server: how variables are spread over the ps tasks
+    QSpinBox* m_minShard = nullptr;      // KiB, for by-size
     QSpinBox* m_epochs = nullptr;
     QSpinBox* m_batch = nullptr;
     QLabel* m_perReplica = nullptr;
