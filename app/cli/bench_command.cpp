@@ -125,7 +125,7 @@ void addBenchCommand(CLI::App& app, BenchOptions& o)
     auto* c = app.add_subcommand("bench", "Training throughput next to PyTorch (same machine, same invocation)");
     c->add_option("--suite", o.suite, "train (vs PyTorch), pipeline (input throughput and stalls), overhead "
                                       "(telemetry + store on vs off), store (write rate, series load) or distributed (Gloo all-reduce, "
-                                      "2 workers vs 1 process vs PyTorch DDP)");
+                                      "2 workers vs 1 process vs PyTorch DDP, then ParameterServer on worker daemons)");
     c->add_option("--models", o.models, "comma-separated: mlp, cnn");
     c->add_flag("--busy", o.busy, "train: also measure both engines with one core taken by a spinning process");
     c->add_option("--threads", o.threads, "threads for both engines");

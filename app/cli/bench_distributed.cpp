@@ -1,7 +1,8 @@
 // trainstudio-cli bench --suite distributed: the Gloo all-reduce path (latency and bandwidth from
 // the MLP's 0.8 MB of gradients to 64 MiB, two ranks on loopback) and MultiWorkerMirrored
 // throughput on the seed's MLP: 2 worker processes x 1 thread vs 1 process x 2 threads, next to
-// PyTorch DDP over gloo (../shared/bench/torch_ddp.py) run in the same invocation, alternating.
+// PyTorch DDP over gloo (../shared/bench/torch_ddp.py) run in the same invocation, alternating;
+// then ParameterServer on the same model (2 worker daemons and a ps daemon on loopback).
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -145,6 +146,45 @@ ts::Result<std::vector<AllReduceRow>> allReduceSweep()
     return rows;
 }
 
+// The run's samples/s from a coordinator's --json output: its last line sums every worker's.
+double finalRate(const std::string& output)
+{
+    std::istringstream in(output);
+    std::string line;
+    double rate = 0;
+    while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line, nullptr, false);
+        if (!j.is_discarded() && j.is_object() && j.value("final", false)) rate = j.value("samples_per_sec", 0.0);
+    }
+    return rate;
+}
+
+// trainstudio-worker next to this binary: the same folder once installed, app/worker in a build.
+std::string workerBinary(const std::string& self)
+{
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::path(self).parent_path();
+    for (const fs::path& p : {dir / "trainstudio-worker", dir.parent_path() / "worker" / "trainstudio-worker"}) {
+        std::error_code ec;
+        if (fs::is_regular_file(p, ec)) return p.string();
+    }
+    return {};
+}
+
+// One parameter-server run: 3 daemons on loopback (ps:0, worker:0, worker:1), this binary
+// coordinating; the daemons are stopped after. Returns the run's samples/s (0 if it failed).
+double parameterServerRate(const std::string& self, const std::string& worker, const std::string& common)
+{
+    std::ostringstream cmd;
+    cmd << "export TRAINSTUDIO_TOKEN=bench-" << ::getpid() << " OMP_NUM_THREADS=1; unset TF_CONFIG; d=$(mktemp -d); pids=; "
+        << "for n in ps0 w0 w1; do '" << worker << "' --listen 127.0.0.1:0 --name $n --port-file $d/$n.port >/dev/null 2>&1 & pids=\"$pids $!\"; done; "
+        << "for n in ps0 w0 w1; do i=0; while [ ! -s $d/$n.port ] && [ $i -lt 200 ]; do sleep 0.1; i=$((i+1)); done; done; "
+        << "printf '{\"cluster\": {\"worker\": [\"127.0.0.1:%s\", \"127.0.0.1:%s\"], \"ps\": [\"127.0.0.1:%s\"]}}' "
+        << "$(cat $d/w0.port) $(cat $d/w1.port) $(cat $d/ps0.port) > $d/cluster.json; '" << self << "'" << common
+        << " --strategy parameter-server --cluster $d/cluster.json 2>&1; kill $pids 2>/dev/null; wait; rm -rf $d";
+    return finalRate(capture(cmd.str()));
+}
+
 } // namespace
 
 int distributedSuite(const BenchOptions& o)
@@ -202,6 +242,20 @@ int distributedSuite(const BenchOptions& o)
         if (!o.json) std::printf("%s\n", line.c_str());
         std::fflush(stdout);
     }
+    // 3. ParameterServer: 2 workers x 1 thread and 1 ps task, each a daemon (asynchronous, no
+    // reference to set it against: TF's ParameterServerStrategy is not in the bench's PyTorch).
+    const std::string worker = workerBinary(self);
+    std::vector<double> ps;
+    if (worker.empty()) {
+        std::cerr << "note: trainstudio-worker is not next to this binary; the parameter-server run is not measured\n";
+    } else {
+        for (int pair = 0; pair < std::max(1, o.pairs); ++pair) {
+            ps.push_back(parameterServerRate(self, worker, common));
+            if (!o.json) std::printf("parameter server %d: 2 workers x 1 thread + 1 ps task %ld samples/s\n", pair + 1, static_cast<long>(ps.back()));
+            std::fflush(stdout);
+        }
+        out["parameter_server_samples_per_sec"] = median(ps);
+    }
     out["multi_worker_samples_per_sec"] = median(multi);
     out["one_process_2_threads_samples_per_sec"] = median(single);
     out["ratio_vs_one_process"] = median(ratioSingle);
@@ -216,6 +270,9 @@ int distributedSuite(const BenchOptions& o)
                     median(ratioSingle));
         if (torch) std::printf(" | PyTorch DDP 2x1: %.0f (ratio %.2fx)", median(ddp), median(ratioDdp));
         std::printf("\n");
+        if (!ps.empty())
+            std::printf("MLP, parameter server (2 workers x 1 thread, 1 ps): %.0f samples/s (%.2fx the 2 multi-worker-mirrored workers)\n",
+                        median(ps), median(multi) > 0 ? median(ps) / median(multi) : 0.0);
     }
     return 0;
 }
