@@ -110,6 +110,47 @@ public:
         }
     }
 
+    // The bytes of values [a, a + n) of the lane's shard, read from a buffer laid out like the
+    // model's: base(slice) is where that slice's first value lies in it.
+    template <typename Base>
+    static std::string gather(const Lane& lane, int64_t a, int64_t n, Base&& base)
+    {
+        std::string out(static_cast<std::size_t>(n) * 4, '\0');
+        forRange(lane, a, a + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
+            std::memcpy(out.data() + at * 4, base(s) + inSlice, static_cast<std::size_t>(k) * 4);
+        });
+        return out;
+    }
+
+    // The reverse: `bytes`, values from `a` on, written where base(slice) says.
+    template <typename Base>
+    static void scatter(const Lane& lane, int64_t a, const std::string& bytes, Base&& base)
+    {
+        forRange(lane, a, a + static_cast<int64_t>(bytes.size() / 4), [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
+            std::memcpy(base(s) + inSlice, bytes.data() + at * 4, static_cast<std::size_t>(k) * 4);
+        });
+    }
+
+    // Where a slice starts in the variables' values, their gradients, or a one-arena tensor
+    // (an optimizer state).
+    float* valuesOf(const ShardSlice& s) const { return variables[static_cast<std::size_t>(s.variable)].values + s.offset; }
+    const float* gradsOf(const ShardSlice& s) const { return variables[static_cast<std::size_t>(s.variable)].grads + s.offset; }
+    int64_t arenaOf(const ShardSlice& s) const { return arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset; }
+
+    // The values a part holds ([offset, offset + n)); an error unless it is the part asked for.
+    Result<int64_t> partSize(const Lane& lane, const char* what, int64_t offset, int64_t replyOffset, int64_t replyElements,
+                             const std::string& values) const
+    {
+        const int64_t n = static_cast<int64_t>(values.size() / 4);
+        if (replyElements != lane.elements || replyOffset != offset || values.size() % 4 != 0 || n > lane.elements - offset ||
+            (n == 0 && offset < lane.elements))
+            return makeError(ErrorCode::Internal, lane.label + ": a " + what + " part came back malformed (values " + std::to_string(replyOffset) + "+" +
+                                                      std::to_string(n) + " of " + std::to_string(replyElements) + ", asked from " +
+                                                      std::to_string(offset) + " of this plan's " + std::to_string(lane.elements) + ")",
+                             "every task of the run must use the same model and partitioner");
+        return n;
+    }
+
     // Values a message carries when each takes `perValue` floats.
     int64_t partValues(const Lane& lane, int64_t perValue) const
     {
@@ -135,17 +176,8 @@ public:
             PullReply reply;
             const grpc::Status st = lane.stub->Pull(&call.ctx, req, &reply);
             if (!st.ok()) return fail(lane, st, "pull failed");
-            const int64_t n = static_cast<int64_t>(reply.values().size() / 4);
-            if (reply.elements() != lane.elements || reply.offset() != offset || reply.values().size() % 4 != 0 || n > lane.elements - offset ||
-                (n == 0 && offset < lane.elements))
-                return makeError(ErrorCode::Internal, lane.label + ": a pull part came back malformed (values " + std::to_string(offset) + "+" +
-                                                          std::to_string(n) + " of " + std::to_string(reply.elements()) + ", this plan gives it " +
-                                                          std::to_string(lane.elements) + ")",
-                                 "every task of the run must use the same model and partitioner");
-            forRange(lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
-                std::memcpy(variables[static_cast<std::size_t>(s.variable)].values + s.offset + inSlice, reply.values().data() + at * 4,
-                            static_cast<std::size_t>(k) * 4);
-            });
+            TS_ASSIGN(const int64_t n, partSize(lane, "pull", offset, reply.offset(), reply.elements(), reply.values()));
+            scatter(lane, offset, reply.values(), [&](const ShardSlice& s) { return valuesOf(s); });
             if (first) lane.pulledVersion = reply.version();
             first = false;
             offset += n;
@@ -355,22 +387,12 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
                 req.set_run_id(d.options.runId);
                 req.set_offset(offset);
                 req.set_last(offset + n == lane->elements);
-                std::string* values = req.mutable_values();
-                values->resize(static_cast<std::size_t>(n) * 4);
-                Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
-                    std::memcpy(values->data() + at * 4, variables[static_cast<std::size_t>(s.variable)].values + s.offset + inSlice,
-                                static_cast<std::size_t>(k) * 4);
-                });
+                req.set_values(Impl::gather(*lane, offset, n, [&](const ShardSlice& s) { return d.valuesOf(s); }));
                 if (resume) {
                     for (const auto& [name, flat] : resume->state.optimizer) {
                         OptimizerState* o = req.add_state();
                         o->set_name(name);
-                        std::string* data = o->mutable_data();
-                        data->resize(static_cast<std::size_t>(n) * 4);
-                        Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
-                            std::memcpy(data->data() + at * 4, flat.data() + d.arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset + inSlice,
-                                        static_cast<std::size_t>(k) * 4);
-                        });
+                        o->set_data(Impl::gather(*lane, offset, n, [&](const ShardSlice& s) { return flat.data() + d.arenaOf(s); }));
                     }
                 }
                 Impl::Call call(d, d.options.callTimeout);
@@ -423,20 +445,13 @@ Result<StoreSnapshot> RemoteParameterStore::snapshot()
                 const grpc::Status st = lane->stub->Snapshot(&call.ctx, req, &reply);
                 if (!st.ok()) return d.fail(*lane, st, "snapshot failed");
             }
-            const int64_t n = static_cast<int64_t>(reply.values().size() / 4);
-            if (reply.elements() != lane->elements || reply.offset() != offset || reply.values().size() % 4 != 0 || n > lane->elements - offset ||
-                (n == 0 && offset < lane->elements))
-                return makeError(ErrorCode::Internal, lane->label + ": a snapshot part came back malformed (values " + std::to_string(offset) + "+" +
-                                                          std::to_string(n) + " of " + std::to_string(reply.elements()) + ")");
+            TS_ASSIGN(const int64_t n, d.partSize(*lane, "snapshot", offset, reply.offset(), reply.elements(), reply.values()));
             if (offset == 0) {
                 id = reply.snapshot();
                 if (lane == d.lanes.front()) out.updates = reply.version();
                 for (const auto& state : reply.state()) names.push_back(state.name());
             }
-            Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
-                std::memcpy(d.variables[static_cast<std::size_t>(s.variable)].values + s.offset + inSlice, reply.values().data() + at * 4,
-                            static_cast<std::size_t>(k) * 4);
-            });
+            Impl::scatter(*lane, offset, reply.values(), [&](const ShardSlice& s) { return d.valuesOf(s); });
             if (reply.state_size() != static_cast<int>(names.size()))
                 return makeError(ErrorCode::Internal, lane->label + ": a snapshot part came back with " + std::to_string(reply.state_size()) +
                                                           " optimizer state tensor(s), the first had " + std::to_string(names.size()));
@@ -447,10 +462,7 @@ Result<StoreSnapshot> RemoteParameterStore::snapshot()
                 auto [it, added] = slot.emplace(state.name(), out.optimizer.size());
                 if (added) out.optimizer.emplace_back(state.name(), std::vector<float>(static_cast<std::size_t>(d.arenaSize)));
                 std::vector<float>& flat = out.optimizer[it->second].second;
-                Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
-                    std::memcpy(flat.data() + d.arenaOffsets[static_cast<std::size_t>(s.variable)] + s.offset + inSlice, state.data().data() + at * 4,
-                                static_cast<std::size_t>(k) * 4);
-                });
+                Impl::scatter(*lane, offset, state.data(), [&](const ShardSlice& s) { return flat.data() + d.arenaOf(s); });
             }
             offset += n;
         } while (offset < lane->elements);
@@ -498,12 +510,7 @@ Status RemoteParameterStore::push(float learningRate)
             req.set_learning_rate(learningRate);
             req.set_offset(offset);
             req.set_last(offset + n == lane->elements);
-            std::string* grads = req.mutable_grads();
-            grads->resize(static_cast<std::size_t>(n) * 4);
-            Impl::forRange(*lane, offset, offset + n, [&](const ShardSlice& s, int64_t inSlice, int64_t at, int64_t k) {
-                std::memcpy(grads->data() + at * 4, d.variables[static_cast<std::size_t>(s.variable)].grads + s.offset + inSlice,
-                            static_cast<std::size_t>(k) * 4);
-            });
+            req.set_grads(Impl::gather(*lane, offset, n, [&](const ShardSlice& s) { return d.gradsOf(s); }));
             offset += n;
         } while (offset < lane->elements);
         {
