@@ -130,7 +130,21 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     if (!o.quiet && !o.json) std::printf("Starting run %s on %s\n", runId.c_str(), where.c_str());
     std::fflush(stdout);
     const std::string modelName = cfg.model.name;
+    // The run's warnings (a lost worker the run goes on without, ...) on stderr, after each epoch
+    // and at the end; the record keeps them too.
+    ts::telemetry::SubscriberOptions wo;
+    wo.name = "console warnings";
+    wo.capacity = 256;
+    wo.kinds = ts::telemetry::kindMask<ts::telemetry::LogEvent>();
+    wo.wakeThreshold = wo.capacity;  // drained after each epoch, never woken
+    auto warnings = bus.subscribe(wo);
+    auto printWarnings = [&] {
+        for (const auto& ev : warnings->drain())
+            if (const auto* e = std::get_if<ts::telemetry::LogEvent>(&ev); e && e->level >= ts::telemetry::LogLevel::Warning && !o.quiet)
+                std::fprintf(stderr, "warning: %s\n", e->message.c_str());
+    };
     auto result = c.run(std::move(cfg), runId, bus, [&](const ts::telemetry::EpochMetricsEvent& m) {
+        printWarnings();
         if (o.quiet) return;
         const double loss = m.metrics.count("loss") ? m.metrics.at("loss") : 0.0;
         const double acc = m.metrics.count("accuracy") ? m.metrics.at("accuracy") : 0.0;
@@ -143,6 +157,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         else std::printf("Epoch %lld: loss %.4f accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc, m.samplesPerSec);
         std::fflush(stdout);
     });
+    printWarnings();
+    bus.unsubscribe(warnings);
     // A cancelled run keeps its weights so far, as a local run does; the record lists them (in
     // the run's folder when no --save-weights names a file).
     if (result.ok() && !c.finalWeights().empty()) {
@@ -189,6 +205,10 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         std::printf("Trained %lld step(s) on %s in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), where.c_str(), fit.seconds,
                     fit.samplesPerSec);
         if (c.restarts() > 0) std::printf("Restarted %d time(s), each time from the chief's backup\n", c.restarts());
+        if (const nlohmann::json summary = c.summary(); summary.contains("lost"))
+            for (const auto& l : summary["lost"])
+                std::printf("Went on without %s after its step %lld (%s): the other workers trained its steps\n",
+                            l.value("task", "").c_str(), static_cast<long long>(l.value("after_step", int64_t{0})), l.value("reason", "").c_str());
         if (std::isfinite(fit.last.valAccuracy))
             std::printf("Test accuracy of the final weights: %.4f (loss %.4f)\n", fit.last.valAccuracy, fit.last.valLoss);
         if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());

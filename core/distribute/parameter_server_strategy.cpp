@@ -12,6 +12,7 @@ namespace ts {
 namespace {
 
 constexpr const char* kUpdates = "ps/updates";
+constexpr const char* kSchedule = "ps/schedule";  // ps:0's step schedule (encodeScheduleSnapshot)
 
 class ParameterServerStrategy final : public Strategy {
 public:
@@ -156,6 +157,7 @@ public:
         std::vector<float> updates(2);
         std::memcpy(updates.data(), &snap.updates, sizeof(snap.updates));
         out.emplace_back(kUpdates, Tensor::fromVector(Shape({2}), updates));
+        out.emplace_back(kSchedule, Tensor::fromVector(Shape({12}), encodeScheduleSnapshot(snap.schedule)));
         return out;
     }
 
@@ -175,6 +177,10 @@ public:
                 if (t.numel() != 2) return makeError(ErrorCode::InvalidArgument, source + ": '" + name + "' must hold 2 values", "delete the backup");
                 std::memcpy(&r.state.updates, p, sizeof(r.state.updates));
                 haveUpdates = r.state.updates >= 0;
+            } else if (name == kSchedule) {
+                auto sched = decodeScheduleSnapshot(p, t.numel());
+                if (!sched) return makeError(ErrorCode::InvalidArgument, source + ": '" + name + "' is malformed", "delete the backup");
+                r.state.schedule = *sched;
             } else {
                 r.state.optimizer.emplace_back(name, std::vector<float>(p, p + t.numel()));
             }
@@ -188,6 +194,8 @@ public:
 
     int processRank() const override { return m_rank; }
     bool sharesResumeThroughStore() const override { return true; }
+    ParameterStore* stepScheduler() override { return m_store.get(); }
+    Status start() override { return begin(); }
 
     // Worker 0's resume point reaches the others through the ps tasks it initialises.
     Result<std::string> shareResumePoint(const std::string& chiefs) override

@@ -11,6 +11,8 @@
 //    them; push() copies the gradients before it returns, so the caller may overwrite them.
 //  - Errors: a failed pull or push names the ps task and its address ("ps:1 at 10.0.0.4:7070");
 //    an asynchronous push that failed is reported by the next call.
+//  - Steps: ps:0 schedules the run's steps (distribute/step_schedule.h); workers train the steps
+//    claimStep() hands them, as TF's ClusterCoordinator dispatches steps to free workers.
 
 #include <cstdint>
 #include <string>
@@ -18,6 +20,7 @@
 
 #include "common/result.h"
 #include "distribute/partitioner.h"
+#include "distribute/step_schedule.h"
 
 namespace ts {
 
@@ -40,6 +43,7 @@ struct StoreSnapshot {
     // as a local optimizer holds it), e.g. {"adam/m", ...}.
     std::vector<std::pair<std::string, std::vector<float>>> optimizer;
     int64_t updates = 0;  // applied so far (ps:0's count; the ps tasks' Adam step count)
+    ScheduleSnapshot schedule;  // ps:0's step schedule at that moment
 };
 
 // What worker 0 starts the ps tasks from when a run resumes from its backup.
@@ -72,6 +76,13 @@ public:
     // Updates a ps applied between this worker's pull and its push, over the pushes so far.
     virtual StalenessStats staleness() const = 0;
     virtual void cancel() = 0;
+    // Before begin(): the run's schedule, which worker 0's begin() gives ps:0 (with a resume's
+    // completed steps and epoch tally, from StoreResume::state.schedule).
+    virtual void setSchedule(const ScheduleConfig& schedule) = 0;
+    // After begin(): reports the outcome of the step this worker held (`done`, or null) and
+    // claims its next step from ps:0. batchesPerEpoch: this worker's part of the data (-1: not
+    // known yet). Wait means ask again shortly.
+    virtual Result<StepGrant> claimStep(int64_t batchesPerEpoch, const StepOutcome* done) = 0;
 };
 
 } // namespace ts

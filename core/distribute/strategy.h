@@ -109,6 +109,11 @@ public:
     // worker gets it back. Unsupported elsewhere: the trainer broadcasts it (broadcastFromChief).
     virtual bool sharesResumeThroughStore() const { return false; }
     virtual Result<std::string> shareResumePoint(const std::string& chiefs);
+    // Parameter-server: the store whose ps:0 schedules this worker's steps (the trainer claims
+    // each step from it), else null; and start(), which makes it ready to claim from (worker 0
+    // initialises the ps tasks, the others wait for them). A no-op elsewhere.
+    virtual ParameterStore* stepScheduler() { return nullptr; }
+    virtual Status start() { return okStatus(); }
 };
 
 } // namespace ts

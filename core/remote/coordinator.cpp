@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <optional>
 #include <thread>
+#include <utility>
 
 #include "common/json_document.h"
 #include "data/dataset.h"
@@ -562,6 +563,36 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     };
     // Each task's last reported step: a run stopped early has no "final" event to count from.
     std::vector<int64_t> lastStep(m_tasks.size(), 0);
+    // parameter-server: workers the run lost and went on without (ps:0 handed their steps to
+    // the others), and the worker whose steps are the run's step metrics (the first still in it).
+    std::vector<bool> dropped(m_tasks.size(), false);
+    std::vector<std::thread> droppers;  // stop a lost worker's task without holding up the loop
+    std::size_t reporter = primary;
+    int64_t lastReported = 0;           // the run's step metrics go forward only
+    auto liveWorkers = [&] {
+        int n = 0;
+        for (std::size_t k = 0; k < m_tasks.size(); ++k) n += !m_tasks[k]->ps && !dropped[k];
+        return n;
+    };
+    // A worker that died or went silent is not the run's end while others train (TF's
+    // ClusterCoordinator reschedules its steps): ps:0 gets its steps back, it is stopped and
+    // named in a warning. Returns false when it was the last worker.
+    auto dropWorker = [&](std::size_t i, const Error& why) {
+        if (!psRun || m_tasks[i]->ps || dropped[i] || m_cancel || liveWorkers() <= 1 || !evaluator) return false;
+        Task& t = *m_tasks[i];
+        if (Status st = evaluator->store->release(t.id.toString(), why.message); !st.ok()) return false;
+        dropped[i] = true;
+        staleness.erase(t.id.toString());  // no longer the run's
+        bus.publish(tm::Event(tm::LogEvent{stamp(t.id.toString(), "", lastStep[i]), tm::LogLevel::Warning,
+                                           why.message + "; the run goes on without " + t.id.toString() + ": its steps go to the other workers"}));
+        m_summary["lost"].push_back({{"task", t.id.toString()}, {"reason", why.message}, {"after_step", lastStep[i]}});
+        while (reporter < m_tasks.size() && (m_tasks[reporter]->ps || dropped[reporter])) ++reporter;
+        droppers.emplace_back([&t, &taskRun] {
+            (void)t.client->cancel(taskRun, "failed");
+            t.client->cancelStream();
+        });
+        return true;
+    };
     // multi-worker-mirrored: the chief's weights at its end, as its "weights" parts arrive.
     std::string chiefWeights;
     int64_t weightParts = 0, weightPartsExpected = -1;
@@ -590,8 +621,11 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             const bool chief = i == primary;
             const auto& f = e.fields;
             lastStep[i] = std::max(lastStep[i], e.step);
-            if (psRun && e.kind == "step" && f.contains("staleness")) staleness[e.worker] = f["staleness"].get<int64_t>();
-            if (e.kind == "state") {
+            if (psRun && !dropped[i] && e.kind == "step" && f.contains("staleness")) staleness[e.worker] = f["staleness"].get<int64_t>();
+            if (dropped[i]) {
+                // A lost worker's late events (it may come back after it was given up, and fail
+                // when ps:0 refuses it) are not the run's.
+            } else if (e.kind == "state") {
                 t.state = f.value("state", "");
                 if (f.contains("devices") && f["devices"].is_array())
                     for (auto d : f["devices"]) {
@@ -613,7 +647,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
                     if (!failure) failure = err;
                 }
-            } else if (e.kind == "step" && chief) {
+            } else if (e.kind == "step" && (psRun ? i == reporter && e.step > lastReported : chief)) {
+                lastReported = e.step;
                 tm::StepMetricsEvent m;
                 m.stamp = stamp(e.worker, e.device, e.step);
                 m.epoch = f.value("epoch", int64_t{0});
@@ -633,7 +668,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     m.metrics["staleness"] = static_cast<double>(worst);
                 }
                 bus.publish(tm::Event(std::move(m)));
-            } else if (e.kind == "epoch" && chief) {
+            } else if (e.kind == "epoch" && (psRun ? t.ps && t.id.index == 0 : chief)) {
+                // parameter-server: ps:0's, whose step schedule counts every worker's steps.
                 tm::EpochMetricsEvent m;
                 m.stamp = stamp(e.worker, e.device, e.step);
                 m.epoch = f.value("epoch", int64_t{0});
@@ -684,14 +720,21 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         if (!inbox.failures.empty() && !failure) {
             // After Stop, a stream that broke off is part of stopping (see above); a task that
             // stopped answering while its stream is still open is not, or Stop would wait forever.
-            for (const auto& [i, e] : inbox.failures) {
-                if (m_cancel && inbox.ended[i])
+            // parameter-server: a lost worker is dropped instead while others train (dropWorker).
+            auto failures = std::exchange(inbox.failures, {});
+            for (const auto& [i, e] : failures) {
+                if (dropped[i]) continue;
+                const bool ended = inbox.ended[i];
+                lock.unlock();
+                const bool goesOn = !failure && dropWorker(i, e);
+                lock.lock();
+                if (goesOn) continue;
+                if (m_cancel && ended)
                     bus.publish(tm::Event(tm::LogEvent{stamp(m_tasks[i]->id.toString(), "", 0), tm::LogLevel::Info,
                                                        e.message + " (after the run was cancelled)"}));
                 else if (!failure)
                     failure = e;
             }
-            inbox.failures.clear();
         }
         if (failure || inbox.allEnded() || (psRun && trainingEnded() && inbox.events.empty())) break;
     }
@@ -700,7 +743,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     if (psRun && !failure) {
         // Every worker has ended: their last pushes are applied (each flushes before it reports
         // its end). The final weights are the ps tasks'; then the ps tasks are stopped.
-        const bool completed = !m_cancel && m_tasks[primary]->state == "completed";
+        bool completed = false;
+        for (std::size_t k = 0; k < m_tasks.size(); ++k)
+            completed |= !m_cancel && !m_tasks[k]->ps && !dropped[k] && m_tasks[k]->state == "completed";
         // A stopped run keeps its weights so far too (pulled before the ps tasks are stopped).
         if (completed || m_cancel) {
             Status pulled = evaluator->pullWeights();
@@ -713,7 +758,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                    "the weights so far could not be pulled from the ps tasks: " + weights.error().message}));
         }
         if (completed && !failure && lastEpoch && evaluator->validation) {
-            // Worker 0's last epoch again, now with the weights after every worker's last push.
+            // The last epoch again, now with the weights after every worker's last push.
             tm::EpochMetricsEvent m = *lastEpoch;
             m.stamp = stamp(m_tasks[primary]->id.toString(), "", fit.steps);
             evaluatedEpoch(m);
@@ -758,13 +803,14 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         inbox.events.clear();
         lock.unlock();
     }
+    for (auto& d : droppers) d.join();
     for (auto& t : m_tasks) {
         if (failure) t->client->cancelStream();
         t->stream.join();
     }
     if (!failure && !m_cancel)
-        for (auto& t : m_tasks)
-            if (t->state != "completed" && t->state != "cancelled") {
+        for (std::size_t k = 0; k < m_tasks.size(); ++k)
+            if (const auto& t = m_tasks[k]; !dropped[k] && t->state != "completed" && t->state != "cancelled") {
                 failure = makeError(ErrorCode::Internal, t->label + ": the task ended in state '" + t->state + "'",
                                     "see that worker's log (trainstudio-worker prints every task's error)");
                 break;

@@ -5,10 +5,13 @@
 // (the chief's metrics are the run's; every worker's devices on their own lanes), and stops the
 // run with an error naming the worker when one fails, dies or goes silent.
 // The CLI (`train --cluster`) and the studio's session both coordinate through it.
-// parameter-server: the ps tasks start first, then the workers; each worker's steps carry their
-// staleness; the coordinator plays TF's chief: it evaluates the ps tasks' weights after each of
-// worker 0's epochs and at the end (pulled from every ps), records the run, then stops the ps
-// tasks. A "chief" entry of the cluster only says where the coordinator runs: it is not contacted.
+// parameter-server: the ps tasks start first, then the workers; ps:0 hands out the run's steps
+// (distribute/step_schedule.h) and tells each epoch once all its steps are done; each worker's
+// steps carry their staleness; the coordinator plays TF's chief: it evaluates the ps tasks'
+// weights after each epoch and at the end (pulled from every ps), records the run, then stops
+// the ps tasks. A worker that dies or goes silent does not end the run while another trains:
+// ps:0 hands its steps to the others, and the coordinator warns, naming it, and stops its task.
+// A "chief" entry of the cluster only says where the coordinator runs: it is not contacted.
 // Contract:
 //  - Threading: probe/preflight/run are called from one thread (run blocks it until the run
 //    ends); cancel() may be called from any thread at any time, also before run().
@@ -102,7 +105,8 @@ public:
 
     std::size_t numTasks() const { return m_tasks.size(); }
     // What the tasks of the last run() reported at their end, by task ("worker:1": its steps,
-    // pushes and staleness; "ps:0": updates applied), plus "evaluation" (parameter-server).
+    // pushes and staleness; "ps:0": updates applied, steps completed), plus "evaluation" and
+    // "lost" (parameter-server: the workers the run went on without, why, and after which step).
     nlohmann::json summary() const { return m_summary; }
     // After run(): the devices each training task trained on, as the run record lists them
     // ({"task", "device", "name", "memory_total"}); empty before a task started.

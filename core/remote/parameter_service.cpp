@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "backend/registry.h"
+#include "distribute/step_schedule.h"
 #include "optim/optimizer.h"
 #include "parameter_server.grpc.pb.h"
 #include "remote/auth.h"
@@ -99,6 +100,19 @@ public:
             m_initState.clear();
             m_initVersion = req->version();
             m_resume = req->resume();
+            m_scheduleConfig.reset();
+            if (req->has_schedule()) {
+                const Schedule& sc = req->schedule();
+                if (sc.workers() < 1 || sc.epochs() < 1 || sc.max_steps() < 0 || sc.completed() < 0)
+                    return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "the step schedule needs workers >= 1, epochs >= 1, max_steps >= 0");
+                ScheduleConfig c;
+                c.workers = sc.workers();
+                c.epochs = sc.epochs();
+                c.maxSteps = sc.max_steps();
+                c.completed = sc.completed();
+                c.epochSoFar = fromProto(sc.epoch_so_far());
+                m_scheduleConfig = c;
+            }
             m_layout = true;
         } else if (!m_layout) {
             return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, "send the shard's layout (its slices) before its values");
@@ -149,6 +163,10 @@ public:
                 return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, st.error().message);
         }
         m_initialised = true;
+        if (m_scheduleConfig) {
+            m_schedule = std::make_shared<StepSchedule>(*m_scheduleConfig);
+            for (const auto& w : m_releasedEarly) m_schedule->release(w);
+        }
         m_stats = {};
         m_stats.initialised = true;
         m_stats.elements = m_total;
@@ -251,6 +269,11 @@ public:
                 if (t.numel() != m_total) return grpc::Status(grpc::StatusCode::INTERNAL, m_label + ": optimizer state '" + name + "' has the wrong size");
                 snap.state.emplace_back(name, std::vector<float>(t.data<float>(), t.data<float>() + m_total));
             }
+            if (m_schedule) {
+                const ScheduleSnapshot sched = m_schedule->snapshot();
+                snap.completed = sched.completed;
+                snap.epochSoFar = sched.epochSoFar;
+            }
             m_snapshot = std::move(snap);
         } else if (!m_snapshot || m_snapshot->id != req->snapshot()) {
             return refuse(*ctx, grpc::StatusCode::ABORTED, call,
@@ -267,6 +290,10 @@ public:
             return std::string(reinterpret_cast<const char*>(flat.data() + req->offset()), static_cast<std::size_t>(n.elements) * 4);
         };
         reply->set_values(bytes(snap.values));
+        if (req->offset() == 0) {
+            reply->set_completed_steps(snap.completed);
+            toProto(snap.epochSoFar, reply->mutable_epoch_so_far());
+        }
         for (const auto& [name, flat] : snap.state) {
             OptimizerState* o = reply->add_state();
             o->set_name(name);
@@ -275,6 +302,80 @@ public:
         m_stats.bytesOut += n.elements * 4 * (1 + static_cast<int64_t>(snap.state.size()));
         if (req->offset() + n.elements == m_total) m_snapshot.reset();  // all served: free the copy
         return grpc::Status::OK;
+    }
+
+    grpc::Status ClaimStep(grpc::ServerContext* ctx, const ClaimRequest* req, ClaimReply* reply) override
+    {
+        const char* call = "ParameterServer.ClaimStep";
+        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        if (req->worker().empty() || req->worker().size() > 256)
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "name the claiming worker (\"worker:1\")");
+        // Claims and the epochs they complete are serialised here, not under the shard's lock:
+        // epochs are told in order, and the daemon's callback may take its own locks.
+        std::lock_guard claims(m_claimMutex);
+        std::shared_ptr<StepSchedule> schedule;
+        {
+            std::lock_guard lock(m_mutex);
+            if (auto st = checkRun(*ctx, call, req->run_id(), true); !st.ok()) return st;
+            if (!m_schedule)
+                return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call,
+                              m_label + " of run " + m_runId + " schedules no steps (ps:0 does, when worker 0 gave it the schedule)");
+            schedule = m_schedule;
+        }
+        StepOutcome done;
+        done.step = req->done_step();
+        done.lossSum = req->loss_sum();
+        done.correct = req->correct();
+        done.count = req->count();
+        std::vector<EpochDone> epochs;
+        auto grant = schedule->claim(req->worker(), req->batches_per_epoch(), done.step > 0 ? &done : nullptr, &epochs);
+        if (!grant.ok())
+            return refuse(*ctx, grant.error().code == ErrorCode::Cancelled ? grpc::StatusCode::FAILED_PRECONDITION : grpc::StatusCode::INVALID_ARGUMENT,
+                          call, grant.error().message);
+        if (m_onEpoch)
+            for (const auto& e : epochs) m_onEpoch(e);
+        reply->set_kind(grant->kind == StepGrant::Kind::Step   ? ClaimReply::STEP
+                        : grant->kind == StepGrant::Kind::Wait ? ClaimReply::WAIT
+                                                               : ClaimReply::DONE);
+        reply->set_step(grant->step);
+        reply->set_epoch(grant->epoch);
+        reply->set_step_in_epoch(grant->stepInEpoch);
+        reply->set_steps_per_epoch(grant->stepsPerEpoch);
+        reply->set_total_steps(grant->totalSteps);
+        return grpc::Status::OK;
+    }
+
+    grpc::Status Release(grpc::ServerContext* ctx, const ReleaseRequest* req, ReleaseReply*) override
+    {
+        const char* call = "ParameterServer.Release";
+        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        std::lock_guard claims(m_claimMutex);
+        std::lock_guard lock(m_mutex);
+        if (auto st = checkRun(*ctx, call, req->run_id(), false); !st.ok()) return st;
+        logLine(m_label + " of run " + m_runId + ": " + req->worker() + " released by " + ctx->peer() +
+                (req->reason().empty() ? std::string() : " (" + req->reason() + ")") + "; its steps go to the other workers");
+        if (m_schedule) m_schedule->release(req->worker());
+        else m_releasedEarly.push_back(req->worker());
+        return grpc::Status::OK;
+    }
+
+    static StepTally fromProto(const Tally& t)
+    {
+        StepTally out;
+        out.steps = t.steps();
+        out.lossSum = t.loss_sum();
+        out.correct = t.correct();
+        out.count = t.count();
+        out.seconds = t.seconds();
+        return out;
+    }
+    static void toProto(const StepTally& t, Tally* out)
+    {
+        out->set_steps(t.steps);
+        out->set_loss_sum(t.lossSum);
+        out->set_correct(t.correct);
+        out->set_count(t.count);
+        out->set_seconds(t.seconds);
     }
 
     // How many values from `offset` the reply carries: as many as fit both bounds, each value
@@ -311,6 +412,8 @@ public:
 
     struct Snap {
         int64_t id = 0, version = 0;
+        int64_t completed = 0;
+        StepTally epochSoFar;
         std::vector<float> values;
         std::vector<std::pair<std::string, std::vector<float>>> state;
     };
@@ -325,6 +428,9 @@ public:
         m_initState.clear();
         m_snapshot.reset();
         m_layout = m_initialised = false;
+        m_scheduleConfig.reset();
+        m_schedule.reset();
+        m_releasedEarly.clear();
     }
 
     std::string m_token;
@@ -346,6 +452,12 @@ public:
     std::string m_resume;  // worker 0's position in the data when resuming from a backup
     bool m_layout = false, m_initialised = false;
     ShardStats m_stats;
+    // ps:0: the run's step schedule (from worker 0's layout part), and workers released before it.
+    std::mutex m_claimMutex;  // taken before m_mutex
+    std::optional<ScheduleConfig> m_scheduleConfig;
+    std::shared_ptr<StepSchedule> m_schedule;
+    std::vector<std::string> m_releasedEarly;
+    std::function<void(const EpochDone&)> m_onEpoch;
 };
 
 ParameterService::ParameterService(std::string token, int maxMessageBytes) : m_impl(std::make_unique<Impl>(std::move(token), maxMessageBytes)) {}
@@ -353,7 +465,7 @@ ParameterService::~ParameterService() = default;
 grpc::Service* ParameterService::service() { return m_impl.get(); }
 
 Status ParameterService::host(const std::string& runId, const std::string& label, const nlohmann::json& optimizer, const std::string& backend,
-                              telemetry::EventBus* traceBus)
+                              telemetry::EventBus* traceBus, std::function<void(const EpochDone&)> onEpoch)
 {
     TS_ASSIGN(auto opt, Optimizer::create(optimizer));
     BackendOptions bo;
@@ -361,7 +473,9 @@ Status ParameterService::host(const std::string& runId, const std::string& label
     auto& registry = BackendRegistry::instance();
     auto be = backend.empty() ? registry.create(Device{DeviceKind::Cpu, 0}, bo) : registry.create(backend, 0, bo);
     if (!be.ok()) return be.takeError();
+    std::lock_guard claims(m_impl->m_claimMutex);
     std::lock_guard lock(m_impl->m_mutex);
+    m_impl->m_onEpoch = std::move(onEpoch);
     m_impl->m_runId = runId;
     m_impl->m_label = label;
     m_impl->m_optimizer = std::move(opt);
@@ -375,7 +489,9 @@ Status ParameterService::host(const std::string& runId, const std::string& label
 
 void ParameterService::unhost()
 {
+    std::lock_guard claims(m_impl->m_claimMutex);
     std::lock_guard lock(m_impl->m_mutex);
+    m_impl->m_onEpoch = nullptr;
     m_impl->m_runId.clear();
     m_impl->m_traceBus = nullptr;
     m_impl->reset();
@@ -384,7 +500,9 @@ void ParameterService::unhost()
 ShardStats ParameterService::stats() const
 {
     std::lock_guard lock(m_impl->m_mutex);
-    return m_impl->m_stats;
+    ShardStats s = m_impl->m_stats;
+    if (m_impl->m_schedule) s.stepsCompleted = m_impl->m_schedule->completed();
+    return s;
 }
 
 } // namespace ts::remote

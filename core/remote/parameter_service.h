@@ -3,6 +3,7 @@
 // trainstudio-worker daemon. While the daemon runs a `ps` task it hosts that task's shard: worker 0
 // initialises the values, every worker pulls them and pushes gradients, and each push is applied
 // at once with the run's optimizer (asynchronous updates, serialised by one lock per shard).
+// ps:0 also serves the run's step schedule (distribute/step_schedule.h): workers claim steps.
 // Shards travel in parts that fit the daemon's message bound, so their size is not bounded by it.
 // Contract:
 //  - Threading: gRPC's threads serve calls concurrently; host/unhost/stats from any thread.
@@ -11,6 +12,7 @@
 //    bounded by the daemon's server.
 //  - Errors: host() fails on a bad optimizer configuration, naming it.
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -19,6 +21,9 @@
 
 #include "common/result.h"
 
+namespace ts {
+struct EpochDone;
+}
 namespace ts::telemetry {
 class EventBus;
 }
@@ -38,6 +43,7 @@ struct ShardStats {
     double sumStaleness = 0;
     int64_t bytesIn = 0, bytesOut = 0;  // gradients received, values sent (payload bytes)
     double busySeconds = 0;             // applying updates and serving pulls (under the shard's lock)
+    int64_t stepsCompleted = -1;        // ps:0: the run's steps with an outcome (-1: it schedules none)
 };
 
 class ParameterService {
@@ -50,9 +56,11 @@ public:
     // Starts hosting run `runId`'s shard as task `label` ("ps:0"), uninitialised, with the run's
     // optimizer and backend (empty: the best for cpu:0). Replaces any previous shard. With
     // `traceBus` (it must outlive the hosting: unhost() first), every update applied and every
-    // pull served is published on it as a SpanEvent (lane thread "shard").
+    // pull served is published on it as a SpanEvent (lane thread "shard"). With `onEpoch`, ps:0
+    // tells each epoch of the run's step schedule that completed, in order, from a gRPC thread
+    // (no lock of this service held; not after unhost() returned).
     Status host(const std::string& runId, const std::string& label, const nlohmann::json& optimizer, const std::string& backend,
-                telemetry::EventBus* traceBus = nullptr);
+                telemetry::EventBus* traceBus = nullptr, std::function<void(const EpochDone&)> onEpoch = {});
     // Stops hosting: later calls for the run are refused.
     void unhost();
     ShardStats stats() const;

@@ -44,6 +44,7 @@ public:
     std::vector<int64_t> arenaOffsets;  // each variable's first element in the one-arena layout
     int64_t arenaSize = 0;
     std::string resume;                 // ps:0's InitializeRequest.resume, read by begin()
+    std::optional<ScheduleConfig> schedule;  // setSchedule(): worker 0 gives it to ps:0
     std::vector<std::unique_ptr<Lane>> lanes;
     std::atomic<bool> cancelled{false};
     std::mutex callsMutex;
@@ -371,6 +372,22 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
                 layout.set_version(resume->state.updates);
                 layout.set_resume(resume->position);
             }
+            if (d.schedule && lane == d.lanes.front()) {
+                Schedule* sc = layout.mutable_schedule();
+                sc->set_workers(d.schedule->workers);
+                sc->set_epochs(d.schedule->epochs);
+                sc->set_max_steps(d.schedule->maxSteps);
+                if (resume) {
+                    sc->set_completed(resume->state.schedule.completed);
+                    const StepTally& t = resume->state.schedule.epochSoFar;
+                    Tally* tally = sc->mutable_epoch_so_far();
+                    tally->set_steps(t.steps);
+                    tally->set_loss_sum(t.lossSum);
+                    tally->set_correct(t.correct);
+                    tally->set_count(t.count);
+                    tally->set_seconds(t.seconds);
+                }
+            }
             InitializeReply reply;
             TS_TRY(retry(*lane, [&] {
                 Impl::Call call(d, d.options.callTimeout);
@@ -448,7 +465,12 @@ Result<StoreSnapshot> RemoteParameterStore::snapshot()
             TS_ASSIGN(const int64_t n, d.partSize(*lane, "snapshot", offset, reply.offset(), reply.elements(), reply.values()));
             if (offset == 0) {
                 id = reply.snapshot();
-                if (lane == d.lanes.front()) out.updates = reply.version();
+                if (lane == d.lanes.front()) {
+                    out.updates = reply.version();
+                    out.schedule.completed = reply.completed_steps();
+                    const Tally& t = reply.epoch_so_far();
+                    out.schedule.epochSoFar = StepTally{t.steps(), t.loss_sum(), t.correct(), t.count(), t.seconds()};
+                }
                 for (const auto& state : reply.state()) names.push_back(state.name());
             }
             Impl::scatter(*lane, offset, reply.values(), [&](const ShardSlice& s) { return d.valuesOf(s); });
@@ -551,6 +573,56 @@ void RemoteParameterStore::cancel()
         std::lock_guard lock(lane->mutex);
         lane->cv.notify_all();
     }
+}
+
+void RemoteParameterStore::setSchedule(const ScheduleConfig& schedule) { m_impl->schedule = schedule; }
+
+Result<StepGrant> RemoteParameterStore::claimStep(int64_t batchesPerEpoch, const StepOutcome* done)
+{
+    Impl& d = *m_impl;
+    if (d.cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+    Lane& lane = *d.lanes.front();
+    ClaimRequest req;
+    req.set_run_id(d.options.runId);
+    req.set_worker(d.options.worker);
+    req.set_batches_per_epoch(batchesPerEpoch);
+    if (done) {
+        req.set_done_step(done->step);
+        req.set_loss_sum(done->lossSum);
+        req.set_correct(done->correct);
+        req.set_count(done->count);
+    }
+    ClaimReply reply;
+    Impl::Call call(d, d.options.callTimeout);
+    const grpc::Status st = lane.stub->ClaimStep(&call.ctx, req, &reply);
+    if (!st.ok()) return d.fail(lane, st, "claiming a step failed");
+    StepGrant g;
+    g.kind = reply.kind() == ClaimReply::STEP ? StepGrant::Kind::Step : reply.kind() == ClaimReply::WAIT ? StepGrant::Kind::Wait : StepGrant::Kind::Done;
+    g.step = reply.step();
+    g.epoch = reply.epoch();
+    g.stepInEpoch = reply.step_in_epoch();
+    g.stepsPerEpoch = reply.steps_per_epoch();
+    g.totalSteps = reply.total_steps();
+    if (g.kind == StepGrant::Kind::Step && (g.step < 1 || g.epoch < 1))
+        return makeError(ErrorCode::Internal, lane.label + ": a claimed step came back malformed (step " + std::to_string(g.step) + ", epoch " +
+                                                 std::to_string(g.epoch) + ")",
+                         "every task of the run must run the same TrainStudio version");
+    return g;
+}
+
+Status RemoteParameterStore::release(const std::string& worker, const std::string& reason)
+{
+    Impl& d = *m_impl;
+    Lane& lane = *d.lanes.front();
+    ReleaseRequest req;
+    req.set_run_id(d.options.runId);
+    req.set_worker(worker);
+    req.set_reason(reason);
+    ReleaseReply reply;
+    Impl::Call call(d, d.options.callTimeout);
+    const grpc::Status st = lane.stub->Release(&call.ctx, req, &reply);
+    if (!st.ok()) return d.fail(lane, st, "releasing " + worker + " failed");
+    return okStatus();
 }
 
 } // namespace ts::remote

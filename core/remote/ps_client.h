@@ -46,6 +46,11 @@ public:
     Status flush() override;
     StalenessStats staleness() const override;
     void cancel() override;
+    void setSchedule(const ScheduleConfig& schedule) override;
+    Result<StepGrant> claimStep(int64_t batchesPerEpoch, const StepOutcome* done) override;
+    // The coordinator lost `worker` ("worker:1"): ps:0 hands the steps it holds to the others
+    // and refuses its later claims.
+    Status release(const std::string& worker, const std::string& reason);
 
     const PartitionPlan& plan() const;
 

@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "distribute/cluster_spec.h"
+#include "distribute/step_schedule.h"
 #include "io/safetensors.h"
 #include "remote/cluster.h"
 #include "remote/parameter_service.h"
@@ -553,7 +554,16 @@ private:
             std::lock_guard lock(m_mutex);
             trace = m_trace;
         }
-        if (auto st = m_ps->host(m_runId, m_task, optimizer, cfg.strategy.backend, trace ? &bus : nullptr); !st.ok())
+        // ps:0 schedules the run's steps: each epoch all of whose steps have an outcome is the
+        // run's epoch, with every worker's loss and accuracy in it (the coordinator evaluates then).
+        auto onEpoch = [this](const EpochDone& e) {
+            const StepTally& t = e.tally;
+            const double n = static_cast<double>(std::max<int64_t>(1, t.count));
+            publish("epoch", e.lastStep, {{"epoch", e.epoch}, {"steps", t.steps}, {"loss", t.lossSum / n},
+                                          {"accuracy", static_cast<double>(t.correct) / n}, {"seconds", t.seconds},
+                                          {"samples_per_sec", t.seconds > 0 ? static_cast<double>(t.count) / t.seconds : 0.0}});
+        };
+        if (auto st = m_ps->host(m_runId, m_task, optimizer, cfg.strategy.backend, trace ? &bus : nullptr, onEpoch); !st.ok())
             return finish("failed", st.error().message, st.error().hint);
         std::atomic<int64_t> version{0};
         telemetry::SamplerOptions so;
@@ -593,9 +603,10 @@ private:
         forwarder.join();
         bus.unsubscribe(sub);
         if (st.initialised) publish("ps", st.version, shardCounters(st));
-        publish("final", st.version, {{"updates", st.version}, {"pulls", st.pulls}, {"elements", st.elements},
-                                      {"staleness_max", st.maxStaleness},
-                                      {"staleness_mean", st.version > 0 ? st.sumStaleness / static_cast<double>(st.version) : 0.0}});
+        nlohmann::json final = {{"updates", st.version}, {"pulls", st.pulls}, {"elements", st.elements}, {"staleness_max", st.maxStaleness},
+                                {"staleness_mean", st.version > 0 ? st.sumStaleness / static_cast<double>(st.version) : 0.0}};
+        if (st.stepsCompleted >= 0) final["steps_completed"] = st.stepsCompleted;  // ps:0: the run's steps with an outcome
+        publish("final", st.version, final);
         // Only the coordinator's "the run is over" is a ps task's completion; a failure elsewhere,
         // the user's cancel or this daemon shutting down is not.
         std::string reason;

@@ -3,8 +3,10 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 #include <utility>
 
+#include "distribute/parameter_store.h"
 #include "io/safetensors.h"
 #include "telemetry/breakdown.h"
 #include "telemetry/bus.h"
@@ -224,8 +226,18 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
         train.cancel();
         if (validation) validation->cancel();
     }
+    ParameterStore* scheduler = m_strategy->stepScheduler();
+    if (scheduler) {
+        // ps:0 hands out the run's steps: epochs x the workers' batches (or max_steps) in all.
+        ScheduleConfig sc;
+        sc.workers = m_strategy->globalReplicas();
+        sc.epochs = m_config.epochs > 0 ? m_config.epochs : 1;
+        sc.maxSteps = m_config.maxSteps;
+        scheduler->setSchedule(sc);
+    }
     auto result = [&]() -> Result<FitResult> {
         if (m_config.backup.enabled()) TS_TRY(restoreFromBackup(listener));
+        if (scheduler) return fitScheduled(train, *scheduler, listener);
         return fitLoop(train, validation, listener);
     }();
     if (result.ok() && !result->cancelled && m_config.backup.enabled() && m_strategy->processRank() == 0) {
@@ -258,6 +270,18 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
     }
     return result;
 }
+
+namespace {
+
+// A step's running means over its epoch so far (seen > 0).
+void setRunningMeans(StepEvent& se, double lossSum, int64_t correct, int64_t seen, double seconds)
+{
+    se.loss = lossSum / static_cast<double>(seen);
+    se.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+    se.samplesPerSec = static_cast<double>(seen) / std::max(1e-9, seconds);
+}
+
+} // namespace
 
 Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, TrainListener* listener)
 {
@@ -308,17 +332,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                                                               std::chrono::duration<double>(waitWhilePaused()));
             if (m_cancel) { stop = true; break; }
             if (m_config.maxSteps > 0 && m_step >= m_config.maxSteps) { stop = true; break; }
-            if (m_traceUntil > 0 && m_step >= m_traceUntil) stopTracing();  // the capture is complete
-            if (const int64_t n = m_traceRequest.exchange(0); n > 0 && !m_tracing && bus) {
-                if (startTracing(m_traceRequestLayers)) m_traceUntil = m_step + n;
-                else {
-                    LogEvent e;
-                    e.stamp = Stamp{m_config.runId, m_step, wallNowMicros(), trainerLane()};
-                    e.level = LogLevel::Warning;
-                    e.message = "another run in this process is being traced; the capture was not started";
-                    bus->publish(Event(std::move(e)));
-                }
-            }
+            serviceTraceRequests();
             const auto t0 = Clock::now();
             const int64_t stepStartNs = nowNs();
             PhaseAccount::reset();
@@ -383,30 +397,13 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 se.stepInEpoch = s;
                 // Lockstep shards: an epoch lasts as long as the largest shard, known after one.
                 se.stepsInEpoch = join ? m_agreedEpochSteps : train.batchesPerEpoch();
-                se.loss = lossSum / static_cast<double>(seen);
-                se.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
-                se.samplesPerSec = static_cast<double>(seen) / std::max(1e-9, secondsSince(epochStart));
+                setRunningMeans(se, lossSum, correct, seen, secondsSince(epochStart));
                 se.learningRate = lr;
                 se.stepSeconds = secondsSince(t0);
                 se.inputWaitSeconds = wait;
                 se.batchSize = join ? st->count : batch.globalSize();
                 se.staleness = st->staleness;
-                if (bus) {
-                    Stamp st{m_config.runId, m_step, wallMicros(stepEndNs), trainerLane()};
-                    StepBreakdownEvent b = makeBreakdown(stepEndNs - stepStartNs, PhaseAccount::current());
-                    b.stamp = st;
-                    bus->publish(Event(std::move(b)));
-                    StepMetricsEvent m;
-                    m.stamp = std::move(st);
-                    m.epoch = epoch;
-                    m.loss = se.loss;
-                    m.metrics.emplace("accuracy", se.accuracy);
-                    if (se.staleness >= 0) m.metrics.emplace("staleness", static_cast<double>(se.staleness));
-                    m.samplesPerSec = se.samplesPerSec;
-                    m.learningRate = lr;
-                    bus->publish(Event(std::move(m)));
-                }
-                if (listener) listener->onStep(se);
+                reportStep(se, stepStartNs, stepEndNs, listener);
             }
             if (backups && m_config.backup.everySteps > 0 && m_step % m_config.backup.everySteps == 0)
                 TS_TRY(writeBackup(TrainingPosition{m_step, epoch, s, lossSum, correct, seen, ev.inputWaitSeconds,
@@ -463,6 +460,189 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
         if (stop) break;
     }
     result.steps = m_step;
+    result.seconds = trainSeconds;
+    result.samplesPerSec = trainSeconds > 0 ? static_cast<double>(trainSamples) / trainSeconds : 0;
+    result.cancelled = m_cancel.load();
+    return result;
+}
+
+void Trainer::serviceTraceRequests()
+{
+    using namespace telemetry;
+    if (m_traceUntil > 0 && m_step >= m_traceUntil) stopTracing();  // the capture is complete
+    const int64_t n = m_traceRequest.exchange(0);
+    if (n <= 0 || m_tracing || !m_config.bus) return;
+    if (startTracing(m_traceRequestLayers)) {
+        m_traceUntil = m_step + n;
+        return;
+    }
+    LogEvent e;
+    e.stamp = Stamp{m_config.runId, m_step, wallNowMicros(), trainerLane()};
+    e.level = LogLevel::Warning;
+    e.message = "another run in this process is being traced; the capture was not started";
+    m_config.bus->publish(Event(std::move(e)));
+}
+
+void Trainer::reportStep(const StepEvent& se, int64_t stepStartNs, int64_t stepEndNs, TrainListener* listener)
+{
+    using namespace telemetry;
+    if (EventBus* bus = m_config.bus) {
+        Stamp st{m_config.runId, se.step, wallMicros(stepEndNs), trainerLane()};
+        StepBreakdownEvent b = makeBreakdown(stepEndNs - stepStartNs, PhaseAccount::current());
+        b.stamp = st;
+        bus->publish(Event(std::move(b)));
+        StepMetricsEvent m;
+        m.stamp = std::move(st);
+        m.epoch = se.epoch;
+        m.loss = se.loss;
+        m.metrics.emplace("accuracy", se.accuracy);
+        if (se.staleness >= 0) m.metrics.emplace("staleness", static_cast<double>(se.staleness));
+        m.samplesPerSec = se.samplesPerSec;
+        m.learningRate = se.learningRate;
+        bus->publish(Event(std::move(m)));
+    }
+    if (listener) listener->onStep(se);
+}
+
+Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& store, TrainListener* listener)
+{
+    using namespace telemetry;
+    FitResult result;
+    if (listener) listener->onStart(*m_strategy);
+    TS_TRY(m_strategy->start());
+    const std::optional<TrainingPosition> resume = std::exchange(m_resumeAt, std::nullopt);
+    if (resume) result.resumedFromStep = resume->step;
+    const bool backups = m_config.backup.enabled() && m_strategy->processRank() == 0;
+    // This worker's part of the data, read over and over, in a new order each pass (a resumed
+    // run starts at the pass of its epoch, not replaying the first pass's order).
+    int64_t pass = resume ? std::max<int64_t>(0, resume->epoch - 1) : 0;
+    TS_TRY(train.startEpoch(pass));
+    int64_t batchesPerPass = train.batchesPerEpoch();  // -1 until a pass has ended (a CSV file's lines)
+    int64_t batchesThisPass = 0;
+    std::optional<StepOutcome> done;  // the step trained since the last claim, told with the next
+    int64_t lastBackup = resume ? resume->step : 0;
+    // This worker's share of the run's current epoch.
+    EpochEvent ev;
+    double lossSum = 0, trainSeconds = 0;
+    int64_t correct = 0, seen = 0, trainSamples = 0, taken = 0;
+    auto epochStart = Clock::now();
+    auto closeEpoch = [&](bool completed) {
+        if (ev.epoch == 0 || seen == 0) return;
+        ev.seconds = secondsSince(epochStart);
+        ev.loss = lossSum / static_cast<double>(seen);
+        ev.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+        ev.samplesPerSec = static_cast<double>(seen) / std::max(1e-9, ev.seconds);
+        trainSeconds += ev.seconds;
+        trainSamples += seen;
+        if (completed) result.epochs = ev.epoch;
+        result.last = ev;
+        if (listener) listener->onEpoch(ev);
+    };
+    bool finished = false;
+    for (;;) {
+        if (m_paused.load(std::memory_order_relaxed)) epochStart += std::chrono::duration_cast<Clock::duration>(
+                                                          std::chrono::duration<double>(waitWhilePaused()));
+        if (m_cancel) break;
+        serviceTraceRequests();
+        const auto t0 = Clock::now();
+        const int64_t stepStartNs = nowNs();
+        PhaseAccount::reset();
+        Result<StepGrant> grant = [&] {
+            PhaseScope phase(StepPart::Communication, "claim step");
+            return store.claimStep(batchesPerPass, done ? &*done : nullptr);
+        }();
+        if (!grant.ok()) {
+            if (grant.error().code == ErrorCode::Cancelled && m_cancel) break;
+            return grant.takeError();
+        }
+        done.reset();
+        if (grant->kind == StepGrant::Kind::Done) {
+            finished = true;
+            break;
+        }
+        if (grant->kind == StepGrant::Kind::Wait) {
+            // Every step is handed out; one held by a worker the coordinator loses comes back.
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            continue;
+        }
+        const StepGrant& g = *grant;
+        if (g.epoch != ev.epoch) {
+            closeEpoch(true);  // this worker's share of the previous epoch
+            if (backups && ev.epoch > 0 && m_config.backup.everySteps == 0) TS_TRY(writeScheduledBackup(g.epoch));
+            ev = EpochEvent{};
+            ev.epoch = g.epoch;
+            lossSum = 0;
+            correct = seen = 0;
+            epochStart = t0;
+        }
+        if (backups && m_config.backup.everySteps > 0 && (g.step - 1) / m_config.backup.everySteps > lastBackup / m_config.backup.everySteps) {
+            TS_TRY(writeScheduledBackup(g.epoch));
+            lastBackup = g.step - 1;
+        }
+        m_currentStep.store(g.step, std::memory_order_relaxed);
+        if (m_tracing) Tracer::setStep(g.step);
+        auto next = [&]() -> Result<std::optional<Batch>> {
+            PhaseScope input(StepPart::Input, "input wait");
+            auto n = train.next();
+            if (!n.ok() || n->has_value()) return n;
+            // The end of a pass: its length is known now; the next pass begins.
+            if (batchesPerPass < 0) batchesPerPass = batchesThisPass;
+            batchesThisPass = 0;
+            TS_TRY(train.startEpoch(++pass));
+            return train.next();
+        }();
+        if (!next.ok()) {
+            if (next.error().code == ErrorCode::Cancelled && m_cancel) break;
+            return next.takeError();
+        }
+        if (!next->has_value())
+            return makeError(ErrorCode::InvalidArgument, "this worker's part of the training data has no batch",
+                             "give the pipeline more data (or files) than there are workers, or use fewer workers");
+        ++batchesThisPass;
+        const Batch& batch = **next;
+        const double wait = secondsSince(t0);
+        const float lr = m_schedule.at(g.step - 1);
+        auto st = m_strategy->trainStep(batch, lr, g.step, m_config.seed ^ (static_cast<uint64_t>(g.step) << 20));
+        if (!st.ok()) {
+            if (st.error().code == ErrorCode::Cancelled && m_cancel) break;
+            Error e = st.takeError();
+            e.message = "epoch " + std::to_string(g.epoch) + ", step " + std::to_string(g.step) + ": " + e.message;
+            return e;
+        }
+        const int64_t stepEndNs = nowNs();
+#if defined(TS_TRACING) && TS_TRACING
+        if (m_tracing) Tracer::recordSpan("step", "step", stepStartNs, stepEndNs);
+#endif
+        m_step = g.step;
+        ++taken;
+        done = StepOutcome{g.step, st->lossSum, st->correct, st->count};
+        if (!std::isfinite(st->lossSum))
+            return makeError(ErrorCode::InvalidArgument,
+                             "the loss became " + std::to_string(st->lossSum) + " at epoch " + std::to_string(g.epoch) + ", step " +
+                                 std::to_string(g.step),
+                             "lower the learning rate, or check the data for NaN/Inf values");
+        ++ev.steps;
+        lossSum += st->lossSum;
+        correct += st->correct;
+        seen += st->count;
+        ev.inputWaitSeconds += wait;
+        if ((listener || m_config.bus) && seen > 0) {
+            StepEvent se;
+            se.step = g.step;
+            se.epoch = g.epoch;
+            se.stepInEpoch = g.stepInEpoch;
+            se.stepsInEpoch = g.stepsPerEpoch;
+            setRunningMeans(se, lossSum, correct, seen, secondsSince(epochStart));
+            se.learningRate = lr;
+            se.stepSeconds = secondsSince(t0);
+            se.inputWaitSeconds = wait;
+            se.batchSize = st->count;
+            se.staleness = st->staleness;
+            reportStep(se, stepStartNs, stepEndNs, listener);
+        }
+    }
+    closeEpoch(finished);
+    result.steps = taken;  // this worker's: the coordinator adds every worker's
     result.seconds = trainSeconds;
     result.samplesPerSec = trainSeconds > 0 ? static_cast<double>(trainSamples) / trainSeconds : 0;
     result.cancelled = m_cancel.load();
@@ -533,17 +713,33 @@ Status Trainer::restoreState(const TrainingState& state, const std::string& sour
     return okStatus();
 }
 
-Status Trainer::writeBackup(const TrainingPosition& position)
+Status Trainer::writeBackup(const TrainingPosition& position, const std::function<void(TrainingState&)>& adjust)
 {
     TS_TRACE_SCOPE("backup", "checkpoint");
     const std::string path = backupPath(m_config.backup.dir);
     auto state = captureState(position);
+    if (state.ok() && adjust) adjust(*state);
+    const int64_t step = state.ok() ? state->position.step : position.step;
     Status st = state.ok() ? writeTrainingState(path, *state) : Status(state.takeError());
     if (st.ok()) return st;
     Error e = st.takeError();
-    e.message = "could not write the run's backup at step " + std::to_string(position.step) + ": " + e.message;
+    e.message = "could not write the run's backup at step " + std::to_string(step) + ": " + e.message;
     if (e.hint.empty()) e.hint = "free disk space or choose another backup folder, then start the run again to resume";
     return e;
+}
+
+Status Trainer::writeScheduledBackup(int64_t epoch)
+{
+    return writeBackup(TrainingPosition{}, [epoch](TrainingState& state) {
+        // The backup's position is ps:0's schedule in it: the steps completed by then, and the
+        // epoch's tally; a resumed run hands out the steps after them.
+        for (const auto& [name, t] : state.optimizer) {
+            if (name != "ps/schedule") continue;
+            if (auto s = decodeScheduleSnapshot(t.data<float>(), t.numel()))
+                state.position = TrainingPosition{s->completed, epoch, s->epochSoFar.steps, s->epochSoFar.lossSum, s->epochSoFar.correct,
+                                                  s->epochSoFar.count, 0, s->epochSoFar.seconds};
+        }
+    });
 }
 
 Result<bool> Trainer::restoreFromBackup(TrainListener* listener)

@@ -17,6 +17,7 @@
 #include <condition_variable>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <mutex>
@@ -37,6 +38,8 @@ class TraceCollector;
 }
 
 namespace ts {
+
+class ParameterStore;
 
 struct TrainConfig {
     int64_t epochs = 1;
@@ -158,6 +161,13 @@ public:
 private:
     Trainer() = default;
     Result<FitResult> fitLoop(BatchSource& train, BatchSource* validation, TrainListener* listener);
+    // Parameter-server: the steps ps:0 hands this worker (distribute/step_schedule.h), each on
+    // the next batch of its part of the data, read over and over.
+    Result<FitResult> fitScheduled(BatchSource& train, ParameterStore& store, TrainListener* listener);
+    // Starts or stops an on-demand trace capture between steps (requestTrace()).
+    void serviceTraceRequests();
+    // Publishes a finished step (breakdown and metrics) and tells the listener.
+    void reportStep(const StepEvent& se, int64_t stepStartNs, int64_t stepEndNs, TrainListener* listener);
     std::shared_ptr<const GraphAnalysis> m_graph;
     std::unique_ptr<Strategy> m_strategy;
     TrainConfig m_config;
@@ -190,7 +200,10 @@ private:
     // restores it. Returns whether the run resumes.
     Result<bool> restoreFromBackup(TrainListener* listener);
     // The chief writes the backup; a failed write ends the run (as in Keras) with the file named.
-    Status writeBackup(const TrainingPosition& position);
+    // `adjust` (optional) amends the captured state before it is written.
+    Status writeBackup(const TrainingPosition& position, const std::function<void(TrainingState&)>& adjust = {});
+    // Parameter-server: worker 0's backup, at the position of ps:0's schedule in it.
+    Status writeScheduledBackup(int64_t epoch);
     // Draws and drops the first `count` batches of the epoch just started (resuming mid-epoch).
     // Returns whether the source ran out first, which only a lockstep local shard may
     // (`mayRunOut`); for any other source that is an error naming the backup's position.

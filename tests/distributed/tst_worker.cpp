@@ -371,8 +371,9 @@ void TestWorker::coordinatedRunIsRecorded()
     const QString weights = dir.filePath("remote.safetensors");
     auto coord = startCoordinator(coordinatorArgs(cluster, 300) + QStringList{"--db", db, "--json", "--save-weights", weights});
     QVERIFY(coord->waitForFinished(120000));
-    const QString out = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
-    QVERIFY2(coord->exitCode() == 0, qPrintable(out));
+    // --json's lines are on stdout (the last is the summary); warnings go to stderr.
+    const QString out = QString::fromUtf8(coord->readAllStandardOutput());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out + QString::fromUtf8(coord->readAllStandardError())));
     const QString last = out.trimmed().split('\n').last();
     const auto j = nlohmann::json::parse(last.toStdString(), nullptr, false);
     QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
@@ -782,8 +783,9 @@ void TestWorker::coordinatedRunStreamsTraceAndPipeline()
     auto coord = startCoordinator({"train", "--cluster", cluster, "--config", config, "--threads", "1", "--no-validation", "--db", db, "--json",
                                "--trace", trace});
     QVERIFY(coord->waitForFinished(120000));
-    const QString out = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
-    QVERIFY2(coord->exitCode() == 0, qPrintable(out));
+    // --json's lines are on stdout (the last is the summary); warnings go to stderr.
+    const QString out = QString::fromUtf8(coord->readAllStandardOutput());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out + QString::fromUtf8(coord->readAllStandardError())));
     const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
     QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
     QCOMPARE(j["steps"].get<int>(), 100);  // 2 epochs of 3200 / 64
@@ -907,8 +909,8 @@ void TestWorker::restartedRunResumesFromBackup()
             QCOMPARE(worker->port, port);
         }
         QVERIFY(coord->waitForFinished(120000));
-        out += QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
-        QVERIFY2(coord->exitCode() == 0, qPrintable(out));
+        out += QString::fromUtf8(coord->readAllStandardOutput());  // the summary is its last line; warnings go to stderr
+        QVERIFY2(coord->exitCode() == 0, qPrintable(out + QString::fromUtf8(coord->readAllStandardError())));
         final = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
         QVERIFY2(!final.is_discarded() && final.value("final", false), qPrintable(out));
     };
