@@ -5,8 +5,9 @@
 // The gRPC implementation is remote/ps_client.h; core only sees this interface.
 // Contract:
 //  - Threading: begin/pull/push/flush/staleness are called from one thread (the worker's
-//    trainer thread); cancel() may be called from any thread and makes pending and later calls
-//    return Cancelled promptly.
+//    trainer thread); claimStep may run on a second thread meanwhile (the next step is claimed
+//    while one trains); cancel() may be called from any thread and makes pending and later
+//    calls return Cancelled promptly.
 //  - Ownership: the variables' buffers belong to the caller and must outlive the store's use of
 //    them; push() copies the gradients before it returns, so the caller may overwrite them.
 //  - Errors: a failed pull or push names the ps task and its address ("ps:1 at 10.0.0.4:7070");

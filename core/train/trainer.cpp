@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
 #include <thread>
 #include <utility>
 
@@ -519,7 +520,9 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
     TS_TRY(train.startEpoch(pass));
     int64_t batchesPerPass = train.batchesPerEpoch();  // -1 until a pass has ended (a CSV file's lines)
     int64_t batchesThisPass = 0;
-    std::optional<StepOutcome> done;  // the step trained since the last claim, told with the next
+    std::optional<StepOutcome> done;  // the outcome of a trained step not yet told, told with the next claim
+    std::optional<StepOutcome> reported;
+    std::future<Result<StepGrant>> ahead;  // the next step's claim, in flight while a step trains
     int64_t lastBackup = resume ? resume->step : 0;
     // This worker's share of the run's current epoch.
     EpochEvent ev;
@@ -549,23 +552,32 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
         PhaseAccount::reset();
         Result<StepGrant> grant = [&] {
             PhaseScope phase(StepPart::Communication, "claim step");
-            return store.claimStep(batchesPerPass, done ? &*done : nullptr);
+            if (ahead.valid()) return ahead.get();
+            reported = std::exchange(done, std::nullopt);
+            return store.claimStep(batchesPerPass, reported ? &*reported : nullptr);
         }();
         if (!grant.ok()) {
             if (grant.error().code == ErrorCode::Cancelled && m_cancel) break;
             return grant.takeError();
         }
-        done.reset();
         if (grant->kind == StepGrant::Kind::Done) {
             finished = true;
             break;
         }
         if (grant->kind == StepGrant::Kind::Wait) {
-            // Every step is handed out; one held by a worker the coordinator loses comes back.
-            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            // Every step is handed out (this worker's last one too, until its outcome is told: at
+            // once); one held by a worker the coordinator loses comes back.
+            if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
             continue;
         }
-        const StepGrant& g = *grant;
+        const StepGrant g = *grant;
+        // The next step is claimed while this one trains (the claim's round trip off the step's
+        // path), telling the outcome of the step before this one.
+        {
+            std::optional<StepOutcome> tell = std::exchange(done, std::nullopt);
+            const int64_t batches = batchesPerPass;
+            ahead = std::async(std::launch::async, [&store, tell, batches] { return store.claimStep(batches, tell ? &*tell : nullptr); });
+        }
         if (g.epoch != ev.epoch) {
             closeEpoch(true);  // this worker's share of the previous epoch
             if (backups && ev.epoch > 0 && m_config.backup.everySteps == 0) TS_TRY(writeScheduledBackup(g.epoch));
@@ -641,6 +653,7 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
             reportStep(se, stepStartNs, stepEndNs, listener);
         }
     }
+    if (ahead.valid()) (void)ahead.get();  // stopped while a claim was in flight
     closeEpoch(finished);
     result.steps = taken;  // this worker's: the coordinator adds every worker's
     result.seconds = trainSeconds;
