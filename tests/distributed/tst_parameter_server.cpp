@@ -125,6 +125,7 @@ private slots:
     void killedPsIsNamed();
     void killedWorkersStepsGoToTheOther();
     void silentWorkersStepsGoToTheOther();
+    void slowWorkerTakesFewerSteps();
     void silentPsIsNamed();
     void smallValidationSet();
     void interruptedRunKeepsWeights();
@@ -867,6 +868,37 @@ void TestParameterServer::killedWorkersStepsGoToTheOther()
 void TestParameterServer::silentWorkersStepsGoToTheOther()
 {
     lostWorkerIsReplaced(SIGSTOP);
+}
+
+// A worker that stalls (SIGSTOP for 1.5 s, under the 3 s heartbeat) does not hold the epoch
+// back: worker 0 takes the steps meanwhile, so it ends with many more; nobody is lost, and
+// every step of every epoch is trained once.
+void TestParameterServer::slowWorkerTakesFewerSteps()
+{
+    QTemporaryDir dir;
+    Cluster c = startCluster(dir.path(), 2, 1);
+    QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0);
+    auto coord = startCoordinator(trainArgs(c.file, 6) + QStringList{"--limit", "6400", "--no-record", "--json"});
+    QString out;
+    QVERIFY2(tstest::readUntil(*coord, out, "\"epoch\":1"), qPrintable(out + coord->readAllStandardError()));
+    const auto pid = static_cast<pid_t>(c.workers[1]->process->processId());
+    ::kill(pid, SIGSTOP);
+    QTest::qWait(1500);
+    ::kill(pid, SIGCONT);
+    QVERIFY(coord->waitForFinished(120000));
+    out += QString::fromUtf8(coord->readAllStandardOutput());
+    const QString err = QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
+    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    const auto& tasks = j["tasks"];
+    QVERIFY2(!tasks.contains("lost"), qPrintable(out + err));
+    QCOMPARE(tasks["ps:0"].value("steps_completed", int64_t{0}), int64_t(1200));
+    const int64_t s0 = tasks["worker:0"].value("steps", int64_t{0}), s1 = tasks["worker:1"].value("steps", int64_t{0});
+    qInfo("worker:1 stalled for 1.5 s: worker:0 trained %lld steps, worker:1 %lld", static_cast<long long>(s0), static_cast<long long>(s1));
+    QCOMPARE(s0 + s1, int64_t(1200));
+    // Before steps were scheduled each worker trained 600, the stall only delaying the end.
+    QVERIFY2(s0 >= s1 + 100, qPrintable(QString("%1 vs %2 steps").arg(s0).arg(s1)));
 }
 
 // TF's ClusterCoordinator goes on when a worker is lost: the coordinator names it in a warning
