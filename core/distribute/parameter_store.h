@@ -80,10 +80,10 @@ public:
     // Before begin(): the run's schedule, which worker 0's begin() gives ps:0 (with a resume's
     // completed steps and epoch tally, from StoreResume::state.schedule).
     virtual void setSchedule(const ScheduleConfig& schedule) = 0;
-    // After begin(): reports the outcome of the step this worker held (`done`, or null) and
-    // claims its next step from ps:0. batchesPerEpoch: this worker's part of the data (-1: not
+    // After begin(): reports the outcomes of steps this worker trained since its last claim and
+    // claims its next steps from ps:0. batchesPerEpoch: this worker's part of the data (-1: not
     // known yet). Wait means ask again shortly.
-    virtual Result<StepGrant> claimStep(int64_t batchesPerEpoch, const StepOutcome* done) = 0;
+    virtual Result<StepGrant> claimStep(int64_t batchesPerEpoch, const std::vector<StepOutcome>& done) = 0;
 };
 
 } // namespace ts

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <tuple>
 
 namespace ts {
 
@@ -39,7 +40,14 @@ StepSchedule::StepSchedule(ScheduleConfig config) : m_config(std::move(config))
     m_next = m_completed + 1;
 }
 
-int64_t StepSchedule::epochOf(int64_t step) const { return m_stepsPerEpoch > 0 ? (step - 1) / m_stepsPerEpoch + 1 : 1; }
+std::pair<int64_t, int64_t> stepPosition(int64_t step, int64_t stepsPerEpoch)
+{
+    if (stepsPerEpoch <= 0) return {1, step};
+    const int64_t epoch = (step - 1) / stepsPerEpoch + 1;
+    return {epoch, step - (epoch - 1) * stepsPerEpoch};
+}
+
+int64_t StepSchedule::epochOf(int64_t step) const { return stepPosition(step, m_stepsPerEpoch).first; }
 
 int64_t StepSchedule::lastStep() const
 {
@@ -67,6 +75,7 @@ void StepSchedule::fixEpochSize()
     }
     if (known < m_config.workers - static_cast<int>(m_released.size()) || known == 0) return;
     m_stepsPerEpoch = std::max<int64_t>(1, sum);
+    m_block = m_config.maxBlock > 0 ? m_config.maxBlock : std::clamp<int64_t>(m_stepsPerEpoch / (32 * m_config.workers), 1, 8);
     // A resumed run continues the epoch it was in: its steps before that epoch are whole epochs.
     const int64_t before = std::max<int64_t>(0, m_config.completed - m_config.epochSoFar.steps);
     m_epoch = before / m_stepsPerEpoch + 1;
@@ -104,7 +113,7 @@ void StepSchedule::collect(std::vector<EpochDone>* epochs)
     }
 }
 
-Result<StepGrant> StepSchedule::claim(const std::string& worker, int64_t batchesPerEpoch, const StepOutcome* done,
+Result<StepGrant> StepSchedule::claim(const std::string& worker, int64_t batchesPerEpoch, const std::vector<StepOutcome>& done,
                                       std::vector<EpochDone>* epochs)
 {
     std::lock_guard lock(m_mutex);
@@ -113,13 +122,15 @@ Result<StepGrant> StepSchedule::claim(const std::string& worker, int64_t batches
                          "start the run again to train on every worker");
     if (!m_batches.count(worker) && static_cast<int>(m_batches.size()) >= m_config.workers)
         return makeError(ErrorCode::InvalidArgument, worker + " is not one of the run's " + std::to_string(m_config.workers) + " workers");
-    if (done) {
-        auto it = m_held.find(done->step);
+    for (const StepOutcome& o : done) {
+        auto it = m_held.find(o.step);
         if (it == m_held.end() || it->second != worker)
-            return makeError(ErrorCode::InvalidArgument, worker + " reported step " + std::to_string(done->step) + ", which it does not hold");
-        m_held.erase(it);
+            return makeError(ErrorCode::InvalidArgument, worker + " reported step " + std::to_string(o.step) + ", which it does not hold");
+    }
+    for (const StepOutcome& o : done) {
+        m_held.erase(o.step);
         ++m_completed;
-        m_pending[done->step] = *done;
+        m_pending[o.step] = o;
     }
     int64_t& known = m_batches.try_emplace(worker, -1).first->second;
     if (batchesPerEpoch >= 0) known = batchesPerEpoch;
@@ -141,17 +152,19 @@ Result<StepGrant> StepSchedule::claim(const std::string& worker, int64_t batches
     const int64_t last = g.totalSteps >= 0 ? g.totalSteps : m_config.maxSteps > 0 ? m_config.maxSteps : -1;
     if (!m_returned.empty()) {
         g.step = *m_returned.begin();
+        g.count = 1;
         m_returned.erase(m_returned.begin());
     } else if (last < 0 || m_next <= last) {
-        g.step = m_next++;
+        g.step = m_next;
+        g.count = last < 0 ? 1 : std::min(m_block, last - m_next + 1);
+        m_next += g.count;
     } else {
         g.kind = m_held.empty() ? StepGrant::Kind::Done : StepGrant::Kind::Wait;
         return g;
     }
     g.kind = StepGrant::Kind::Step;
-    m_held[g.step] = worker;
-    g.epoch = epochOf(g.step);
-    g.stepInEpoch = m_stepsPerEpoch > 0 ? g.step - (g.epoch - 1) * m_stepsPerEpoch : g.step;
+    for (int64_t i = 0; i < g.count; ++i) m_held[g.step + i] = worker;
+    std::tie(g.epoch, g.stepInEpoch) = stepPosition(g.step, m_stepsPerEpoch);
     return g;
 }
 

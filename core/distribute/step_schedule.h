@@ -5,7 +5,9 @@
 // them instead of holding the epoch back, and the steps a lost worker held go to the others.
 // ps:0's daemon serves one (ParameterServer.ClaimStep); this class is its logic, without gRPC.
 //
-// Steps are numbered 1.. over the run; none is handed out before every worker checked in. An epoch has the sum of every worker's batches per epoch
+// Steps are numbered 1.. over the run; none is handed out before every worker checked in. A
+// claim gets a few consecutive steps (like Keras's steps_per_execution), so a claim's round
+// trip is paid once for several steps. An epoch has the sum of every worker's batches per epoch
 // (each worker reads its own part of the data, repeated: a worker that runs out starts its part
 // again). A worker whose part's length is not known yet (a CSV file before its first pass) says
 // so; until every worker's is known, steps count in epoch 1 and the epoch's size is fixed when
@@ -42,17 +44,22 @@ struct ScheduleConfig {
     int workers = 1;
     int64_t epochs = 1;
     int64_t maxSteps = 0;     // > 0: the run ends after this many steps in all
+    // Steps per claim (Keras's steps_per_execution for the same reason: one round trip for
+    // several steps); 0: automatic, up to 8 while every worker still gets 32 claims an epoch.
+    int64_t maxBlock = 0;
     // Resuming from a backup: steps completed before it, and the tally of the epoch it was in.
     int64_t completed = 0;
     StepTally epochSoFar;
 };
 
+// Steps [step, step + count) for one worker (a lost worker's returned steps come one by one).
 struct StepGrant {
     enum class Kind { Step, Wait, Done };
     Kind kind = Kind::Done;
     int64_t step = 0;           // 1-based over the run
-    int64_t epoch = 0;          // 1-based
-    int64_t stepInEpoch = 0;    // 1-based
+    int64_t count = 0;
+    int64_t epoch = 0;          // of `step`, 1-based
+    int64_t stepInEpoch = 0;    // of `step`, 1-based
     int64_t stepsPerEpoch = -1; // -1: not known yet
     int64_t totalSteps = -1;    // -1: not known yet
 };
@@ -79,6 +86,9 @@ struct ScheduleSnapshot {
     StepTally epochSoFar;
 };
 
+// Where `step` lies: its epoch and place in it (epoch 1 while the epoch's size is unknown, -1).
+std::pair<int64_t, int64_t> stepPosition(int64_t step, int64_t stepsPerEpoch);
+
 // A snapshot as the float32 bits of a backup tensor (12 values), and back (nullopt: wrong size).
 std::vector<float> encodeScheduleSnapshot(const ScheduleSnapshot& s);
 std::optional<ScheduleSnapshot> decodeScheduleSnapshot(const float* values, int64_t n);
@@ -88,11 +98,11 @@ public:
     using Clock = std::chrono::steady_clock;
     explicit StepSchedule(ScheduleConfig config);
 
-    // `worker` ("worker:1") reports the outcome of the step it held (`done`, or null), says how
-    // many batches its part of the data has per epoch (-1: not known yet), and gets its next
-    // step, Wait (every step is handed out, but others still hold some: one may come back), or
-    // Done. Epochs that became complete are appended to `epochs`, in order.
-    Result<StepGrant> claim(const std::string& worker, int64_t batchesPerEpoch, const StepOutcome* done,
+    // `worker` ("worker:1") reports the outcomes of steps it held (`done`), says how many
+    // batches its part of the data has per epoch (-1: not known yet), and gets its next steps,
+    // Wait (every step is handed out, but others still hold some: one may come back), or Done.
+    // Epochs that became complete are appended to `epochs`, in order.
+    Result<StepGrant> claim(const std::string& worker, int64_t batchesPerEpoch, const std::vector<StepOutcome>& done,
                             std::vector<EpochDone>* epochs);
     // `worker` is gone: the steps it holds go to the next claims, its later claims are refused,
     // and its part of the data no longer counts towards an epoch it had not sized yet.
@@ -111,6 +121,7 @@ private:
     mutable std::mutex m_mutex;
     ScheduleConfig m_config;
     int64_t m_stepsPerEpoch = -1;
+    int64_t m_block = 1;                           // steps per claim, once the epoch's size is known
     int64_t m_next = 1;                            // the next step never handed out
     std::set<int64_t> m_returned;                  // released steps, handed out first
     std::map<int64_t, std::string> m_held;         // step -> worker

@@ -322,13 +322,10 @@ public:
                               m_label + " of run " + m_runId + " schedules no steps (ps:0 does, when worker 0 gave it the schedule)");
             schedule = m_schedule;
         }
-        StepOutcome done;
-        done.step = req->done_step();
-        done.lossSum = req->loss_sum();
-        done.correct = req->correct();
-        done.count = req->count();
+        std::vector<ts::StepOutcome> done;
+        for (const auto& o : req->done()) done.push_back(ts::StepOutcome{o.step(), o.loss_sum(), o.correct(), o.count()});
         std::vector<EpochDone> epochs;
-        auto grant = schedule->claim(req->worker(), req->batches_per_epoch(), done.step > 0 ? &done : nullptr, &epochs);
+        auto grant = schedule->claim(req->worker(), req->batches_per_epoch(), done, &epochs);
         if (!grant.ok())
             return refuse(*ctx, grant.error().code == ErrorCode::Cancelled ? grpc::StatusCode::FAILED_PRECONDITION : grpc::StatusCode::INVALID_ARGUMENT,
                           call, grant.error().message);
@@ -338,6 +335,7 @@ public:
                         : grant->kind == StepGrant::Kind::Wait ? ClaimReply::WAIT
                                                                : ClaimReply::DONE);
         reply->set_step(grant->step);
+        reply->set_count(grant->count);
         reply->set_epoch(grant->epoch);
         reply->set_step_in_epoch(grant->stepInEpoch);
         reply->set_steps_per_epoch(grant->stepsPerEpoch);

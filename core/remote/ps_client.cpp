@@ -577,7 +577,7 @@ void RemoteParameterStore::cancel()
 
 void RemoteParameterStore::setSchedule(const ScheduleConfig& schedule) { m_impl->schedule = schedule; }
 
-Result<StepGrant> RemoteParameterStore::claimStep(int64_t batchesPerEpoch, const StepOutcome* done)
+Result<StepGrant> RemoteParameterStore::claimStep(int64_t batchesPerEpoch, const std::vector<ts::StepOutcome>& done)
 {
     Impl& d = *m_impl;
     if (d.cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
@@ -586,11 +586,12 @@ Result<StepGrant> RemoteParameterStore::claimStep(int64_t batchesPerEpoch, const
     req.set_run_id(d.options.runId);
     req.set_worker(d.options.worker);
     req.set_batches_per_epoch(batchesPerEpoch);
-    if (done) {
-        req.set_done_step(done->step);
-        req.set_loss_sum(done->lossSum);
-        req.set_correct(done->correct);
-        req.set_count(done->count);
+    for (const ts::StepOutcome& o : done) {
+        ClaimOutcome* out = req.add_done();
+        out->set_step(o.step);
+        out->set_loss_sum(o.lossSum);
+        out->set_correct(o.correct);
+        out->set_count(o.count);
     }
     ClaimReply reply;
     Impl::Call call(d, d.options.callTimeout);
@@ -599,11 +600,12 @@ Result<StepGrant> RemoteParameterStore::claimStep(int64_t batchesPerEpoch, const
     StepGrant g;
     g.kind = reply.kind() == ClaimReply::STEP ? StepGrant::Kind::Step : reply.kind() == ClaimReply::WAIT ? StepGrant::Kind::Wait : StepGrant::Kind::Done;
     g.step = reply.step();
+    g.count = reply.count();
     g.epoch = reply.epoch();
     g.stepInEpoch = reply.step_in_epoch();
     g.stepsPerEpoch = reply.steps_per_epoch();
     g.totalSteps = reply.total_steps();
-    if (g.kind == StepGrant::Kind::Step && (g.step < 1 || g.epoch < 1))
+    if (g.kind == StepGrant::Kind::Step && (g.step < 1 || g.count < 1 || g.count > 1024 || g.epoch < 1))
         return makeError(ErrorCode::Internal, lane.label + ": a claimed step came back malformed (step " + std::to_string(g.step) + ", epoch " +
                                                  std::to_string(g.epoch) + ")",
                          "every task of the run must run the same TrainStudio version");

@@ -47,7 +47,7 @@ public:
     StalenessStats staleness() const override;
     void cancel() override;
     void setSchedule(const ScheduleConfig& schedule) override;
-    Result<StepGrant> claimStep(int64_t batchesPerEpoch, const StepOutcome* done) override;
+    Result<StepGrant> claimStep(int64_t batchesPerEpoch, const std::vector<ts::StepOutcome>& done) override;
     // The coordinator lost `worker` ("worker:1"): ps:0 hands the steps it holds to the others
     // and refuses its later claims.
     Status release(const std::string& worker, const std::string& reason);

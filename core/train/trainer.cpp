@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <future>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "distribute/parameter_store.h"
@@ -520,9 +521,10 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
     TS_TRY(train.startEpoch(pass));
     int64_t batchesPerPass = train.batchesPerEpoch();  // -1 until a pass has ended (a CSV file's lines)
     int64_t batchesThisPass = 0;
-    std::optional<StepOutcome> done;  // the outcome of a trained step not yet told, told with the next claim
-    std::optional<StepOutcome> reported;
-    std::future<Result<StepGrant>> ahead;  // the next step's claim, in flight while a step trains
+    std::vector<StepOutcome> untold;       // outcomes of trained steps, told with the next claim
+    std::future<Result<StepGrant>> ahead;  // the next steps' claim, in flight while these train
+    StepGrant block;                       // the steps granted now: [step, step + count)
+    int64_t inBlock = 0;                   // of them, trained or begun
     int64_t lastBackup = resume ? resume->step : 0;
     // This worker's share of the run's current epoch.
     EpochEvent ev;
@@ -550,34 +552,37 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
         const auto t0 = Clock::now();
         const int64_t stepStartNs = nowNs();
         PhaseAccount::reset();
-        Result<StepGrant> grant = [&] {
-            PhaseScope phase(StepPart::Communication, "claim step");
-            if (ahead.valid()) return ahead.get();
-            reported = std::exchange(done, std::nullopt);
-            return store.claimStep(batchesPerPass, reported ? &*reported : nullptr);
-        }();
-        if (!grant.ok()) {
-            if (grant.error().code == ErrorCode::Cancelled && m_cancel) break;
-            return grant.takeError();
+        if (inBlock >= block.count) {
+            Result<StepGrant> grant = [&] {
+                PhaseScope phase(StepPart::Communication, "claim step");
+                if (ahead.valid()) return ahead.get();
+                return store.claimStep(batchesPerPass, std::exchange(untold, {}));
+            }();
+            if (!grant.ok()) {
+                if (grant.error().code == ErrorCode::Cancelled && m_cancel) break;
+                return grant.takeError();
+            }
+            if (grant->kind == StepGrant::Kind::Done) {
+                finished = true;
+                break;
+            }
+            if (grant->kind == StepGrant::Kind::Wait) {
+                // Every step is handed out (this worker's last ones too, until their outcomes are
+                // told: at once); one held by a worker the coordinator loses comes back.
+                if (untold.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+                continue;
+            }
+            block = *grant;
+            inBlock = 0;
+            // The next steps are claimed while these train (the claim's round trip off the
+            // steps' path), telling the outcomes of the steps before these.
+            ahead = std::async(std::launch::async, [&store, tell = std::exchange(untold, {}), batches = batchesPerPass] {
+                return store.claimStep(batches, tell);
+            });
         }
-        if (grant->kind == StepGrant::Kind::Done) {
-            finished = true;
-            break;
-        }
-        if (grant->kind == StepGrant::Kind::Wait) {
-            // Every step is handed out (this worker's last one too, until its outcome is told: at
-            // once); one held by a worker the coordinator loses comes back.
-            if (!done) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-            continue;
-        }
-        const StepGrant g = *grant;
-        // The next step is claimed while this one trains (the claim's round trip off the step's
-        // path), telling the outcome of the step before this one.
-        {
-            std::optional<StepOutcome> tell = std::exchange(done, std::nullopt);
-            const int64_t batches = batchesPerPass;
-            ahead = std::async(std::launch::async, [&store, tell, batches] { return store.claimStep(batches, tell ? &*tell : nullptr); });
-        }
+        StepGrant g = block;
+        g.step = block.step + inBlock++;
+        std::tie(g.epoch, g.stepInEpoch) = stepPosition(g.step, block.stepsPerEpoch);
         if (g.epoch != ev.epoch) {
             closeEpoch(true);  // this worker's share of the previous epoch
             if (backups && ev.epoch > 0 && m_config.backup.everySteps == 0) TS_TRY(writeScheduledBackup(g.epoch));
@@ -627,7 +632,7 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
 #endif
         m_step = g.step;
         ++taken;
-        done = StepOutcome{g.step, st->lossSum, st->correct, st->count};
+        untold.push_back(StepOutcome{g.step, st->lossSum, st->correct, st->count});
         if (!std::isfinite(st->lossSum))
             return makeError(ErrorCode::InvalidArgument,
                              "the loss became " + std::to_string(st->lossSum) + " at epoch " + std::to_string(g.epoch) + ", step " +

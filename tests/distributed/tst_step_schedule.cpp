@@ -24,10 +24,17 @@ private slots:
     void refusesWhatAWorkerDoesNotHold();
     void resumesFromASnapshot();
     void snapshotRoundTrips();
+    void handsOutBlocks();
     void concurrentClaims();
 };
 
 namespace {
+
+// One claim telling at most one outcome (the tests' usual case).
+Result<StepGrant> claimOne(StepSchedule& s, const std::string& worker, int64_t batches, const StepOutcome* done, std::vector<EpochDone>* epochs)
+{
+    return s.claim(worker, batches, done ? std::vector<StepOutcome>{*done} : std::vector<StepOutcome>{}, epochs);
+}
 
 StepOutcome outcome(int64_t step, double loss = 1.0, int64_t correct = 1, int64_t count = 2)
 {
@@ -41,11 +48,11 @@ StepOutcome outcome(int64_t step, double loss = 1.0, int64_t correct = 1, int64_
 void checkIn(StepSchedule& s, std::vector<EpochDone>* epochs, const std::string& first, int64_t firstBatches, const std::string& second,
              int64_t secondBatches, StepGrant* a, StepGrant* b)
 {
-    auto w = s.claim(first, firstBatches, nullptr, epochs);
+    auto w = claimOne(s, first, firstBatches, nullptr, epochs);
     QVERIFY(w.ok());
     QCOMPARE(int(w->kind), int(StepGrant::Kind::Wait));
-    auto gb = s.claim(second, secondBatches, nullptr, epochs);
-    auto ga = s.claim(first, firstBatches, nullptr, epochs);
+    auto gb = claimOne(s, second, secondBatches, nullptr, epochs);
+    auto ga = claimOne(s, first, firstBatches, nullptr, epochs);
     QVERIFY(ga.ok() && gb.ok());
     QCOMPARE(int(gb->kind), int(StepGrant::Kind::Step));
     QCOMPARE(gb->step, int64_t(1));
@@ -57,7 +64,7 @@ void checkIn(StepSchedule& s, std::vector<EpochDone>* epochs, const std::string&
 void TestStepSchedule::handsOutEveryStepOnce()
 {
     // Two workers with 3 and 2 batches per pass: an epoch is 5 steps, the run 2 epochs.
-    StepSchedule s({2, 2, 0});
+    StepSchedule s({2, 2, 0, 1});
     std::vector<EpochDone> epochs;
     StepGrant a, b;
     checkIn(s, &epochs, "worker:0", 3, "worker:1", 2, &a, &b);
@@ -67,7 +74,7 @@ void TestStepSchedule::handsOutEveryStepOnce()
     std::vector<int64_t> got;
     StepOutcome done = outcome(a.step);
     for (;;) {
-        auto g = s.claim("worker:0", 3, &done, &epochs);
+        auto g = claimOne(s, "worker:0", 3, &done, &epochs);
         QVERIFY(g.ok());
         if (g->kind != StepGrant::Kind::Step) {
             QCOMPARE(int(g->kind), int(StepGrant::Kind::Wait));  // step 1 is still held
@@ -82,7 +89,7 @@ void TestStepSchedule::handsOutEveryStepOnce()
     // Epoch 1 waits for step 1; epoch 2 is complete already but told after it.
     QVERIFY(epochs.empty());
     const StepOutcome one = outcome(1, 3.0, 0, 4);
-    auto end = s.claim("worker:1", 2, &one, &epochs);
+    auto end = claimOne(s, "worker:1", 2, &one, &epochs);
     QVERIFY(end.ok());
     QCOMPARE(int(end->kind), int(StepGrant::Kind::Done));
     QCOMPARE(epochs.size(), std::size_t(2));
@@ -101,24 +108,24 @@ void TestStepSchedule::handsOutEveryStepOnce()
 
 void TestStepSchedule::waitsForHeldStepsAtTheEnd()
 {
-    StepSchedule s({2, 1, 0});
+    StepSchedule s({2, 1, 0, 1});
     StepGrant a, b;
     checkIn(s, nullptr, "worker:0", 1, "worker:1", 1, &a, &b);
     const StepOutcome done = outcome(a.step);
-    auto w = s.claim("worker:0", 1, &done, nullptr);
+    auto w = claimOne(s, "worker:0", 1, &done, nullptr);
     QVERIFY(w.ok());
     QCOMPARE(int(w->kind), int(StepGrant::Kind::Wait));
-    auto again = s.claim("worker:0", 1, nullptr, nullptr);
+    auto again = claimOne(s, "worker:0", 1, nullptr, nullptr);
     QCOMPARE(int(again->kind), int(StepGrant::Kind::Wait));
     const StepOutcome last = outcome(b.step);
-    auto d = s.claim("worker:1", 1, &last, nullptr);
+    auto d = claimOne(s, "worker:1", 1, &last, nullptr);
     QCOMPARE(int(d->kind), int(StepGrant::Kind::Done));
-    QCOMPARE(int(s.claim("worker:0", 1, nullptr, nullptr)->kind), int(StepGrant::Kind::Done));
+    QCOMPARE(int(claimOne(s, "worker:0", 1, nullptr, nullptr)->kind), int(StepGrant::Kind::Done));
 }
 
 void TestStepSchedule::lostWorkersStepsGoToOthers()
 {
-    StepSchedule s({2, 1, 0});
+    StepSchedule s({2, 1, 0, 1});
     std::vector<EpochDone> epochs;
     StepGrant a, b;
     checkIn(s, &epochs, "worker:0", 2, "worker:1", 2, &a, &b);  // worker:1 holds step 1, then dies
@@ -126,7 +133,7 @@ void TestStepSchedule::lostWorkersStepsGoToOthers()
     StepOutcome done = outcome(a.step);
     std::vector<int64_t> got;
     for (;;) {
-        auto g = s.claim("worker:0", 2, &done, &epochs);
+        auto g = claimOne(s, "worker:0", 2, &done, &epochs);
         QVERIFY(g.ok());
         if (g->kind == StepGrant::Kind::Done) break;
         QCOMPARE(int(g->kind), int(StepGrant::Kind::Step));
@@ -138,16 +145,16 @@ void TestStepSchedule::lostWorkersStepsGoToOthers()
     QCOMPARE(epochs[0].tally.steps, int64_t(4));
     // The lost worker's later claims (it came back after it was given up) are refused.
     const StepOutcome late = outcome(1);
-    auto refused = s.claim("worker:1", 2, &late, nullptr);
+    auto refused = claimOne(s, "worker:1", 2, &late, nullptr);
     QVERIFY(!refused.ok());
     QVERIFY2(refused.error().message.find("worker:1 was released") != std::string::npos, refused.error().message.c_str());
     QCOMPARE(s.completed(), int64_t(4));
     // A worker lost before it checked in does not hold the others back.
-    StepSchedule t({3, 1, 0});
-    QCOMPARE(int(t.claim("worker:0", 1, nullptr, nullptr)->kind), int(StepGrant::Kind::Wait));
-    QCOMPARE(int(t.claim("worker:1", 1, nullptr, nullptr)->kind), int(StepGrant::Kind::Wait));
+    StepSchedule t({3, 1, 0, 1});
+    QCOMPARE(int(claimOne(t, "worker:0", 1, nullptr, nullptr)->kind), int(StepGrant::Kind::Wait));
+    QCOMPARE(int(claimOne(t, "worker:1", 1, nullptr, nullptr)->kind), int(StepGrant::Kind::Wait));
     t.release("worker:2");
-    auto first = t.claim("worker:1", 1, nullptr, nullptr);
+    auto first = claimOne(t, "worker:1", 1, nullptr, nullptr);
     QCOMPARE(int(first->kind), int(StepGrant::Kind::Step));
     QCOMPARE(first->stepsPerEpoch, int64_t(2));
 }
@@ -155,7 +162,7 @@ void TestStepSchedule::lostWorkersStepsGoToOthers()
 void TestStepSchedule::learnsUnknownEpochSizes()
 {
     // worker:1 reads a CSV file: its length shows after its first pass.
-    StepSchedule s({2, 2, 0});
+    StepSchedule s({2, 2, 0, 1});
     std::vector<EpochDone> epochs;
     StepGrant a, b;
     checkIn(s, &epochs, "worker:0", 3, "worker:1", -1, &a, &b);
@@ -164,29 +171,29 @@ void TestStepSchedule::learnsUnknownEpochSizes()
     StepOutcome d0 = outcome(a.step), d1 = outcome(b.step);
     // Until worker:1 knows, steps keep coming (no end is known).
     for (int i = 0; i < 3; ++i) {
-        auto g = s.claim("worker:0", 3, &d0, &epochs);
+        auto g = claimOne(s, "worker:0", 3, &d0, &epochs);
         QVERIFY(g.ok() && g->kind == StepGrant::Kind::Step);
         QCOMPARE(g->totalSteps, int64_t(-1));
         d0 = outcome(g->step);
     }
     QVERIFY(epochs.empty());
     // Its pass had 4 batches: an epoch is 7 steps; steps 1..4 have an outcome, 5 is held.
-    auto g = s.claim("worker:1", 4, &d1, &epochs);
+    auto g = claimOne(s, "worker:1", 4, &d1, &epochs);
     QVERIFY(g.ok() && g->kind == StepGrant::Kind::Step);
     QCOMPARE(g->stepsPerEpoch, int64_t(7));
     QCOMPARE(g->totalSteps, int64_t(14));
     QCOMPARE(g->step, int64_t(6));
     QVERIFY(epochs.empty());
     const StepOutcome d6 = outcome(6);
-    auto h = s.claim("worker:1", 4, &d6, &epochs);
+    auto h = claimOne(s, "worker:1", 4, &d6, &epochs);
     QVERIFY(h.ok());
     QCOMPARE(h->step, int64_t(7));
     QVERIFY(epochs.empty());  // step 5 still held
-    auto i = s.claim("worker:0", 3, &d0, &epochs);  // step 5's outcome
+    auto i = claimOne(s, "worker:0", 3, &d0, &epochs);  // step 5's outcome
     QVERIFY(i.ok());
     QVERIFY(epochs.empty());  // step 7 held by worker:1
     const StepOutcome d7 = outcome(7);
-    QVERIFY(s.claim("worker:1", 4, &d7, &epochs).ok());
+    QVERIFY(claimOne(s, "worker:1", 4, &d7, &epochs).ok());
     QCOMPARE(epochs.size(), std::size_t(1));
     QCOMPARE(epochs[0].tally.steps, int64_t(7));
 }
@@ -194,12 +201,12 @@ void TestStepSchedule::learnsUnknownEpochSizes()
 void TestStepSchedule::maxStepsEndsTheRun()
 {
     // 10 epochs of 4 steps, but max_steps 6: the run ends after step 6, mid-epoch 2.
-    StepSchedule s({1, 10, 6});
+    StepSchedule s({1, 10, 6, 1});
     std::vector<EpochDone> epochs;
     std::optional<StepOutcome> done;
     int64_t last = 0;
     for (;;) {
-        auto g = s.claim("worker:0", 4, done ? &*done : nullptr, &epochs);
+        auto g = claimOne(s, "worker:0", 4, done ? &*done : nullptr, &epochs);
         QVERIFY(g.ok());
         if (g->kind == StepGrant::Kind::Done) break;
         QCOMPARE(g->totalSteps, int64_t(6));
@@ -214,14 +221,14 @@ void TestStepSchedule::maxStepsEndsTheRun()
 
 void TestStepSchedule::refusesWhatAWorkerDoesNotHold()
 {
-    StepSchedule s({2, 1, 0});
+    StepSchedule s({2, 1, 0, 1});
     StepGrant a, b;
     checkIn(s, nullptr, "worker:0", 2, "worker:1", 2, &a, &b);
     const StepOutcome notHeld = outcome(b.step);
-    auto wrong = s.claim("worker:0", 2, &notHeld, nullptr);
+    auto wrong = claimOne(s, "worker:0", 2, &notHeld, nullptr);
     QVERIFY(!wrong.ok());
     QVERIFY2(wrong.error().message.find("worker:0 reported step 1, which it does not hold") != std::string::npos, wrong.error().message.c_str());
-    auto stranger = s.claim("worker:7", 2, nullptr, nullptr);
+    auto stranger = claimOne(s, "worker:7", 2, nullptr, nullptr);
     QVERIFY(!stranger.ok());
     QVERIFY2(stranger.error().message.find("worker:7 is not one of the run's 2 workers") != std::string::npos, stranger.error().message.c_str());
 }
@@ -229,14 +236,14 @@ void TestStepSchedule::refusesWhatAWorkerDoesNotHold()
 void TestStepSchedule::resumesFromASnapshot()
 {
     // A backup after 7 steps of 4-step epochs (2 workers x 2 batches), 3 of them in epoch 2.
-    ScheduleConfig c{2, 3, 0};
+    ScheduleConfig c{2, 3, 0, 1};
     c.completed = 7;
     c.epochSoFar = StepTally{3, 6.0, 3, 6, 1.5};
     StepSchedule s(c);
     std::vector<EpochDone> epochs;
-    QCOMPARE(int(s.claim("worker:0", 2, nullptr, &epochs)->kind), int(StepGrant::Kind::Wait));
-    auto b = s.claim("worker:1", 2, nullptr, &epochs);
-    auto a = s.claim("worker:0", 2, nullptr, &epochs);
+    QCOMPARE(int(claimOne(s, "worker:0", 2, nullptr, &epochs)->kind), int(StepGrant::Kind::Wait));
+    auto b = claimOne(s, "worker:1", 2, nullptr, &epochs);
+    auto a = claimOne(s, "worker:0", 2, nullptr, &epochs);
     QVERIFY(a.ok() && b.ok());
     QCOMPARE(b->step, int64_t(8));
     QCOMPARE(b->epoch, int64_t(2));
@@ -244,7 +251,7 @@ void TestStepSchedule::resumesFromASnapshot()
     QCOMPARE(a->step, int64_t(9));
     QCOMPARE(a->epoch, int64_t(3));
     const StepOutcome d = outcome(8, 1.0, 2, 2);
-    QVERIFY(s.claim("worker:1", 2, &d, &epochs).ok());
+    QVERIFY(claimOne(s, "worker:1", 2, &d, &epochs).ok());
     QCOMPARE(epochs.size(), std::size_t(1));
     QCOMPARE(epochs[0].epoch, int64_t(2));
     QCOMPARE(epochs[0].tally.steps, int64_t(4));
@@ -271,12 +278,43 @@ void TestStepSchedule::snapshotRoundTrips()
     QVERIFY(!decodeScheduleSnapshot(bits.data(), 11).has_value());
 }
 
+void TestStepSchedule::handsOutBlocks()
+{
+    // 2 workers x 300 batches: 600-step epochs, so 8 steps a claim (each still gets 32+ claims
+    // an epoch); max_steps 20 cuts the last block short.
+    StepSchedule s({2, 1, 20});
+    QCOMPARE(int(s.claim("worker:0", 300, {}, nullptr)->kind), int(StepGrant::Kind::Wait));
+    auto a = s.claim("worker:1", 300, {}, nullptr);
+    auto b = s.claim("worker:0", 300, {}, nullptr);
+    QVERIFY(a.ok() && b.ok());
+    QCOMPARE(a->step, int64_t(1));
+    QCOMPARE(a->count, int64_t(8));
+    QCOMPARE(b->step, int64_t(9));
+    QCOMPARE(b->count, int64_t(8));
+    std::vector<StepOutcome> all;
+    for (int64_t i = 1; i <= 8; ++i) all.push_back(outcome(i));
+    std::vector<EpochDone> epochs;
+    auto c = s.claim("worker:1", 300, all, &epochs);
+    QVERIFY(c.ok());
+    QCOMPARE(c->step, int64_t(17));
+    QCOMPARE(c->count, int64_t(4));
+    QCOMPARE(s.completed(), int64_t(8));
+    // A claim telling a step it does not hold tells nothing: all or none.
+    auto wrong = s.claim("worker:1", 300, {outcome(17), outcome(9)}, &epochs);
+    QVERIFY(!wrong.ok());
+    QCOMPARE(s.completed(), int64_t(8));
+    QCOMPARE(stepPosition(601, 600), (std::pair<int64_t, int64_t>(2, 1)));
+    QCOMPARE(stepPosition(600, 600), (std::pair<int64_t, int64_t>(1, 600)));
+    QCOMPARE(stepPosition(7, -1), (std::pair<int64_t, int64_t>(1, 7)));
+}
+
 void TestStepSchedule::concurrentClaims()
 {
-    // 4 workers on threads, one of them lost half-way: every step of 5 epochs of 4 x 25 steps is
-    // trained exactly once (the lost worker's held step by another), every epoch told once, in order.
+    // 4 workers on threads, 3 steps a claim, one worker lost half-way with a block in hand:
+    // every step of 5 epochs of 4 x 25 steps is trained exactly once (the lost worker's block by
+    // others), every epoch told once, in order.
     constexpr int kWorkers = 4;
-    StepSchedule s({kWorkers, 5, 0});
+    StepSchedule s({kWorkers, 5, 0, 3});
     std::mutex mutex;
     std::multiset<int64_t> trained;
     std::vector<EpochDone> epochs;
@@ -285,30 +323,29 @@ void TestStepSchedule::concurrentClaims()
     for (int w = 0; w < kWorkers; ++w)
         threads.emplace_back([&, w] {
             const std::string name = "worker:" + std::to_string(w);
-            std::optional<StepOutcome> done;
+            std::vector<StepOutcome> done;
             for (;;) {
                 std::vector<EpochDone> told;
-                auto g = s.claim(name, 25, done ? &*done : nullptr, &told);
+                auto g = s.claim(name, 25, std::exchange(done, {}), &told);
                 if (!g.ok()) return;  // released
                 {
                     std::lock_guard lock(mutex);
                     epochs.insert(epochs.end(), told.begin(), told.end());
                 }
-                done.reset();
                 if (g->kind == StepGrant::Kind::Done) return;
                 if (g->kind == StepGrant::Kind::Wait) {
                     std::this_thread::yield();
                     continue;
                 }
-                if (w == 3 && ++claims == 60) {
-                    s.release(name);  // lost while it holds this step: it is never trained here
+                if (w == 3 && ++claims == 20) {
+                    s.release(name);  // lost while it holds this block: it is never trained here
                     return;
                 }
-                {
+                for (int64_t i = 0; i < g->count; ++i) {
                     std::lock_guard lock(mutex);
-                    trained.insert(g->step);
+                    trained.insert(g->step + i);
+                    done.push_back(outcome(g->step + i));
                 }
-                done = outcome(g->step);
             }
         });
     for (auto& t : threads) t.join();
