@@ -587,10 +587,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                            why.message + "; the run goes on without " + t.id.toString() + ": its steps go to the other workers"}));
         m_summary["lost"].push_back({{"task", t.id.toString()}, {"reason", why.message}, {"after_step", lastStep[i]}});
         while (reporter < m_tasks.size() && (m_tasks[reporter]->ps || dropped[reporter])) ++reporter;
-        droppers.emplace_back([&t, &taskRun] {
-            (void)t.client->cancel(taskRun, "failed");
-            t.client->cancelStream();
-        });
+        // Its stream first: the run's end waits for it, and a frozen daemon answers no Cancel.
+        t.client->cancelStream();
+        droppers.emplace_back([&t, &taskRun] { (void)t.client->cancel(taskRun, "failed"); });
         return true;
     };
     // multi-worker-mirrored: the chief's weights at its end, as its "weights" parts arrive.

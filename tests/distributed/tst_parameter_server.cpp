@@ -464,6 +464,21 @@ void TestParameterServer::refusesPushWithoutToken()
         InitializeReply reply;
         QCOMPARE(stub->Initialize(&ctx, req, &reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
     }
+    {
+        // The step schedule's calls: a stranger can neither take steps nor release a worker.
+        grpc::ClientContext claimCtx, releaseCtx;
+        ClaimRequest claim;
+        claim.set_run_id("run-1");
+        claim.set_worker("worker:0");
+        ClaimReply claimed;
+        QCOMPARE(stub->ClaimStep(&claimCtx, claim, &claimed).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+        QCOMPARE(claimed.count(), int64_t(0));
+        ReleaseRequest release;
+        release.set_run_id("run-1");
+        release.set_worker("worker:1");
+        ReleaseReply released;
+        QCOMPARE(stub->Release(&releaseCtx, release, &released).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    }
     // With the token: over the 1 MiB bound is refused by gRPC; a run this daemon serves no ps
     // task of is refused by the service.
     QCOMPARE(push(kToken, 2 << 20).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
