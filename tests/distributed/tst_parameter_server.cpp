@@ -562,6 +562,23 @@ void TestParameterServer::psTaskAppliesPushesAndRefusesMalformedOnes()
     QCOMPARE(pull(before).error_code(), grpc::StatusCode::FAILED_PRECONDITION);                    // still not served
     QVERIFY(init(false, 1, {2.f}, true).ok());                                                     // the rest
     QCOMPARE(init(true, 0, {1.f, 2.f}, true).error_code(), grpc::StatusCode::ALREADY_EXISTS);
+    // Initialised without a step schedule (worker 0 gives one only to ps:0 of a training run):
+    // claims are refused and say why; a claim must name its worker.
+    auto claim = [&](const std::string& worker, ClaimReply* out) {
+        grpc::ClientContext c;
+        ctx(c);
+        ClaimRequest req;
+        req.set_run_id("run-ps");
+        req.set_worker(worker);
+        return ps->ClaimStep(&c, req, out);
+    };
+    {
+        ClaimReply reply;
+        const grpc::Status refused = claim("worker:0", &reply);
+        QCOMPARE(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+        QVERIFY2(refused.error_message().find("schedules no steps") != std::string::npos, refused.error_message().c_str());
+        QCOMPARE(claim("", &reply).error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    }
     auto push = [&](int64_t offset, const std::vector<float>& g, float lr, int64_t pulled, bool last = true, PushReply* out = nullptr) {
         grpc::ClientContext c;
         ctx(c);
