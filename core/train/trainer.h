@@ -1,5 +1,7 @@
 #pragma once
-// Trainer: the fit loop (epochs, steps, validation each epoch, cancel) over a Strategy.
+// Trainer: the fit loop (epochs, steps, validation each epoch, cancel) over a Strategy. A
+// parameter-server worker's strategy has a step scheduler (ps:0): fit() then trains the steps
+// it hands out, on its data read over and over, and validates nothing (the coordinator does).
 // Contract:
 //  - fit() runs on the calling thread (the engine thread); cancel() may be called from any
 //    thread and makes fit() return promptly with FitResult::cancelled set.
@@ -43,7 +45,7 @@ class ParameterStore;
 
 struct TrainConfig {
     int64_t epochs = 1;
-    int64_t maxSteps = 0;        // > 0: stop after this many steps in total
+    int64_t maxSteps = 0;        // > 0: stop after this many steps in total (parameter-server: of all workers)
     uint64_t seed = 0;
     nlohmann::json optimizer;    // null: the model's compile settings
     nlohmann::json schedule;     // null: constant learning rate
