@@ -10,6 +10,7 @@
 #include "optim/optimizer.h"
 #include "parameter_server.grpc.pb.h"
 #include "remote/auth.h"
+#include "remote/schedule_proto.h"
 #include "telemetry/bus.h"
 #include "telemetry/tracer.h"
 
@@ -110,7 +111,7 @@ public:
                 c.epochs = sc.epochs();
                 c.maxSteps = sc.max_steps();
                 c.completed = sc.completed();
-                c.epochSoFar = fromProto(sc.epoch_so_far());
+                c.epochSoFar = tallyFromProto(sc.epoch_so_far());
                 m_scheduleConfig = c;
             }
             m_layout = true;
@@ -292,7 +293,7 @@ public:
         reply->set_values(bytes(snap.values));
         if (req->offset() == 0) {
             reply->set_completed_steps(snap.completed);
-            toProto(snap.epochSoFar, reply->mutable_epoch_so_far());
+            tallyToProto(snap.epochSoFar, reply->mutable_epoch_so_far());
         }
         for (const auto& [name, flat] : snap.state) {
             OptimizerState* o = reply->add_state();
@@ -355,25 +356,6 @@ public:
         if (m_schedule) m_schedule->release(req->worker());
         else m_releasedEarly.push_back(req->worker());
         return grpc::Status::OK;
-    }
-
-    static StepTally fromProto(const Tally& t)
-    {
-        StepTally out;
-        out.steps = t.steps();
-        out.lossSum = t.loss_sum();
-        out.correct = t.correct();
-        out.count = t.count();
-        out.seconds = t.seconds();
-        return out;
-    }
-    static void toProto(const StepTally& t, Tally* out)
-    {
-        out->set_steps(t.steps);
-        out->set_loss_sum(t.lossSum);
-        out->set_correct(t.correct);
-        out->set_count(t.count);
-        out->set_seconds(t.seconds);
     }
 
     // How many values from `offset` the reply carries: as many as fit both bounds, each value

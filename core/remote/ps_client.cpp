@@ -12,6 +12,7 @@
 
 #include "parameter_server.grpc.pb.h"
 #include "remote/parameter_service.h"
+#include "remote/schedule_proto.h"
 
 namespace ts::remote {
 namespace {
@@ -379,13 +380,7 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
                 sc->set_max_steps(d.schedule->maxSteps);
                 if (resume) {
                     sc->set_completed(resume->state.schedule.completed);
-                    const StepTally& t = resume->state.schedule.epochSoFar;
-                    Tally* tally = sc->mutable_epoch_so_far();
-                    tally->set_steps(t.steps);
-                    tally->set_loss_sum(t.lossSum);
-                    tally->set_correct(t.correct);
-                    tally->set_count(t.count);
-                    tally->set_seconds(t.seconds);
+                    tallyToProto(resume->state.schedule.epochSoFar, sc->mutable_epoch_so_far());
                 }
             }
             InitializeReply reply;
@@ -468,8 +463,7 @@ Result<StoreSnapshot> RemoteParameterStore::snapshot()
                 if (lane == d.lanes.front()) {
                     out.updates = reply.version();
                     out.schedule.completed = reply.completed_steps();
-                    const Tally& t = reply.epoch_so_far();
-                    out.schedule.epochSoFar = StepTally{t.steps(), t.loss_sum(), t.correct(), t.count(), t.seconds()};
+                    out.schedule.epochSoFar = tallyFromProto(reply.epoch_so_far());
                 }
                 for (const auto& state : reply.state()) names.push_back(state.name());
             }
