@@ -1,5 +1,7 @@
 #include "backend/backend.h"
 
+#include <algorithm>
+
 namespace ts {
 
 const char* opKindName(OpKind k)
@@ -88,6 +90,50 @@ bool dropoutKeep(uint64_t seed, uint64_t index, float rate)
     // every device.
     const float u = static_cast<float>(h >> 40) * (1.0f / 16777216.0f);
     return u >= rate;
+}
+
+Status Backend::setComputeType(DType t)
+{
+    if (!supportsComputeType(t))
+        return makeError(ErrorCode::Unsupported,
+                         info().name + " (" + name() + " backend) cannot compute in " + dtypeName(t),
+                         "train in float32 (--precision float32) or on a device that supports this policy");
+    m_computeType = t;
+    return okStatus();
+}
+
+Status Backend::computeRounded(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                               const std::function<Status(const std::vector<Tensor>&)>& op)
+{
+    const DType t = m_computeType;
+    std::vector<Tensor> rounded;
+    rounded.reserve(inputs.size());
+    for (const Tensor& in : inputs) {
+        if (!in.defined()) {
+            rounded.push_back(in);
+            continue;
+        }
+        TS_ASSERT(in.hostAccessible() && in.dtype() == DType::F32);
+        // Grow-only buffers, one per operand: a fresh allocation per call costs page faults on
+        // every large activation.
+        const std::size_t k = rounded.size();
+        if (m_roundScratch.size() <= k) m_roundScratch.resize(k + 1);
+        Tensor& buf = m_roundScratch[k];
+        if (!buf.defined() || buf.numel() < in.numel()) {
+            buf = Tensor();
+            TS_ASSIGN(buf, Tensor::create(Shape{std::max<int64_t>(1, in.numel())}, DType::F32));
+        }
+        Tensor copy = buf.rows(0, in.numel()).reshaped(in.shape());
+        roundToDType(in.data<float>(), copy.data<float>(), in.numel(), t);
+        rounded.push_back(std::move(copy));
+    }
+    m_computeType = DType::F32;
+    Status st = op(rounded);
+    m_computeType = t;
+    if (!st.ok()) return st;
+    for (const Tensor& out : outputs)
+        if (out.defined()) roundToDType(out.data<float>(), out.data<float>(), out.numel(), t);
+    return okStatus();
 }
 
 } // namespace ts

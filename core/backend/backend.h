@@ -17,6 +17,7 @@
 //    tested against it (tests/core/tst_ops.cpp).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -159,6 +160,17 @@ public:
     virtual Status synchronize() { return okStatus(); }
     virtual DeviceSample sample() const { return {}; }
 
+    // Mixed precision (Keras' mixed_float16 / mixed_bfloat16 policies): the type that dense and
+    // convolution layers compute in. F32, the default, is plain float32. In F16 or BF16 the ops
+    // denseForward, denseBackward, conv2dForward, conv2dBackwardData and conv2dBackwardWeights
+    // read every operand rounded to that type (roundToDType), accumulate in at least f32 and
+    // round what they write to it, so a value beyond f16's range becomes inf as it does on a
+    // GPU. Tensors stay F32 in memory (variables are f32) and every other op is unaffected.
+    // setComputeType() returns Unsupported, naming the device, for a type the backend lacks.
+    virtual bool supportsComputeType(DType t) const { return t == DType::F32; }
+    Status setComputeType(DType t);
+    DType computeType() const { return m_computeType; }
+
     // C = alpha * op(A) @ op(B) + beta * C. A (M,K) or (K,M) if transA; B (K,N) or (N,K).
     virtual Status gemm(const Tensor& a, bool transA, const Tensor& b, bool transB, Tensor& c,
                         float alpha, float beta) = 0;
@@ -255,6 +267,18 @@ public:
 
     virtual Status copyFromHost(const void* src, Tensor& dst) = 0;
     virtual Status copyToHost(const Tensor& src, void* dst) = 0;
+
+protected:
+    // For host backends without native 16-bit kernels: runs `op` on copies of `inputs` rounded to
+    // the compute type (undefined inputs pass through), with the compute type F32 meanwhile, then
+    // rounds the defined `outputs` in place. OutOfMemory if the copies cannot be allocated.
+    Status computeRounded(const std::vector<Tensor>& inputs, const std::vector<Tensor>& outputs,
+                          const std::function<Status(const std::vector<Tensor>&)>& op);
+
+    DType m_computeType = DType::F32;
+
+private:
+    std::vector<Tensor> m_roundScratch;  // computeRounded's operand copies, reused
 };
 
 } // namespace ts

@@ -1,6 +1,10 @@
 #include "tensor/tensor.h"
 
 #include <cassert>
+#include <cstdint>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 #include <cstdlib>
 #include <cstring>
 #include <new>
@@ -237,6 +241,120 @@ float halfToFloat(uint16_t h)
 }
 
 } // namespace
+
+namespace {
+
+// The float bits of the bf16 value nearest to the float with bits `x` (ties to even; a NaN stays
+// a quiet NaN). The one place the bf16 rounding rule lives: scalar, array and bits forms use it.
+inline uint32_t bf16RoundedBits(uint32_t x)
+{
+    const bool nan = (x & 0x7fffffffu) > 0x7f800000u;
+    x = nan ? (x | 0x400000u) : x + 0x7fffu + ((x >> 16) & 1u);
+    return x & 0xffff0000u;
+}
+
+} // namespace
+
+uint16_t floatToHalfBits(float v)
+{
+    uint32_t x;
+    std::memcpy(&x, &v, sizeof x);
+    const uint16_t sign = static_cast<uint16_t>((x >> 16) & 0x8000u);
+    x &= 0x7fffffffu;
+    if (x > 0x7f800000u) return sign | 0x7e00u;  // NaN (quiet)
+    const uint32_t e = x >> 23;                  // biased f32 exponent
+    if (e > 142) return sign | 0x7c00u;          // 2^16 and beyond: inf
+    if (e < 113) {
+        // Below 2^-14: a subnormal half, in units of 2^-24 (values under 2^-25 round to zero).
+        if (e < 102) return sign;
+        const uint32_t mant = (x & 0x7fffffu) | 0x800000u;
+        const uint32_t shift = 126 - e;
+        uint32_t r = mant >> shift;
+        const uint32_t rem = mant & ((1u << shift) - 1), half = 1u << (shift - 1);
+        if (rem > half || (rem == half && (r & 1u))) ++r;
+        return static_cast<uint16_t>(sign | r);
+    }
+    uint32_t h = ((e - 112) << 10) | ((x & 0x7fffffu) >> 13);
+    const uint32_t rem = x & 0x1fffu;
+    if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;  // a carry may reach inf: correct
+    return static_cast<uint16_t>(sign | h);
+}
+
+float roundToDType(float v, DType t)
+{
+    switch (t) {
+    case DType::F32: return v;
+    case DType::F16: return halfToFloat(floatToHalfBits(v));
+    case DType::BF16: {
+        uint32_t x;
+        std::memcpy(&x, &v, sizeof x);
+        x = bf16RoundedBits(x);
+        std::memcpy(&v, &x, sizeof v);
+        return v;
+    }
+    case DType::I32:
+    case DType::U8: break;
+    }
+    TS_ASSERT(false);
+    return v;
+}
+
+namespace {
+
+// One copy per ISA level (ifunc): the default build targets baseline x86-64, and mixed-precision
+// steps round every dense and convolution operand and result.
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void roundBf16Array(const float* in, float* out,
+                                                                                                 int64_t n)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        uint32_t x;
+        std::memcpy(&x, &in[i], sizeof x);
+        x = bf16RoundedBits(x);
+        std::memcpy(&out[i], &x, sizeof x);
+    }
+}
+
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) void bf16BitsArray(const float* in, uint16_t* out,
+                                                                                                int64_t n)
+{
+    for (int64_t i = 0; i < n; ++i) {
+        uint32_t x;
+        std::memcpy(&x, &in[i], sizeof x);
+        out[i] = static_cast<uint16_t>(bf16RoundedBits(x) >> 16);
+    }
+}
+
+#if defined(__x86_64__)
+// F16C's conversions are IEEE round-to-nearest-even with subnormals, overflow to inf and quiet
+// NaNs: the scalar floatToHalfBits exactly (tst_ops halfRoundingMatchesHardware checks it).
+__attribute__((target("avx,f16c"))) int64_t roundF16Hardware(const float* in, float* out, int64_t n)
+{
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_storeu_ps(out + i, _mm256_cvtph_ps(h));
+    }
+    return i;
+}
+#endif
+
+} // namespace
+
+void roundToDType(const float* in, float* out, int64_t n, DType t)
+{
+    if (t == DType::BF16) {
+        roundBf16Array(in, out, n);
+        return;
+    }
+    int64_t i = 0;
+#if defined(__x86_64__)
+    static const bool f16c = __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx");
+    if (t == DType::F16 && f16c) i = roundF16Hardware(in, out, n);
+#endif
+    for (; i < n; ++i) out[i] = roundToDType(in[i], t);
+}
+
+void floatToBf16Bits(const float* in, uint16_t* out, int64_t n) { bf16BitsArray(in, out, n); }
 
 Result<Tensor> Tensor::widenedToF32() const
 {

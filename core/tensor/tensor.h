@@ -21,6 +21,17 @@ enum class DType : uint8_t { F32, F16, BF16, I32, U8 };
 std::size_t dtypeSize(DType t);
 const char* dtypeName(DType t);  // "f32", "f16", "bf16", "i32", "u8"
 
+// `v` rounded to the nearest value of F16 or BF16 (ties to even), as a float: what a 16-bit
+// tensor would hold. F16 overflows to +-inf beyond 65504 (from 65520 on) and keeps subnormals;
+// NaN stays NaN. F32 returns `v`. Other dtypes are a programming error.
+float roundToDType(float v, DType t);
+// The same over n floats; `in` may equal `out`.
+void roundToDType(const float* in, float* out, int64_t n, DType t);
+// IEEE 754 binary16 bits of `v`, rounded to nearest even (the inverse of widening).
+uint16_t floatToHalfBits(float v);
+// bf16 bits of n floats, rounded as roundToDType(BF16) rounds (for kernels that read bf16).
+void floatToBf16Bits(const float* in, uint16_t* out, int64_t n);
+
 class Shape {
 public:
     Shape() = default;

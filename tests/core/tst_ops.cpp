@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <immintrin.h>
 #include <functional>
 #include <limits>
 #include <random>
@@ -158,6 +159,34 @@ void addRows(const std::vector<Case>& cases)
     for (const auto& b : otherBackends())
         for (std::size_t i = 0; i < cases.size(); ++i)
             QTest::newRow((b + ": " + cases[i].name).c_str()) << QString::fromStdString(b) << int(i);
+}
+
+// Rows = (other backend) x (f16, bf16) x (case).
+template <typename Case>
+void addComputeTypeRows(const std::vector<Case>& cases)
+{
+    QTest::addColumn<QString>("backend");
+    QTest::addColumn<int>("index");
+    QTest::addColumn<int>("computeType");
+    if (otherBackends().empty()) {
+        QTest::newRow("no-other-backend") << QString() << 0 << int(DType::F16);
+        return;
+    }
+    for (const auto& b : otherBackends())
+        for (DType t : {DType::F16, DType::BF16})
+            for (std::size_t i = 0; i < cases.size(); ++i)
+                QTest::newRow((b + ": " + dtypeName(t) + " " + cases[i].name).c_str()) << QString::fromStdString(b) << int(i) << int(t);
+}
+
+// Empty when every element of `t` is a value of type `type` (what a 16-bit result must be).
+std::string representable(const Tensor& t, DType type, const std::string& what)
+{
+    for (int64_t i = 0; i < t.numel(); ++i) {
+        const float v = t.data<float>()[i];
+        if (!std::isnan(v) && roundToDType(v, type) != v)
+            return what + "[" + std::to_string(i) + "] = " + fmt(v) + " is not a " + dtypeName(type) + " value";
+    }
+    return {};
 }
 
 } // namespace
@@ -608,6 +637,12 @@ private slots:
     void sumSquares();
     void copies_data() { addRows(kCopy); }
     void copies();
+    // Mixed precision: dense and convolution ops in a 16-bit compute type, against the reference
+    // in the same type (operands and results rounded to it).
+    void mixedDense_data() { addComputeTypeRows(kDense); }
+    void mixedDense();
+    void mixedConv_data() { addComputeTypeRows(kConv); }
+    void mixedConv();
 
     // ---- part 2: the reference's backward ops against finite differences
     void fdDense_data();
@@ -640,6 +675,10 @@ private slots:
     void lossRejectsBadLabel();
     void argmaxSemantics();
     void referenceFactory();
+    void roundingToHalfTypes();
+    void halfRoundingMatchesHardware();
+    void computeTypeOverflowsLikeF16();
+    void computeTypeIsChecked();
 };
 
 void TstOps::initTestCase()
@@ -1678,6 +1717,220 @@ void TstOps::referenceFactory()
     QCOMPARE((*be)->name(), std::string("reference"));
     for (int op = 0; op < int(OpKind::Count_); ++op) QVERIFY((*be)->supportsOp(OpKind(op)));
     QVERIFY(!BackendRegistry::instance().create("reference", -1, BackendOptions{}).ok());
+}
+
+// ====================================================================== mixed precision
+
+namespace {
+// 16-bit results may differ by one unit in the last place where two f32 sums in different
+// orders straddle a rounding boundary: 2^-8 relative for bf16, 2^-11 for f16.
+double mixedRtol(DType t) { return t == DType::BF16 ? 8e-3 : 1e-3; }
+} // namespace
+
+// After OPEN_BACKEND: the row's compute type as `type`, set on `be` and `ref` (skipping the row
+// when the backend lacks it).
+#define OPEN_COMPUTE_TYPE()                                                                              \
+    QFETCH(int, computeType);                                                                            \
+    const DType type = DType(computeType);                                                               \
+    if (!be.supportsComputeType(type)) QSKIP(qPrintable(QString("backend computes no ") + dtypeName(type))); \
+    CHECK_OK(be.setComputeType(type));                                                                   \
+    CHECK_OK(ref.setComputeType(type))
+
+void TstOps::mixedDense()
+{
+    OPEN_BACKEND(kDense, OpKind::DenseForward);
+    OPEN_COMPUTE_TYPE();
+    QCOMPARE(int(be.computeType()), computeType);
+    const double rtol = mixedRtol(type), atol = 1e-3;
+    Tensor x = randomTensor(Shape{c.n, c.in}, rng);
+    Tensor w = randomTensor(Shape{c.in, c.out}, rng);
+    Tensor b = c.bias ? randomTensor(Shape{c.out}, rng) : Tensor();
+    Tensor y = filled(Shape{c.n, c.out}, kNaN);
+    CHECK_OK(ref.denseForward(x, w, b, c.act, y));
+    CHECK_SAME(representable(y, type, "reference Y"));
+    Tensor dy = upload(be, filled(Shape{c.n, c.out}, kNaN));
+    CHECK_OK(be.denseForward(upload(be, x), upload(be, w), c.bias ? upload(be, b) : Tensor(), c.act, dy));
+    const Tensor got = download(be, dy);
+    CHECK_SAME(compare(got, y, rtol, atol, "Y"));
+    CHECK_SAME(representable(got, type, "Y"));
+
+    Tensor gy = randomTensor(Shape{c.n, c.out}, rng);
+    Tensor dw0 = c.accumulate ? randomTensor(Shape{c.in, c.out}, rng) : filled(Shape{c.in, c.out}, kNaN);
+    Tensor db0 = c.accumulate ? randomTensor(Shape{c.out}, rng) : filled(Shape{c.out}, kNaN);
+    Tensor dx = filled(Shape{c.n, c.in}, kNaN), dw = dw0.clone(), db = db0.clone(), noDb;
+    CHECK_OK(ref.denseBackward(x, w, gy, dx, dw, c.bias ? db : noDb, c.accumulate));
+    Tensor ddx = upload(be, filled(Shape{c.n, c.in}, kNaN)), ddw = upload(be, dw0), ddb = upload(be, db0), dNoDb;
+    CHECK_OK(be.denseBackward(upload(be, x), upload(be, w), upload(be, gy), ddx, ddw, c.bias ? ddb : dNoDb, c.accumulate));
+    const Tensor gdx = download(be, ddx), gdw = download(be, ddw);
+    CHECK_SAME(compare(gdx, dx, rtol, atol, "dX"));
+    CHECK_SAME(compare(gdw, dw, rtol, atol, "dW"));
+    CHECK_SAME(representable(gdx, type, "dX"));
+    CHECK_SAME(representable(gdw, type, "dW"));
+    if (c.bias) {
+        const Tensor gdb = download(be, ddb);
+        CHECK_SAME(compare(gdb, db, rtol, atol, "db"));
+        CHECK_SAME(representable(gdb, type, "db"));
+    }
+    // Back to float32: the same instance computes exactly as before.
+    CHECK_OK(be.setComputeType(DType::F32));
+    CHECK_OK(ref.setComputeType(DType::F32));
+    Tensor y32 = filled(Shape{c.n, c.out}, kNaN), dy32 = upload(be, filled(Shape{c.n, c.out}, kNaN));
+    CHECK_OK(ref.denseForward(x, w, b, c.act, y32));
+    CHECK_OK(be.denseForward(upload(be, x), upload(be, w), c.bias ? upload(be, b) : Tensor(), c.act, dy32));
+    CHECK_SAME(compare(download(be, dy32), y32, 1e-4, 1e-4, "Y in f32 again"));
+}
+
+void TstOps::mixedConv()
+{
+    OPEN_BACKEND(kConv, OpKind::Conv2dForward);
+    OPEN_COMPUTE_TYPE();
+    const double rtol = mixedRtol(type), atol = 1e-3;
+    Tensor x = randomTensor(Shape{c.n, c.h, c.w, c.c}, rng);
+    Tensor w = randomTensor(Shape{c.kh, c.kw, c.c, c.f}, rng);
+    Tensor b = c.bias ? randomTensor(Shape{c.f}, rng) : Tensor();
+    const Shape ys{c.n, c.oh(), c.ow(), c.f};
+    Tensor y = filled(ys, kNaN);
+    CHECK_OK(ref.conv2dForward(x, w, b, c.params(), y));
+    Tensor dy = upload(be, filled(ys, kNaN));
+    CHECK_OK(be.conv2dForward(upload(be, x), upload(be, w), c.bias ? upload(be, b) : Tensor(), c.params(), dy));
+    const Tensor gotY = download(be, dy);
+    CHECK_SAME(compare(gotY, y, rtol, atol, "Y"));
+    CHECK_SAME(representable(gotY, type, "Y"));
+
+    Tensor gy = randomTensor(ys, rng);
+    const Shape xs{c.n, c.h, c.w, c.c};
+    Tensor dx = filled(xs, kNaN);
+    CHECK_OK(ref.conv2dBackwardData(gy, w, c.params(), dx));
+    Tensor ddx = upload(be, filled(xs, kNaN));
+    CHECK_OK(be.conv2dBackwardData(upload(be, gy), upload(be, w), c.params(), ddx));
+    const Tensor gotDx = download(be, ddx);
+    CHECK_SAME(compare(gotDx, dx, rtol, atol, "dX"));
+    CHECK_SAME(representable(gotDx, type, "dX"));
+
+    const Shape ws{c.kh, c.kw, c.c, c.f};
+    Tensor dw = filled(ws, kNaN), db = filled(Shape{c.f}, kNaN), noDb;
+    CHECK_OK(ref.conv2dBackwardWeights(x, gy, c.params(), dw, c.bias ? db : noDb));
+    Tensor ddw = upload(be, filled(ws, kNaN)), ddb = upload(be, filled(Shape{c.f}, kNaN)), dNoDb;
+    CHECK_OK(be.conv2dBackwardWeights(upload(be, x), upload(be, gy), c.params(), ddw, c.bias ? ddb : dNoDb));
+    const Tensor gotDw = download(be, ddw);
+    // dW sums over the whole batch: allow the 16-bit unit of its largest element.
+    CHECK_SAME(compare(gotDw, dw, rtol, atol * 4, "dW"));
+    CHECK_SAME(representable(gotDw, type, "dW"));
+    if (c.bias) {
+        const Tensor gotDb = download(be, ddb);
+        CHECK_SAME(compare(gotDb, db, rtol, atol * 4, "db"));
+        CHECK_SAME(representable(gotDb, type, "db"));
+    }
+}
+
+void TstOps::roundingToHalfTypes()
+{
+    const float inf = std::numeric_limits<float>::infinity();
+    // f16: 10 mantissa bits, largest finite 65504, ties to even, subnormals down to 2^-24.
+    QCOMPARE(roundToDType(65504.0f, DType::F16), 65504.0f);
+    QCOMPARE(roundToDType(65519.0f, DType::F16), 65504.0f);
+    QCOMPARE(roundToDType(65520.0f, DType::F16), inf);  // the tie with 65536 goes to even: inf
+    QCOMPARE(roundToDType(-1e6f, DType::F16), -inf);
+    QCOMPARE(roundToDType(1.0f + std::ldexp(1.0f, -11), DType::F16), 1.0f);                   // tie: even
+    QCOMPARE(roundToDType(1.0f + 3 * std::ldexp(1.0f, -11), DType::F16), 1.0f + std::ldexp(1.0f, -9));
+    QCOMPARE(roundToDType(1.0f + std::ldexp(1.2f, -11), DType::F16), 1.0f + std::ldexp(1.0f, -10));
+    QCOMPARE(roundToDType(std::ldexp(1.0f, -24), DType::F16), std::ldexp(1.0f, -24));         // smallest subnormal
+    QCOMPARE(roundToDType(std::ldexp(1.0f, -25), DType::F16), 0.0f);                          // tie with 0: even
+    QCOMPARE(roundToDType(std::ldexp(1.5f, -25), DType::F16), std::ldexp(1.0f, -24));
+    QCOMPARE(roundToDType(std::ldexp(3.0f, -25), DType::F16), std::ldexp(1.0f, -23));         // 1.5 units: even
+    QCOMPARE(roundToDType(std::ldexp(1.0f, -14) * (1 + 1.0f / 4096), DType::F16), std::ldexp(1.0f, -14));
+    QVERIFY(std::signbit(roundToDType(-1e-10f, DType::F16)));
+    QVERIFY(std::isnan(roundToDType(kNaN, DType::F16)));
+    // bf16: float's exponent, 7 mantissa bits.
+    QCOMPARE(roundToDType(1.0f + std::ldexp(1.0f, -8), DType::BF16), 1.0f);
+    QCOMPARE(roundToDType(1.0f + 3 * std::ldexp(1.0f, -8), DType::BF16), 1.0f + std::ldexp(1.0f, -6));
+    QCOMPARE(roundToDType(65520.0f, DType::BF16), 65536.0f);
+    QVERIFY(std::abs(roundToDType(1e30f, DType::BF16) / 1e30f - 1) < 4e-3);
+    QCOMPARE(roundToDType(std::numeric_limits<float>::max(), DType::BF16), inf);
+    QVERIFY(std::isnan(roundToDType(kNaN, DType::BF16)));
+    QCOMPARE(roundToDType(-inf, DType::BF16), -inf);
+    QCOMPARE(roundToDType(0.1f, DType::F32), 0.1f);
+    // The array form agrees with the scalar one, in place too.
+    std::mt19937 rng(5);
+    std::vector<float> v(4099);
+    for (float& f : v) f = std::ldexp(std::uniform_real_distribution<float>(-1, 1)(rng), int(rng() % 60) - 30);
+    for (DType t : {DType::F16, DType::BF16}) {
+        std::vector<float> out(v.size()), inPlace = v;
+        roundToDType(v.data(), out.data(), int64_t(v.size()), t);
+        roundToDType(inPlace.data(), inPlace.data(), int64_t(v.size()), t);
+        for (std::size_t i = 0; i < v.size(); ++i) {
+            QCOMPARE(out[i], roundToDType(v[i], t));
+            QCOMPARE(inPlace[i], out[i]);
+        }
+    }
+}
+
+namespace {
+__attribute__((target("f16c"))) uint16_t hardwareHalf(float v)
+{
+    return static_cast<uint16_t>(_cvtss_sh(v, _MM_FROUND_TO_NEAREST_INT));
+}
+} // namespace
+
+void TstOps::halfRoundingMatchesHardware()
+{
+    // The x86 F16C conversion is IEEE round-to-nearest-even: every float's f16 bits must match.
+    if (!__builtin_cpu_supports("f16c")) QSKIP("this CPU has no F16C instructions to compare with");
+    std::mt19937 rng(11);
+    int64_t checked = 0;
+    auto check = [&](uint32_t bits) {
+        float v;
+        std::memcpy(&v, &bits, sizeof v);
+        const uint16_t want = hardwareHalf(v), got = floatToHalfBits(v);
+        if (std::isnan(v)) return (got & 0x7c00u) == 0x7c00u && (got & 0x3ffu) != 0;  // any NaN
+        if (want != got) {
+            qWarning("float bits 0x%08x: f16 0x%04x, hardware 0x%04x", bits, got, want);
+            return false;
+        }
+        ++checked;
+        return true;
+    };
+    // Every float whose exponent is in or next to f16's range, at a stride, plus random ones.
+    for (uint32_t bits = 0x32000000u; bits < 0x48000000u; bits += 0x101u) {
+        QVERIFY(check(bits));
+        QVERIFY(check(bits | 0x80000000u));
+    }
+    for (int i = 0; i < 200000; ++i) QVERIFY(check(static_cast<uint32_t>(rng())));
+    QVERIFY(checked > 500000);
+}
+
+void TstOps::computeTypeOverflowsLikeF16()
+{
+    // 300 x 300 = 90000 is beyond f16's 65504: inf, as a GPU's f16 matmul gives; bf16 keeps it.
+    ReferenceBackend ref;
+    const Tensor x = filled(Shape{2, 1}, 300.0f), w = filled(Shape{1, 3}, 300.0f);
+    Tensor y = filled(Shape{2, 3}, kNaN);
+    CHECK_OK(ref.setComputeType(DType::F16));
+    CHECK_OK(ref.denseForward(x, w, Tensor(), Activation::Linear, y));
+    for (float v : y.toVector()) QCOMPARE(v, std::numeric_limits<float>::infinity());
+    CHECK_OK(ref.setComputeType(DType::BF16));
+    CHECK_OK(ref.denseForward(x, w, Tensor(), Activation::Linear, y));
+    for (float v : y.toVector()) QCOMPARE(v, 90112.0f);  // 90000 in bf16
+    // Inputs are rounded too: 1 + 2^-9 is 1 in bf16, so the product is 1, not 1.00195.
+    const Tensor a = filled(Shape{1, 1}, 1.0f + std::ldexp(1.0f, -9)), one = filled(Shape{1, 1}, 1.0f);
+    Tensor z = filled(Shape{1, 1}, kNaN);
+    CHECK_OK(ref.denseForward(a, one, Tensor(), Activation::Linear, z));
+    QCOMPARE(z.toVector()[0], 1.0f);
+    CHECK_OK(ref.setComputeType(DType::F32));
+    CHECK_OK(ref.denseForward(a, one, Tensor(), Activation::Linear, z));
+    QCOMPARE(z.toVector()[0], 1.0f + std::ldexp(1.0f, -9));
+}
+
+void TstOps::computeTypeIsChecked()
+{
+    ReferenceBackend ref;
+    for (DType t : {DType::F32, DType::F16, DType::BF16}) QVERIFY(ref.supportsComputeType(t));
+    const Status st = ref.setComputeType(DType::I32);
+    QVERIFY(!st.ok());
+    QCOMPARE(int(st.error().code), int(ErrorCode::Unsupported));
+    QVERIFY2(QString::fromStdString(st.error().message).contains("cannot compute in i32"), st.error().message.c_str());
+    QVERIFY(QString::fromStdString(st.error().hint).contains("float32"));
+    QCOMPARE(int(ref.computeType()), int(DType::F32));  // unchanged
 }
 
 QTEST_APPLESS_MAIN(TstOps)

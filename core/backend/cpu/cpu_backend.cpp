@@ -114,6 +114,34 @@ void parallelFor(int64_t n, int64_t grain, int64_t align, F&& f)
     }
 }
 
+// floatToBf16Bits and roundToDType(BF16) over the instance's threads.
+void toBf16(const float* in, uint16_t* out, int64_t n)
+{
+    parallelFor(n, 1 << 14, 16, [&](int64_t b, int64_t e) { floatToBf16Bits(in + b, out + b, e - b); });
+}
+
+void roundBf16InPlace(float* p, int64_t n)
+{
+    parallelFor(n, 1 << 14, 16, [&](int64_t b, int64_t e) { roundToDType(p + b, p + b, e - b, DType::BF16); });
+}
+
+// oneDNN 2.6 runs bf16 matmuls and convolutions natively from AVX512-BF16 on (and emulates
+// them, slower than f32, below it): only then is the native path worth taking.
+bool nativeBf16()
+{
+    static const bool yes = [] {
+        if (std::getenv("TS_CPU_EMULATE_BF16")) return false;  // diagnostic: round around f32 kernels
+        const auto isa = static_cast<unsigned>(dnnl::get_effective_cpu_isa());
+        const auto bf16 = static_cast<unsigned>(dnnl::cpu_isa::avx512_core_bf16);
+        return (isa & bf16) == bf16;
+    }();
+    return yes;
+}
+
+// Convolutions in bf16 run natively everywhere, first layers too: oneDNN's bf16 kernels beat the
+// own f32 direct kernel on rounded copies there (CNN bench: about 9% more samples/s).
+bool nativeConvBf16(DType t) { return t == DType::BF16 && nativeBf16(); }
+
 std::string readFirstLine(const char* path, const char* prefix)
 {
     std::ifstream in(path);
@@ -146,6 +174,10 @@ enum TempSlot : std::size_t {
     kTempDBeta,      // batch norm backward: dbeta when undefined
     kTempPartials,   // convolution backward weights: per-thread partial sums
     kTempFlipped,    // convolution backward data: flipped, transposed kernel
+    kTempBf16A,      // bf16 compute: the first operand in bf16
+    kTempBf16B,      // bf16 compute: the second operand in bf16
+    kTempBf16C,      // bf16 compute: a third (dense backward: the weights)
+    kTempRounded,    // bf16 compute: the bias, or dY for the bias gradient, rounded to bf16 values
     kTempSlots
 };
 
@@ -218,6 +250,23 @@ struct CpuBackend::Impl {
         auto& t = temps[slot];
         if (t.size() < static_cast<std::size_t>(n)) t.resize(static_cast<std::size_t>(n));
         return t.data();
+    }
+
+    // A bias rounded to bf16 values (it is an operand too), or null without one.
+    const float* bf16Bias(const Tensor& b)
+    {
+        if (!b.defined()) return nullptr;
+        float* out = temp(kTempRounded, b.numel());
+        roundToDType(cf(b), out, b.numel(), DType::BF16);
+        return out;
+    }
+
+    // `x` in bf16, in temporary slot `slot`.
+    const uint16_t* bf16Copy(std::size_t slot, const Tensor& x)
+    {
+        auto* out = reinterpret_cast<uint16_t*>(temp(slot, (x.numel() + 1) / 2));
+        toBf16(cf(x), out, x.numel());
+        return out;
     }
 
     dnnl::primitive_attr attr() const
@@ -294,12 +343,13 @@ struct CpuBackend::Impl {
 
     // ---- primitives
 
-    Prim& denseFwd(int64_t n, int64_t in, int64_t out, bool bias, bool relu)
+    // `in`: the operands' type (f32, or bf16 for mixed_bfloat16); results and bias are f32.
+    Prim& denseFwd(int64_t n, int64_t in, int64_t out, bool bias, bool relu, dt inT = dt::f32)
     {
         Key key;
-        key << int64_t(kDenseFwd) << n << in << out << int64_t(bias) << int64_t(relu);
+        key << int64_t(kDenseFwd) << n << in << out << int64_t(bias) << int64_t(relu) << int64_t(inT);
         if (Prim* p = find(key)) return *p;
-        const dnnl::memory::desc src({n, in}, dt::f32, tag::ab), wei({in, out}, dt::f32, tag::ab),
+        const dnnl::memory::desc src({n, in}, inT, tag::ab), wei({in, out}, inT, tag::ab),
             bia({1, out}, dt::f32, tag::ab), dst({n, out}, dt::f32, tag::ab);
         dnnl::primitive_attr a = attr();
         if (relu) {
@@ -316,24 +366,24 @@ struct CpuBackend::Impl {
     }
 
     // dX (n, in) = dY (n, out) @ W^T, W^T read through strides (W is (in, out) row-major).
-    Prim& denseDx(int64_t n, int64_t in, int64_t out)
+    Prim& denseDx(int64_t n, int64_t in, int64_t out, dt inT = dt::f32)
     {
         Key key;
-        key << int64_t(kDenseDx) << n << in << out;
+        key << int64_t(kDenseDx) << n << in << out << int64_t(inT);
         if (Prim* p = find(key)) return *p;
-        const dnnl::memory::desc src({n, out}, dt::f32, tag::ab), wei({out, in}, dt::f32, tag::ba),
+        const dnnl::memory::desc src({n, out}, inT, tag::ab), wei({out, in}, inT, tag::ba),
             dst({n, in}, dt::f32, tag::ab);
         const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, wei, dst), attr(), engine);
         return store(key, dnnl::matmul(pd), pd, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, wei}, {DNNL_ARG_DST, dst}});
     }
 
     // dW (in, out) (+)= X^T @ dY, X^T read through strides.
-    Prim& denseDw(int64_t n, int64_t in, int64_t out, bool accumulate)
+    Prim& denseDw(int64_t n, int64_t in, int64_t out, bool accumulate, dt inT = dt::f32)
     {
         Key key;
-        key << int64_t(kDenseDw) << n << in << out << int64_t(accumulate);
+        key << int64_t(kDenseDw) << n << in << out << int64_t(accumulate) << int64_t(inT);
         if (Prim* p = find(key)) return *p;
-        const dnnl::memory::desc src({in, n}, dt::f32, tag::ba), wei({n, out}, dt::f32, tag::ab),
+        const dnnl::memory::desc src({in, n}, inT, tag::ba), wei({n, out}, inT, tag::ab),
             dst({in, out}, dt::f32, tag::ab);
         dnnl::primitive_attr a = attr();
         if (accumulate) {
@@ -348,25 +398,26 @@ struct CpuBackend::Impl {
     struct ConvShape {
         int64_t N, H, W, C, KH, KW, F, OH, OW;
         Conv2dParams p;
+        dt in = dt::f32;  // the operands' type (bf16 for mixed_bfloat16); results are f32
         Key key(int64_t op, bool bias) const
         {
             Key k;
             k << op << N << H << W << C << KH << KW << F << OH << OW << int64_t(p.strideH) << int64_t(p.strideW)
               << int64_t(p.padTop) << int64_t(p.padBottom) << int64_t(p.padLeft) << int64_t(p.padRight)
-              << int64_t(bias);
+              << int64_t(bias) << int64_t(in);
             return k;
         }
         cpuk::ConvGeom geom() const
         {
             return {N, H, W, C, KH, KW, F, OH, OW, p.strideH, p.strideW, p.padTop, p.padLeft};
         }
-        dnnl::memory::desc src() const { return {{N, C, H, W}, dt::f32, tag::nhwc}; }
-        dnnl::memory::desc wei() const { return {{F, C, KH, KW}, dt::f32, tag::hwio}; }
+        dnnl::memory::desc src(dt t = dt::f32) const { return {{N, C, H, W}, t, tag::nhwc}; }
+        dnnl::memory::desc wei(dt t = dt::f32) const { return {{F, C, KH, KW}, t, tag::hwio}; }
         // Weights: let oneDNN choose (the jit kernels want blocked weights; activations stay
         // NHWC, which they read directly). The reorder of the small weight tensor is cheap.
-        dnnl::memory::desc weiAny() const { return {{F, C, KH, KW}, dt::f32, tag::any}; }
+        dnnl::memory::desc weiAny(dt t = dt::f32) const { return {{F, C, KH, KW}, t, tag::any}; }
         dnnl::memory::desc bia() const { return {{F}, dt::f32, tag::a}; }
-        dnnl::memory::desc dst() const { return {{N, F, OH, OW}, dt::f32, tag::nhwc}; }
+        dnnl::memory::desc dst(dt t = dt::f32) const { return {{N, F, OH, OW}, t, tag::nhwc}; }
         dims strides() const { return {p.strideH, p.strideW}; }
         dims padL() const { return {p.padTop, p.padLeft}; }
         dims padR() const { return {p.padBottom, p.padRight}; }
@@ -374,10 +425,10 @@ struct CpuBackend::Impl {
                                                         bool bias) const
         {
             const auto d = bias ? dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                                  dnnl::algorithm::convolution_direct, src(), weiAny(),
+                                                                  dnnl::algorithm::convolution_direct, src(in), weiAny(in),
                                                                   bia(), dst(), strides(), padL(), padR())
                                 : dnnl::convolution_forward::desc(dnnl::prop_kind::forward_training,
-                                                                  dnnl::algorithm::convolution_direct, src(), weiAny(),
+                                                                  dnnl::algorithm::convolution_direct, src(in), weiAny(in),
                                                                   dst(), strides(), padL(), padR());
             return dnnl::convolution_forward::primitive_desc(d, a, eng);
         }
@@ -389,11 +440,11 @@ struct CpuBackend::Impl {
         if (Prim* p = find(key)) return *p;
         const auto pd = s.fwdPd(engine, attr(), bias);
         Prim& p = bias ? store(key, dnnl::convolution_forward(pd), pd,
-                               {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()},
+                               {{DNNL_ARG_SRC, s.src(s.in)}, {DNNL_ARG_WEIGHTS, pd.weights_desc()},
                                 {DNNL_ARG_BIAS, s.bia()}, {DNNL_ARG_DST, s.dst()}})
                        : store(key, dnnl::convolution_forward(pd), pd,
-                               {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}, {DNNL_ARG_DST, s.dst()}});
-        convertLayout(p, DNNL_ARG_WEIGHTS, s.wei(), false);
+                               {{DNNL_ARG_SRC, s.src(s.in)}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}, {DNNL_ARG_DST, s.dst()}});
+        convertLayout(p, DNNL_ARG_WEIGHTS, s.wei(s.in), false);
         return p;
     }
 
@@ -402,12 +453,12 @@ struct CpuBackend::Impl {
         const Key key = s.key(kConvBwdData, false);
         if (Prim* p = find(key)) return *p;
         const auto hint = s.fwdPd(engine, attr(), false);
-        const dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, s.src(), s.weiAny(),
-                                                      s.dst(), s.strides(), s.padL(), s.padR());
+        const dnnl::convolution_backward_data::desc d(dnnl::algorithm::convolution_direct, s.src(), s.weiAny(s.in),
+                                                      s.dst(s.in), s.strides(), s.padL(), s.padR());
         const dnnl::convolution_backward_data::primitive_desc pd(d, attr(), engine, hint);
         Prim& p = store(key, dnnl::convolution_backward_data(pd), pd,
-                        {{DNNL_ARG_DIFF_DST, s.dst()}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}, {DNNL_ARG_DIFF_SRC, s.src()}});
-        convertLayout(p, DNNL_ARG_WEIGHTS, s.wei(), false);
+                        {{DNNL_ARG_DIFF_DST, s.dst(s.in)}, {DNNL_ARG_WEIGHTS, pd.weights_desc()}, {DNNL_ARG_DIFF_SRC, s.src()}});
+        convertLayout(p, DNNL_ARG_WEIGHTS, s.wei(s.in), false);
         return p;
     }
 
@@ -416,18 +467,18 @@ struct CpuBackend::Impl {
         const Key key = s.key(kConvBwdWeights, bias);
         if (Prim* p = find(key)) return *p;
         const auto hint = s.fwdPd(engine, attr(), bias);
-        const auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, s.src(),
-                                                                       s.weiAny(), s.bia(), s.dst(), s.strides(),
+        const auto d = bias ? dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, s.src(s.in),
+                                                                       s.weiAny(), s.bia(), s.dst(s.in), s.strides(),
                                                                        s.padL(), s.padR())
-                            : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, s.src(),
-                                                                       s.weiAny(), s.dst(), s.strides(), s.padL(),
+                            : dnnl::convolution_backward_weights::desc(dnnl::algorithm::convolution_direct, s.src(s.in),
+                                                                       s.weiAny(), s.dst(s.in), s.strides(), s.padL(),
                                                                        s.padR());
         const dnnl::convolution_backward_weights::primitive_desc pd(d, attr(), engine, hint);
         Prim& p = bias ? store(key, dnnl::convolution_backward_weights(pd), pd,
-                               {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_DIFF_DST, s.dst()},
+                               {{DNNL_ARG_SRC, s.src(s.in)}, {DNNL_ARG_DIFF_DST, s.dst(s.in)},
                                 {DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc()}, {DNNL_ARG_DIFF_BIAS, s.bia()}})
                        : store(key, dnnl::convolution_backward_weights(pd), pd,
-                               {{DNNL_ARG_SRC, s.src()}, {DNNL_ARG_DIFF_DST, s.dst()},
+                               {{DNNL_ARG_SRC, s.src(s.in)}, {DNNL_ARG_DIFF_DST, s.dst(s.in)},
                                 {DNNL_ARG_DIFF_WEIGHTS, pd.diff_weights_desc()}});
         convertLayout(p, DNNL_ARG_DIFF_WEIGHTS, s.wei(), true);
         return p;
@@ -581,6 +632,12 @@ DeviceInfo CpuBackend::info() const
 
 bool CpuBackend::supportsOp(OpKind op) const { return op != OpKind::Count_; }
 
+// 16-bit compute rounds the operands and results around the f32 kernels (computeRounded).
+bool CpuBackend::supportsComputeType(DType t) const
+{
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
+
 Allocator& CpuBackend::allocator() { return hostAllocator(); }
 
 void CpuBackend::bindThread() { omp_set_num_threads(m_d->threads); }
@@ -656,6 +713,12 @@ Status CpuBackend::denseForward(const Tensor& x, const Tensor& w, const Tensor& 
     const int64_t in = w.shape()[0], out = w.shape()[1];
     const int64_t n = in == 0 ? 0 : x.numel() / in;
     TS_ASSERT(y.numel() == n * out && (!b.defined() || b.numel() == out));
+    if (m_computeType != DType::F32) {
+        if (m_computeType == DType::BF16 && nativeBf16() && n > 0 && in > 0 && out > 0)
+            return denseForwardBf16(x, w, b, act, y, n, in, out);
+        // f16, bf16 without AVX512-BF16, and empty shapes: rounded operands around the f32 path.
+        return computeRounded({x, w, b}, {y}, [&](const std::vector<Tensor>& r) { return denseForward(r[0], r[1], r[2], act, y); });
+    }
     return m_d->guard("dense forward (matmul)", [&]() -> Status {
         if (n == 0 || out == 0) return okStatus();
         const bool relu = act == Activation::Relu;
@@ -687,6 +750,13 @@ Status CpuBackend::denseBackward(const Tensor& x, const Tensor& w, const Tensor&
     TS_ASSERT(!dx.defined() || (isHostF32(dx) && dx.numel() == n * in));
     TS_ASSERT(!dw.defined() || (isHostF32(dw) && dw.numel() == in * out));
     TS_ASSERT(!db.defined() || (isHostF32(db) && db.numel() == out));
+    if (m_computeType != DType::F32) {
+        if (m_computeType == DType::BF16 && nativeBf16() && n > 0 && in > 0 && out > 0)
+            return denseBackwardBf16(x, w, dy, dx, dw, db, accumulate, n, in, out);
+        return computeRounded({x, w, dy}, {dx, dw, db}, [&](const std::vector<Tensor>& r) {
+            return denseBackward(r[0], r[1], r[2], dx, dw, db, accumulate);
+        });
+    }
     return m_d->guard("dense backward (matmul)", [&]() -> Status {
         if (dx.defined() && n * in > 0) {
             if (out == 0) std::fill(mf(dx), mf(dx) + dx.numel(), 0.0f);
@@ -706,6 +776,52 @@ Status CpuBackend::denseBackward(const Tensor& x, const Tensor& w, const Tensor&
     });
 }
 
+// mixed_bfloat16 on AVX512-BF16: oneDNN's bf16 matmuls read the operands converted to bf16
+// (round to nearest even, as roundToDType), accumulate in f32 and write f32, which is then
+// rounded to bf16 values: the same results as the reference's emulation, up to summation order.
+Status CpuBackend::denseForwardBf16(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& y,
+                                    int64_t n, int64_t in, int64_t out)
+{
+    return m_d->guard("dense forward (bf16 matmul)", [&]() -> Status {
+        const uint16_t* xb = m_d->bf16Copy(kTempBf16A, x);
+        const uint16_t* wb = m_d->bf16Copy(kTempBf16B, w);
+        const float* bias = m_d->bf16Bias(b);
+        Prim& p = m_d->denseFwd(n, in, out, b.defined(), act == Activation::Relu, dt::bf16);
+        if (bias)
+            m_d->run(p, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, y.raw()}});
+        else
+            m_d->run(p, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_DST, y.raw()}});
+        roundBf16InPlace(mf(y), y.numel());
+        return okStatus();
+    });
+}
+
+Status CpuBackend::denseBackwardBf16(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
+                                     Tensor& db, bool accumulate, int64_t n, int64_t in, int64_t out)
+{
+    return m_d->guard("dense backward (bf16 matmul)", [&]() -> Status {
+        const uint16_t* dyb = m_d->bf16Copy(kTempBf16A, dy);
+        if (dx.defined()) {
+            const uint16_t* wb = m_d->bf16Copy(kTempBf16C, w);
+            m_d->run(m_d->denseDx(n, in, out, dt::bf16), {{DNNL_ARG_SRC, dyb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_DST, dx.raw()}});
+            roundBf16InPlace(mf(dx), dx.numel());
+        }
+        if (dw.defined()) {
+            const uint16_t* xb = m_d->bf16Copy(kTempBf16B, x);
+            m_d->run(m_d->denseDw(n, in, out, accumulate, dt::bf16),
+                     {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, dyb}, {DNNL_ARG_DST, dw.raw()}});
+            roundBf16InPlace(mf(dw), dw.numel());
+        }
+        if (db.defined()) {
+            float* dyr = m_d->temp(kTempRounded, dy.numel());
+            roundToDType(cf(dy), dyr, dy.numel(), DType::BF16);
+            cpuk::colSum(dyr, n, out, mf(db), accumulate);
+            roundBf16InPlace(mf(db), db.numel());
+        }
+        return okStatus();
+    });
+}
+
 // ====================================================================== convolution
 
 Status CpuBackend::conv2dForward(const Tensor& x, const Tensor& w, const Tensor& b, const Conv2dParams& p,
@@ -720,6 +836,22 @@ Status CpuBackend::conv2dForward(const Tensor& x, const Tensor& w, const Tensor&
     return m_d->guard("conv2d forward", [&]() -> Status {
         if (y.numel() == 0) return okStatus();
         const cpuk::ConvGeom g = s.geom();
+        if (m_computeType != DType::F32 && !nativeConvBf16(m_computeType))
+            return computeRounded({x, w, b}, {y}, [&](const std::vector<Tensor>& r) { return conv2dForward(r[0], r[1], r[2], p, y); });
+        if (m_computeType == DType::BF16) {  // native bf16 (see denseForwardBf16)
+            Impl::ConvShape sb = s;
+            sb.in = dt::bf16;
+            const uint16_t* xb = m_d->bf16Copy(kTempBf16A, x);
+            const uint16_t* wb = m_d->bf16Copy(kTempBf16B, w);
+            const float* bias = m_d->bf16Bias(b);
+            Prim& prim = m_d->convFwd(sb, b.defined());
+            if (bias)
+                m_d->run(prim, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, y.raw()}});
+            else
+                m_d->run(prim, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_DST, y.raw()}});
+            roundBf16InPlace(mf(y), y.numel());
+            return okStatus();
+        }
         const float* bias = b.defined() ? cf(b) : nullptr;
         if (cpuk::smallConvApplies(g)) {
             parallelFor(g.N * g.OH, 8, 1, [&](int64_t r0, int64_t r1) {
@@ -757,6 +889,17 @@ Status CpuBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const C
             return okStatus();
         }
         const cpuk::ConvGeom g = s.geom();
+        if (m_computeType != DType::F32 && !nativeConvBf16(m_computeType))
+            return computeRounded({dy, w}, {dx}, [&](const std::vector<Tensor>& r) { return conv2dBackwardData(r[0], r[1], p, dx); });
+        if (m_computeType == DType::BF16) {
+            Impl::ConvShape sb = s;
+            sb.in = dt::bf16;
+            const uint16_t* dyb = m_d->bf16Copy(kTempBf16A, dy);
+            const uint16_t* wb = m_d->bf16Copy(kTempBf16B, w);
+            m_d->run(m_d->convBwdData(sb), {{DNNL_ARG_DIFF_DST, dyb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_DIFF_SRC, dx.raw()}});
+            roundBf16InPlace(mf(dx), dx.numel());
+            return okStatus();
+        }
         if (m_d->tiledConv && cpuk::tiledConvBackwardDataApplies(g)) {
             // dx is the forward convolution of dy with the flipped, transposed kernel.
             float* wf = m_d->temp(kTempFlipped, w.numel());
@@ -790,6 +933,23 @@ Status CpuBackend::conv2dBackwardWeights(const Tensor& x, const Tensor& dy, cons
         }
         if (dw.numel() == 0) return okStatus();
         const cpuk::ConvGeom g = s.geom();
+        if (m_computeType != DType::F32 && !nativeConvBf16(m_computeType))
+            return computeRounded({x, dy}, {dw, db}, [&](const std::vector<Tensor>& r) { return conv2dBackwardWeights(r[0], r[1], p, dw, db); });
+        if (m_computeType == DType::BF16) {
+            Impl::ConvShape sb = s;
+            sb.in = dt::bf16;
+            const uint16_t* xb = m_d->bf16Copy(kTempBf16A, x);
+            const uint16_t* dyb = m_d->bf16Copy(kTempBf16B, dy);
+            Prim& prim = m_d->convBwdWeights(sb, db.defined());
+            if (db.defined())
+                m_d->run(prim, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_DIFF_DST, dyb}, {DNNL_ARG_DIFF_WEIGHTS, dw.raw()},
+                                {DNNL_ARG_DIFF_BIAS, db.raw()}});
+            else
+                m_d->run(prim, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_DIFF_DST, dyb}, {DNNL_ARG_DIFF_WEIGHTS, dw.raw()}});
+            roundBf16InPlace(mf(dw), dw.numel());
+            if (db.defined()) roundBf16InPlace(mf(db), db.numel());
+            return okStatus();
+        }
         const bool small = cpuk::smallConvApplies(g);
         if (small || (m_d->tiledConv && cpuk::tiledConvBackwardWeightsApplies(g))) {
             // Each thread sums its own rows into a private buffer; the buffers are then added in

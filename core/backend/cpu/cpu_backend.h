@@ -7,6 +7,9 @@
 // Convolutions: first layers with few input channels use own direct kernels; on machines without
 // AVX-512 the others use own register-tiled kernels (faster there than oneDNN 2.6's), unless the
 // environment sets TS_CPU_ONEDNN_CONV=1 (a diagnostic switch back to oneDNN for every conv).
+// Mixed precision (setComputeType): bf16 dense and convolution ops run oneDNN's bf16 kernels on
+// CPUs with AVX512-BF16 (TS_CPU_EMULATE_BF16=1 turns that off); f16, and bf16 elsewhere, round
+// the operands and results around the f32 kernels (Backend::computeRounded).
 
 #include <memory>
 
@@ -25,6 +28,7 @@ public:
     Device device() const override;
     DeviceInfo info() const override;
     bool supportsOp(OpKind op) const override;
+    bool supportsComputeType(DType t) const override;
     Allocator& allocator() override;
     void bindThread() override;
     DeviceSample sample() const override;
@@ -92,6 +96,12 @@ public:
     Status copyToHost(const Tensor& src, void* dst) override;
 
 private:
+    // mixed_bfloat16 on AVX512-BF16, for shapes with no empty dimension (checked by the callers).
+    Status denseForwardBf16(const Tensor& x, const Tensor& w, const Tensor& b, Activation act, Tensor& y,
+                            int64_t n, int64_t in, int64_t out);
+    Status denseBackwardBf16(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx, Tensor& dw,
+                             Tensor& db, bool accumulate, int64_t n, int64_t in, int64_t out);
+
     struct Impl;
     std::unique_ptr<Impl> m_d;
 };

@@ -93,6 +93,12 @@ DeviceInfo ReferenceBackend::info() const
 
 bool ReferenceBackend::supportsOp(OpKind op) const { return op != OpKind::Count_; }
 
+// 16-bit compute is emulated: rounded operands, double accumulation, rounded results.
+bool ReferenceBackend::supportsComputeType(DType t) const
+{
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16;
+}
+
 Allocator& ReferenceBackend::allocator() { return hostAllocator(); }
 
 // ---------------------------------------------------------------- GEMM / dense
@@ -128,6 +134,8 @@ Status ReferenceBackend::gemm(const Tensor& a, bool transA, const Tensor& b, boo
 Status ReferenceBackend::denseForward(const Tensor& x, const Tensor& w, const Tensor& b, Activation act,
                                       Tensor& y)
 {
+    if (m_computeType != DType::F32)
+        return computeRounded({x, w, b}, {y}, [&](const std::vector<Tensor>& r) { return denseForward(r[0], r[1], r[2], act, y); });
     TS_ASSERT(isHostF32(x) && isHostF32(w) && isHostF32(y));
     TS_ASSERT(act == Activation::Linear || act == Activation::Relu);
     const int64_t in = w.shape()[0], out = w.shape()[1];
@@ -151,6 +159,8 @@ Status ReferenceBackend::denseForward(const Tensor& x, const Tensor& w, const Te
 Status ReferenceBackend::denseBackward(const Tensor& x, const Tensor& w, const Tensor& dy, Tensor& dx,
                                        Tensor& dw, Tensor& db, bool accumulate)
 {
+    if (m_computeType != DType::F32)
+        return computeRounded({x, w, dy}, {dx, dw, db}, [&](const std::vector<Tensor>& r) { return denseBackward(r[0], r[1], r[2], dx, dw, db, accumulate); });
     TS_ASSERT(isHostF32(x) && isHostF32(w) && isHostF32(dy));
     const int64_t in = w.shape()[0], out = w.shape()[1];
     const int64_t n = x.numel() / in;
@@ -195,6 +205,8 @@ Status ReferenceBackend::denseBackward(const Tensor& x, const Tensor& w, const T
 Status ReferenceBackend::conv2dForward(const Tensor& x, const Tensor& w, const Tensor& b,
                                        const Conv2dParams& p, Tensor& y)
 {
+    if (m_computeType != DType::F32)
+        return computeRounded({x, w, b}, {y}, [&](const std::vector<Tensor>& r) { return conv2dForward(r[0], r[1], r[2], p, y); });
     TS_ASSERT(isHostF32(x) && isHostF32(w) && isHostF32(y));
     TS_ASSERT(x.shape().rank() == 4 && w.shape().rank() == 4 && y.shape().rank() == 4);
     const int64_t N = x.shape()[0], H = x.shape()[1], W = x.shape()[2], C = x.shape()[3];
@@ -230,6 +242,8 @@ Status ReferenceBackend::conv2dForward(const Tensor& x, const Tensor& w, const T
 Status ReferenceBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, const Conv2dParams& p,
                                             Tensor& dx)
 {
+    if (m_computeType != DType::F32)
+        return computeRounded({dy, w}, {dx}, [&](const std::vector<Tensor>& r) { return conv2dBackwardData(r[0], r[1], p, dx); });
     TS_ASSERT(isHostF32(dy) && isHostF32(w) && isHostF32(dx));
     const int64_t N = dx.shape()[0], H = dx.shape()[1], W = dx.shape()[2], C = dx.shape()[3];
     const int64_t KH = w.shape()[0], KW = w.shape()[1], F = w.shape()[3];
@@ -267,6 +281,8 @@ Status ReferenceBackend::conv2dBackwardData(const Tensor& dy, const Tensor& w, c
 Status ReferenceBackend::conv2dBackwardWeights(const Tensor& x, const Tensor& dy, const Conv2dParams& p,
                                                Tensor& dw, Tensor& db)
 {
+    if (m_computeType != DType::F32)
+        return computeRounded({x, dy}, {dw, db}, [&](const std::vector<Tensor>& r) { return conv2dBackwardWeights(r[0], r[1], p, dw, db); });
     TS_ASSERT(isHostF32(x) && isHostF32(dy) && isHostF32(dw));
     const int64_t N = x.shape()[0], H = x.shape()[1], W = x.shape()[2], C = x.shape()[3];
     const int64_t KH = dw.shape()[0], KW = dw.shape()[1], F = dw.shape()[3];

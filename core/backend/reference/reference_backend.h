@@ -52,6 +52,7 @@ public:
     Device device() const override;
     DeviceInfo info() const override;
     bool supportsOp(OpKind op) const override;
+    bool supportsComputeType(DType t) const override;
     Allocator& allocator() override;
 
     Status gemm(const Tensor& a, bool transA, const Tensor& b, bool transB, Tensor& c, float alpha,
