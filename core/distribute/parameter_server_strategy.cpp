@@ -1,6 +1,7 @@
 #include "distribute/parameter_server_strategy.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -19,6 +20,7 @@ public:
     Device m_device;
     std::unique_ptr<Backend> m_backend;
     std::unique_ptr<Program> m_program;
+    std::unique_ptr<LossScaler> m_scaler;  // mixed_float16: this worker's own loss scale
     std::shared_ptr<ParameterStore> m_store;
     int m_rank = 0, m_workers = 1, m_threads = 1;
     std::vector<StoreVariable> m_variables;
@@ -88,6 +90,7 @@ public:
             return makeError(ErrorCode::Internal, "worker " + std::to_string(m_rank) + " got rows [" + std::to_string(batch.offset) +
                                                       ", " + std::to_string(batch.offset + batch.size()) + ") without its share");
         StepStats stats;
+        const float lossScale = m_scaler ? m_scaler->scale() : 1.0f;
         if (e > b) {
             {
                 PhaseScope phase(StepPart::Communication, "pull variables");
@@ -104,13 +107,30 @@ public:
             {
                 PhaseScope phase(StepPart::Backward, "backward");
                 // The mean over this worker's rows: each push is one full update, as in TF.
-                TS_TRY(m_program->lossAndBackward(batch.y.rows(b, e), true, e - b, &loss, &correct));
+                TS_TRY(m_program->lossAndBackward(batch.y.rows(b, e), true, e - b, &loss, &correct, lossScale));
             }
-            {
+            bool finite = true;
+            if (m_scaler) {
+                // Each worker scales its own loss; a step with non-finite gradients pushes nothing.
+                PhaseScope phase(StepPart::Optimizer, "loss-scale check");
+                Tensor grads = m_program->gradientArena();
+                if (grads.defined()) {
+                    double squares = 0;
+                    TS_TRY(m_backend->sumSquares(grads, &squares));
+                    finite = std::isfinite(squares);
+                    if (finite) TS_TRY(m_backend->scale(1.0f / lossScale, grads));
+                }
+            }
+            if (finite) {
                 PhaseScope phase(StepPart::Communication, "push gradients");
                 TS_TRY(m_store->push(lr));
             }
             stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
+            if (m_scaler) {
+                stats.lossScale = lossScale;
+                stats.skipped = !m_scaler->update(finite);
+                stats.skippedSteps = m_scaler->skippedSteps();
+            }
         }
         stats.staleness = m_store->staleness().last;
         return stats;
@@ -248,6 +268,8 @@ Result<std::unique_ptr<Strategy>> makeParameterServerStrategy(const StrategyConf
         return e;
     }
     s->m_backend = std::move(be).value();
+    TS_TRY(s->m_backend->setComputeType(config.precision.computeType()));
+    if (config.precision.scalesLoss()) s->m_scaler = std::make_unique<LossScaler>(config.precision);
     if (!s->m_backend->allocator().hostAccessible())
         return makeError(ErrorCode::Unsupported, s->m_device.toString() + ": parameter-server workers exchange variables from host memory",
                          "use a CPU device for parameter-server workers");

@@ -1,6 +1,7 @@
 #include "distribute/strategy.h"
 
 #include <atomic>
+#include <cmath>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -15,6 +16,40 @@
 
 namespace ts {
 namespace {
+
+// The loss scaler's state travels with the optimizer's in training-state backups.
+constexpr const char* kLossScaleState = "loss_scale/state";
+
+Tensor lossScaleTensor(const LossScaler& scaler)
+{
+    const std::vector<float> v = scaler.state();
+    return Tensor::fromVector({static_cast<int64_t>(v.size())}, v);
+}
+
+// Splits the loss scaler's state off `all` into `scaler` (null: there must be none).
+Status takeLossScaleState(const std::vector<std::pair<std::string, Tensor>>& all, LossScaler* scaler,
+                          const std::string& source, std::vector<std::pair<std::string, Tensor>>& rest)
+{
+    bool found = false;
+    for (const auto& [name, t] : all) {
+        if (name != kLossScaleState) {
+            rest.emplace_back(name, t);
+            continue;
+        }
+        found = true;
+        if (!scaler)
+            return makeError(ErrorCode::InvalidArgument, source + " holds a loss scale, and this run does not scale its loss",
+                             "resume it with the precision policy it was trained with (mixed_float16)");
+        if (t.dtype() != DType::F32 || !t.hostAccessible())
+            return makeError(ErrorCode::ParseError, source + ": " + kLossScaleState + " is not a host f32 tensor",
+                             "the backup was not written by this version; start the run afresh");
+        TS_TRY(scaler->restore(t.toVector(), source));
+    }
+    if (scaler && !found)
+        return makeError(ErrorCode::InvalidArgument, source + " has no loss-scale state, and this run scales its loss (mixed_float16)",
+                         "resume it with the precision policy it was trained with");
+    return okStatus();
+}
 
 int hardwareThreads()
 {
@@ -94,6 +129,8 @@ struct Replica {
     std::unique_ptr<ReplicaThread> thread; // null for replica 0
     StepStats stats;
     bool statsGlobal = false;              // stats already summed over every process
+    bool applied = false;                  // this step reached the update (finite or not)
+    bool finite = true;                    // loss scaling: the reduced gradients were finite
 };
 
 class ReplicatedStrategy final : public Strategy {
@@ -108,6 +145,7 @@ public:
     // Multi-worker: the processes' link (rank m_processRank of m_processCount), else null.
     std::shared_ptr<Communicator> m_cross;
     int m_processRank = 0, m_processCount = 1;
+    std::unique_ptr<LossScaler> m_scaler;  // mixed_float16 only
 
     std::string name() const override { return m_name; }
     int numReplicas() const override { return static_cast<int>(m_replicas.size()); }
@@ -222,6 +260,7 @@ public:
         const int n = numReplicas();
         const int global = globalReplicas();
         TS_TRY(checkShard(batch));
+        const float lossScale = m_scaler ? m_scaler->scale() : 1.0f;
         TS_TRY(runAll([&](int r) -> Status {
             Replica& rep = m_replicas[static_cast<std::size_t>(r)];
             Program& prog = *rep.program;
@@ -229,6 +268,8 @@ public:
             auto [b, e] = rowsOf(r, batch);
             rep.stats = {};
             rep.statsGlobal = false;
+            rep.applied = false;
+            rep.finite = true;
             Tensor grads = prog.gradientArena();
             // Phases: replica 0's (the trainer's thread) make the step-time breakdown; every
             // replica's become spans on its lane when tracing.
@@ -245,7 +286,7 @@ public:
                 }
                 {
                     PhaseScope phase(StepPart::Backward, "backward");
-                    TS_TRY(prog.lossAndBackward(batch.y.rows(b, e), true, rows, &loss, &correct));
+                    TS_TRY(prog.lossAndBackward(batch.y.rows(b, e), true, rows, &loss, &correct, lossScale));
                 }
                 rep.stats = {static_cast<double>(loss) * static_cast<double>(e - b), correct, e - b};
             } else if (grads.defined()) {
@@ -290,7 +331,16 @@ public:
                     TS_TRY(m_comm->allReduceSum(r, grads));
                 }
             }
-            if (grads.defined() && apply) {
+            rep.applied = apply && grads.defined();
+            if (m_scaler && rep.applied) {
+                // Every replica holds the same reduced gradients, so all reach the same verdict.
+                PhaseScope phase(StepPart::Optimizer, "loss-scale check");
+                double squares = 0;
+                TS_TRY(be.sumSquares(grads, &squares));
+                rep.finite = std::isfinite(squares);
+                if (rep.finite) TS_TRY(be.scale(1.0f / lossScale, grads));
+            }
+            if (grads.defined() && apply && rep.finite) {
                 PhaseScope phase(StepPart::Optimizer, "optimizer update");
                 const int64_t total = grads.numel();
                 if (m_sharedParams) {
@@ -315,15 +365,23 @@ public:
             if (r > 0 && telemetry::Tracer::enabled()) telemetry::Tracer::flushThread();
             return okStatus();
         }));
-        // Multi-worker with gradients: every local replica holds the sums over all processes.
-        if (m_replicas[0].statsGlobal) return m_replicas[0].stats;
         StepStats total;
-        for (const auto& rep : m_replicas) {
-            total.lossSum += rep.stats.lossSum;
-            total.correct += rep.stats.correct;
-            total.count += rep.stats.count;
+        if (m_replicas[0].statsGlobal) {
+            // Multi-worker with gradients: every local replica holds the sums over all processes.
+            total = m_replicas[0].stats;
+        } else {
+            for (const auto& rep : m_replicas) {
+                total.lossSum += rep.stats.lossSum;
+                total.correct += rep.stats.correct;
+                total.count += rep.stats.count;
+            }
+            TS_TRY(sumAcrossProcesses(total));
         }
-        TS_TRY(sumAcrossProcesses(total));
+        if (m_scaler) {
+            total.lossScale = lossScale;
+            if (m_replicas[0].applied) total.skipped = !m_scaler->update(m_replicas[0].finite);
+            total.skippedSteps = m_scaler->skippedSteps();
+        }
         return total;
     }
 
@@ -368,13 +426,20 @@ public:
     // Every replica applies the same update to the same values, so replica 0's state is all of it.
     Result<std::vector<std::pair<std::string, Tensor>>> exportOptimizerState() override
     {
-        if (m_sharedOptimizer) return m_sharedOptimizer->exportState(*m_replicas[0].backend);
-        if (m_replicas[0].optimizer) return m_replicas[0].optimizer->exportState(*m_replicas[0].backend);
-        return std::vector<std::pair<std::string, Tensor>>{};  // a model without trainable weights
+        std::vector<std::pair<std::string, Tensor>> state;
+        if (m_sharedOptimizer) {
+            TS_ASSIGN(state, m_sharedOptimizer->exportState(*m_replicas[0].backend));
+        } else if (m_replicas[0].optimizer) {
+            TS_ASSIGN(state, m_replicas[0].optimizer->exportState(*m_replicas[0].backend));
+        }
+        if (m_scaler) state.emplace_back(kLossScaleState, lossScaleTensor(*m_scaler));
+        return state;
     }
 
-    Status importOptimizerState(const std::vector<std::pair<std::string, Tensor>>& tensors, const std::string& source) override
+    Status importOptimizerState(const std::vector<std::pair<std::string, Tensor>>& all, const std::string& source) override
     {
+        std::vector<std::pair<std::string, Tensor>> tensors;
+        TS_TRY(takeLossScaleState(all, m_scaler.get(), source, tensors));
         if (m_sharedOptimizer) return m_sharedOptimizer->importState(*m_replicas[0].backend, tensors, source);
         for (auto& rep : m_replicas)
             if (rep.optimizer) TS_TRY(rep.optimizer->importState(*rep.backend, tensors, source));
@@ -468,7 +533,9 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
             return e;
         }
         rep.backend = std::move(be).value();
+        TS_TRY(rep.backend->setComputeType(config.precision.computeType()));
     }
+    if (config.precision.scalesLoss()) s->m_scaler = std::make_unique<LossScaler>(config.precision);
     bool allHost = true;
     for (auto& rep : s->m_replicas) allHost &= rep.backend->allocator().hostAccessible();
     s->m_sharedParams = allHost && n > 1;

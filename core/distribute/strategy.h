@@ -23,6 +23,7 @@
 #include "data/source.h"
 #include "distribute/partitioner.h"
 #include "nn/program.h"
+#include "optim/precision.h"
 
 namespace ts {
 
@@ -51,6 +52,10 @@ struct StrategyConfig {
     std::shared_ptr<ParameterStore> parameterStore;
     int numWorkers = 1;
     PartitionOptions partition;
+    // Mixed precision: every replica's backend computes dense and convolution layers in the
+    // policy's type (an error naming the device if it cannot), and under mixed_float16 the loss
+    // is scaled (optim/precision.h). Set from the run's "precision".
+    PrecisionConfig precision;
 };
 
 struct StepStats {
@@ -58,6 +63,11 @@ struct StepStats {
     int64_t correct = 0;
     int64_t count = 0;
     int64_t staleness = -1;  // parameter-server: of the latest acknowledged push (-1: none/not PS)
+    // Loss scaling (mixed_float16): the scale this step's loss was multiplied by (0: no loss
+    // scaling), whether the step was skipped for non-finite gradients, and how many were so far.
+    float lossScale = 0;
+    bool skipped = false;
+    int64_t skippedSteps = 0;
 };
 
 class Strategy {

@@ -446,7 +446,7 @@ Status Program::forward(const Tensor& x, bool training, uint64_t seed)
 }
 
 Status Program::lossAndBackward(const Tensor& y, bool backward, int64_t globalBatch, float* loss,
-                                int64_t* correct)
+                                int64_t* correct, float lossScale)
 {
     Impl& d = *m_d;
     const GraphAnalysis& g = *m_graph;
@@ -467,6 +467,7 @@ Status Program::lossAndBackward(const Tensor& y, bool backward, int64_t globalBa
     const NodeInfo& outNi = g.nodes[static_cast<std::size_t>(outIdx)];
     LossParams lp = d.loss;
     lp.globalBatch = globalBatch > 0 ? globalBatch : n;
+    lp.gradScale *= lossScale;
 
     // Where dLoss/dlogits goes: the output node's gradient, or (folded) its pre-activation
     // gradient / its input's gradient.

@@ -52,9 +52,10 @@ public:
     // Loss of the last forward against y (host tensor, I32 (N) or F32 (N, C)); writes the mean
     // loss over this batch and the number of correct predictions. If `backward`, also computes
     // gradients (overwriting the gradient arena) scaled so that summing over replicas gives
-    // the gradient of the mean loss over `globalBatch` rows.
+    // the gradient of the mean loss over `globalBatch` rows, times `lossScale` (mixed_float16's
+    // loss scaling: the caller divides it out of the reduced gradients; `loss` is unscaled).
     Status lossAndBackward(const Tensor& y, bool backward, int64_t globalBatch, float* loss,
-                           int64_t* correct);
+                           int64_t* correct, float lossScale = 1.0f);
     // Model outputs of the last forward as a host tensor (probabilities where the final softmax
     // or sigmoid was folded into the loss).
     Result<Tensor> outputs();

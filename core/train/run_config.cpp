@@ -33,6 +33,8 @@ nlohmann::json RunConfig::toJson() const
     if (validationPipeline) j["validation_pipeline"] = validationPipeline->toJson();
     if (backup.enabled() || backup.restarts > 0)
         j["backup"] = {{"dir", backup.dir}, {"every_steps", backup.everySteps}, {"restarts", backup.restarts}};
+    // Only when set, so that float32 runs keep the configuration (and its hash) they always had.
+    if (strategy.precision.policy != PrecisionPolicy::Float32) j["precision"] = strategy.precision.toJson();
     return j;
 }
 
@@ -63,7 +65,7 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
     RunConfig c;
     TS_TRY(checkJsonKeys(j,
                          {"model_file", "model", "data", "strategy", "epochs", "max_steps", "batch_size", "seed", "optimizer",
-                          "schedule", "loss", "load_weights", "save_weights", "pipeline", "validation_pipeline", "backup"},
+                          "schedule", "loss", "load_weights", "save_weights", "pipeline", "validation_pipeline", "backup", "precision"},
                          source));
     // Types and ranges first, each naming its key: the library's own messages ("type_error.302")
     // name none, and a negative count used to fall back to the default silently.
@@ -165,6 +167,9 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
         c.maxSteps = j.value("max_steps", int64_t{0});
         c.batchSize = j.value("batch_size", int64_t{-1});
         c.seed = j.value("seed", uint64_t{0});
+        if (j.contains("precision")) {
+            TS_ASSIGN(c.strategy.precision, PrecisionConfig::fromJson(j["precision"], source));
+        }
         if (j.contains("optimizer")) {
             c.optimizer = j["optimizer"];
             // Checked here, so the error names this file (the trainer builds it much later).

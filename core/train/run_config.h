@@ -12,6 +12,7 @@
 //  "optimizer": {"type": "adam", "learning_rate": 0.001},   // null: the model's compile settings
 //  "schedule": null, "loss": "", "load_weights": "", "save_weights": "",
 //  "backup": {"dir": "", "every_steps": 0, "restarts": 0},  // optional: train/backup.h
+//  "precision": "mixed_bfloat16",     // optional: Keras' policy (optim/precision.h); float32 by default
 //  "pipeline": {...},                 // optional: a tf.data-style input pipeline (data/pipeline_config.h)
 //  "validation_pipeline": {...}}      // optional: its validation counterpart
 //

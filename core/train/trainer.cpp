@@ -405,6 +405,8 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 se.inputWaitSeconds = wait;
                 se.batchSize = join ? st->count : batch.globalSize();
                 se.staleness = st->staleness;
+                se.lossScale = st->lossScale;
+                se.skippedSteps = st->skippedSteps;
                 reportStep(se, stepStartNs, stepEndNs, listener);
             }
             if (backups && m_config.backup.everySteps > 0 && m_step % m_config.backup.everySteps == 0)
@@ -499,6 +501,12 @@ void Trainer::reportStep(const StepEvent& se, int64_t stepStartNs, int64_t stepE
         m.loss = se.loss;
         m.metrics.emplace("accuracy", se.accuracy);
         if (se.staleness >= 0) m.metrics.emplace("staleness", static_cast<double>(se.staleness));
+        if (se.lossScale > 0) {
+            // Keras reports the scale as the LossScaleOptimizer's dynamic_scale; the skipped
+            // steps show how often it had to back off.
+            m.metrics.emplace("loss_scale", se.lossScale);
+            m.metrics.emplace("skipped_steps", static_cast<double>(se.skippedSteps));
+        }
         m.samplesPerSec = se.samplesPerSec;
         m.learningRate = se.learningRate;
         bus->publish(Event(std::move(m)));
@@ -655,6 +663,8 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
             se.inputWaitSeconds = wait;
             se.batchSize = st->count;
             se.staleness = st->staleness;
+            se.lossScale = st->lossScale;
+            se.skippedSteps = st->skippedSteps;
             reportStep(se, stepStartNs, stepEndNs, listener);
         }
     }

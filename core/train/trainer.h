@@ -82,6 +82,8 @@ struct StepEvent {
     int64_t batchSize = 0;
     int64_t staleness = -1;      // parameter-server: updates the ps applied between this
                                  // worker's pull and its latest acknowledged push; -1 otherwise
+    double lossScale = 0;        // mixed_float16: this step's loss scale; 0 without loss scaling
+    int64_t skippedSteps = 0;    // mixed_float16: steps skipped so far for non-finite gradients
 };
 
 struct EpochEvent {

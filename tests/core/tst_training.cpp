@@ -11,6 +11,7 @@
 #include "distribute/strategy.h"
 #include "io/safetensors.h"
 #include "nn/program.h"
+#include "optim/precision.h"
 #include "train/trainer.h"
 #include "train_util.h"
 
@@ -29,6 +30,12 @@ private slots:
     void mirroredEqualsOneDevice();
     void deterministicGivenSeed();
     void lossDecreasesOnEveryBackend();
+    void mixedPrecisionTrains_data();
+    void mixedPrecisionTrains();
+    void lossScaleSkipsAndHalvesOnOverflow();
+    void lossScaleGrowsAfterFiniteSteps();
+    void lossScaleIsBackedUp();
+    void precisionConfigRoundTrips();
     void badBatchSizes();
     void modelOutputMustFitLabels();
     void unknownStrategyAndDuplicateDevices();
@@ -139,6 +146,18 @@ ModelSpec mlp(int64_t in = 20, int64_t hidden = 32, int64_t classes = 10, nlohma
         .spec();
 }
 
+
+// A learnable rule: 512 rows of 20 features, the class is the argmax of the first 4.
+std::pair<Tensor, Tensor> argmaxRule()
+{
+    Tensor x = tstest::randomTensor(Shape{512, 20}, 4);
+    Tensor y = Tensor::empty(Shape{512}, DType::I32);
+    for (int i = 0; i < 512; ++i) {
+        const float* r = x.data<float>() + i * 20;
+        y.data<int32_t>()[i] = static_cast<int32_t>(std::max_element(r, r + 4) - r);
+    }
+    return {x, y};
+}
 
 std::vector<float> trainAndExport(const ModelSpec& spec, StrategyConfig sc, const Tensor& x, const Tensor& y, int64_t batch, int64_t steps)
 {
@@ -300,13 +319,7 @@ void TestTraining::deterministicGivenSeed()
 void TestTraining::lossDecreasesOnEveryBackend()
 {
     const ModelSpec spec = mlp(20, 32, 4, {{"type", "adam"}, {"learning_rate", 0.01}});
-    // A learnable rule: the class is the argmax of the first 4 features.
-    const Tensor x = tstest::randomTensor(Shape{512, 20}, 4);
-    Tensor y = Tensor::empty(Shape{512}, DType::I32);
-    for (int i = 0; i < 512; ++i) {
-        const float* r = x.data<float>() + i * 20;
-        y.data<int32_t>()[i] = static_cast<int32_t>(std::max_element(r, r + 4) - r);
-    }
+    const auto [x, y] = argmaxRule();
     for (const std::string be : {"reference", "cpu"}) {
         TrainConfig tc;
         tc.epochs = 15;
@@ -321,6 +334,269 @@ void TestTraining::lossDecreasesOnEveryBackend()
         QVERIFY2(r->last.valLoss < 0.5 * first->loss, qPrintable(QString("%1: loss %2 -> %3").arg(QString::fromStdString(be)).arg(first->loss).arg(r->last.valLoss)));
         QVERIFY(r->last.valAccuracy > 0.9);
     }
+}
+
+void TestTraining::mixedPrecisionTrains_data()
+{
+    QTest::addColumn<QString>("backend");
+    QTest::addColumn<QString>("policy");
+    for (const char* be : {"reference", "cpu"})
+        for (const char* p : {"mixed_bfloat16", "mixed_float16"}) QTest::newRow((std::string(be) + " " + p).c_str()) << be << p;
+}
+
+void TestTraining::mixedPrecisionTrains()
+{
+    // The learnable rule of lossDecreasesOnEveryBackend, trained in 16-bit compute: it learns as
+    // float32 does, and the weights do differ from float32's (the policy is not a no-op).
+    QFETCH(QString, backend);
+    QFETCH(QString, policy);
+    const ModelSpec spec = mlp(20, 32, 4, {{"type", "adam"}, {"learning_rate", 0.01}});
+    const auto [x, y] = argmaxRule();
+    auto train = [&](PrecisionPolicy p, std::vector<float>* weights, std::vector<StepEvent>* steps) {
+        struct Steps : TrainListener {
+            std::vector<StepEvent>* out;
+            void onStep(const StepEvent& e) override
+            {
+                if (out) out->push_back(e);
+            }
+        } listener;
+        listener.out = steps;
+        TrainConfig tc;
+        tc.epochs = 15;
+        tc.seed = 3;
+        tc.strategy.backend = backend.toStdString();
+        tc.strategy.precision.policy = p;
+        auto t = Trainer::create(spec, tc);
+        if (!t.ok()) qFatal("%s", t.error().toString().c_str());
+        if (!(*t)->initialise().ok()) qFatal("init failed");
+        TensorSource src(x, y, 32);
+        auto r = (*t)->fit(src, &src, &listener);
+        if (!r.ok()) qFatal("%s", r.error().toString().c_str());
+        auto params = (*t)->strategy().exportParameters();
+        if (!params.ok()) qFatal("%s", params.error().toString().c_str());
+        for (auto& [name, tensor] : *params)
+            for (float v : tensor.toVector()) weights->push_back(v);
+        return r->last;
+    };
+    std::vector<float> w32, w16;
+    std::vector<StepEvent> steps;
+    const EpochEvent f32 = train(PrecisionPolicy::Float32, &w32, nullptr);
+    const PrecisionPolicy p = policy == "mixed_float16" ? PrecisionPolicy::MixedFloat16 : PrecisionPolicy::MixedBfloat16;
+    const EpochEvent mixed = train(p, &w16, &steps);
+    QVERIFY2(mixed.valAccuracy > 0.9 && mixed.valAccuracy > f32.valAccuracy - 0.03,
+             qPrintable(QString("accuracy %1 against float32's %2").arg(mixed.valAccuracy).arg(f32.valAccuracy)));
+    QVERIFY2(std::abs(mixed.valLoss - f32.valLoss) < 0.1 * f32.valLoss + 0.02,
+             qPrintable(QString("loss %1 against float32's %2").arg(mixed.valLoss).arg(f32.valLoss)));
+    QCOMPARE(w16.size(), w32.size());
+    QVERIFY(w16 != w32);
+    // Variables stay float32: the weights are not all 16-bit values.
+    const DType t = p == PrecisionPolicy::MixedFloat16 ? DType::F16 : DType::BF16;
+    QVERIFY(std::any_of(w16.begin(), w16.end(), [&](float v) { return roundToDType(v, t) != v; }));
+    // Loss scaling is reported under mixed_float16 only: Keras' 2^15 start, nothing skipped here.
+    QVERIFY(!steps.empty());
+    for (const StepEvent& e : steps) {
+        QCOMPARE(e.lossScale, p == PrecisionPolicy::MixedFloat16 ? 32768.0 : 0.0);
+        QCOMPARE(e.skippedSteps, int64_t(0));
+    }
+}
+
+namespace {
+Result<std::unique_ptr<Strategy>> scaledStrategy(const ModelSpec& spec, PrecisionConfig precision)
+{
+    GraphAnalysis graph = analyzeModel(spec);
+    TS_TRY(problemsToStatus(graph, spec.name));
+    StrategyConfig sc;
+    sc.kind = "one-device";
+    sc.threads = 1;
+    sc.precision = precision;
+    auto loss = parseLoss(spec.compile.loss, spec.compile.fromLogits);
+    if (!loss.ok()) return loss.takeError();
+    TS_ASSIGN(auto s, Strategy::create(sc, std::make_shared<const GraphAnalysis>(std::move(graph)), *loss, spec.compile.optimizer));
+    TS_TRY(s->initialise(5));
+    return s;
+}
+
+std::vector<float> flatParams(Strategy& s)
+{
+    std::vector<float> out;
+    auto params = s.exportParameters();  // kept: a range-for over *temporary would dangle
+    if (!params.ok()) qFatal("%s", params.error().toString().c_str());
+    for (auto& [name, t] : *params)
+        for (float v : t.toVector()) out.push_back(v);
+    return out;
+}
+} // namespace
+
+void TestTraining::lossScaleSkipsAndHalvesOnOverflow()
+{
+    // Injected overflow: a loss scale of 2^40 makes the scaled gradients overflow f16 in the
+    // dense layers' backward pass. Each such step must leave the weights alone and halve the
+    // scale, until the gradients fit; then steps apply again.
+    const ModelSpec spec = mlp(20, 32, 10, {{"type", "sgd"}, {"learning_rate", 0.1}});
+    PrecisionConfig pc;
+    pc.policy = PrecisionPolicy::MixedFloat16;
+    pc.initialScale = std::ldexp(1.0f, 40);
+    auto s = scaledStrategy(spec, pc);
+    QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
+    Strategy& st = **s;
+    Batch batch;
+    batch.x = tstest::randomTensor(Shape{32, 20}, 8);
+    batch.y = tstest::randomLabels(32, 10, 9);
+    float expectScale = pc.initialScale;
+    int skipped = 0;
+    for (int step = 1; step <= 45; ++step) {
+        const std::vector<float> before = flatParams(st);
+        auto r = st.trainStep(batch, 0.1f, step, 1);
+        QVERIFY2(r.ok(), r.ok() ? "" : r.error().toString().c_str());
+        QCOMPARE(r->lossScale, expectScale);
+        QVERIFY(std::isfinite(r->lossSum));  // the loss itself is never scaled
+        if (!r->skipped) {
+            QVERIFY2(flatParams(st) != before, "a finite step must update the weights");
+            break;
+        }
+        ++skipped;
+        QCOMPARE(r->skippedSteps, int64_t(skipped));
+        QVERIFY2(flatParams(st) == before, qPrintable(QString("skipped step %1 changed the weights").arg(step)));
+        expectScale /= 2;
+    }
+    // f16's range ends at 2^16, and the gradients are far below 1 even for this batch: at least
+    // 2^40 / 2^(16+something) must go, and the search ends well before the scale reaches 1.
+    QVERIFY2(skipped >= 20 && skipped < 40, qPrintable(QString("%1 steps skipped").arg(skipped)));
+
+    // Without loss scaling in f16, the same tiny gradients partly flush to zero: the scale is what
+    // keeps them (the reason for mixed_float16's LossScaleOptimizer).
+    QVERIFY(roundToDType(1e-8f, DType::F16) == 0.0f);
+    QVERIFY(roundToDType(1e-8f * 32768.0f, DType::F16) != 0.0f);
+}
+
+void TestTraining::lossScaleGrowsAfterFiniteSteps()
+{
+    PrecisionConfig pc;
+    pc.policy = PrecisionPolicy::MixedFloat16;
+    pc.initialScale = 1024;
+    pc.growthSteps = 3;
+    LossScaler scaler(pc);
+    QCOMPARE(scaler.scale(), 1024.0f);
+    QVERIFY(scaler.update(true));
+    QVERIFY(scaler.update(true));
+    QCOMPARE(scaler.scale(), 1024.0f);
+    QVERIFY(scaler.update(true));
+    QCOMPARE(scaler.scale(), 2048.0f);  // doubled after 3 finite steps in a row
+    QVERIFY(scaler.update(true));
+    QVERIFY(!scaler.update(false));     // skipped: halve, and the run of finite steps restarts
+    QCOMPARE(scaler.scale(), 1024.0f);
+    QVERIFY(scaler.update(true));
+    QVERIFY(scaler.update(true));
+    QCOMPARE(scaler.scale(), 1024.0f);
+    QVERIFY(scaler.update(true));
+    QCOMPARE(scaler.scale(), 2048.0f);
+    QCOMPARE(scaler.skippedSteps(), int64_t(1));
+    // Never below 1; a fixed scale never moves but still skips non-finite steps.
+    PrecisionConfig small = pc;
+    small.initialScale = 2;
+    LossScaler s2(small);
+    for (int i = 0; i < 5; ++i) QVERIFY(!s2.update(false));
+    QCOMPARE(s2.scale(), 1.0f);
+    PrecisionConfig fixed = pc;
+    fixed.dynamic = false;
+    LossScaler s3(fixed);
+    QVERIFY(!s3.update(false));
+    for (int i = 0; i < 10; ++i) QVERIFY(s3.update(true));
+    QCOMPARE(s3.scale(), 1024.0f);
+    // Keras' defaults.
+    const PrecisionConfig keras;
+    QCOMPARE(keras.initialScale, 32768.0f);
+    QCOMPARE(keras.growthSteps, int64_t(2000));
+    QVERIFY(keras.dynamic);
+}
+
+void TestTraining::lossScaleIsBackedUp()
+{
+    const ModelSpec spec = mlp(20, 32, 10, {{"type", "adam"}, {"learning_rate", 0.01}});
+    PrecisionConfig pc;
+    pc.policy = PrecisionPolicy::MixedFloat16;
+    pc.initialScale = std::ldexp(1.0f, 36);  // a few skipped steps first, so the state is not the start's
+    auto a = scaledStrategy(spec, pc);
+    QVERIFY(a.ok());
+    Batch batch;
+    batch.x = tstest::randomTensor(Shape{32, 20}, 8);
+    batch.y = tstest::randomLabels(32, 10, 9);
+    StepStats last;
+    for (int step = 1; step <= 30; ++step) {
+        auto r = (*a)->trainStep(batch, 0.01f, step, 1);
+        QVERIFY(r.ok());
+        last = *r;
+    }
+    QVERIFY(last.skippedSteps > 0);
+    auto state = (*a)->exportOptimizerState();
+    QVERIFY(state.ok());
+    const auto it = std::find_if(state->begin(), state->end(), [](const auto& p) { return p.first == "loss_scale/state"; });
+    QVERIFY(it != state->end());
+    QCOMPARE(it->second.toVector()[2], float(last.skippedSteps));
+
+    // A new strategy resumes with the same scale (the next step uses it, then goes on alike).
+    auto b = scaledStrategy(spec, pc);
+    QVERIFY(b.ok());
+    QVERIFY((*b)->importParameters(*(*a)->exportParameters(), "a").ok());
+    const Status imported = (*b)->importOptimizerState(*state, "backup");
+    QVERIFY2(imported.ok(), imported.ok() ? "" : imported.error().toString().c_str());
+    auto ra = (*a)->trainStep(batch, 0.01f, 31, 1);
+    auto rb = (*b)->trainStep(batch, 0.01f, 31, 1);
+    QVERIFY(ra.ok() && rb.ok());
+    QCOMPARE(rb->lossScale, ra->lossScale);
+    QCOMPARE(rb->skippedSteps, ra->skippedSteps);
+    QVERIFY(flatParams(**a) == flatParams(**b));
+
+    // A float32 run refuses a backup with a loss scale, and a mixed_float16 one needs it.
+    auto f32 = scaledStrategy(spec, PrecisionConfig{});
+    QVERIFY(f32.ok());
+    const Status refused = (*f32)->importOptimizerState(*state, "backup.safetensors");
+    QVERIFY(!refused.ok());
+    QVERIFY2(QString::fromStdString(refused.error().message).contains("backup.safetensors holds a loss scale"), refused.error().message.c_str());
+    std::vector<std::pair<std::string, Tensor>> without;
+    for (const auto& p : *state)
+        if (p.first != "loss_scale/state") without.push_back(p);
+    const Status missing = (*b)->importOptimizerState(without, "old.safetensors");
+    QVERIFY(!missing.ok());
+    QVERIFY2(QString::fromStdString(missing.error().message).contains("no loss-scale state"), missing.error().message.c_str());
+}
+
+void TestTraining::precisionConfigRoundTrips()
+{
+    auto parse = [](const nlohmann::json& j) { return PrecisionConfig::fromJson(j, "run.json"); };
+    QCOMPARE(int(parse("mixed_bfloat16")->policy), int(PrecisionPolicy::MixedBfloat16));
+    QCOMPARE(int(parse(nullptr)->policy), int(PrecisionPolicy::Float32));
+    QCOMPARE(int(parse("mixed_float16")->computeType()), int(DType::F16));
+    QVERIFY(parse("mixed_float16")->scalesLoss());
+    QVERIFY(!parse("mixed_bfloat16")->scalesLoss());
+    auto custom = parse({{"policy", "mixed_float16"}, {"initial_scale", 1024}, {"growth_steps", 10}});
+    QVERIFY(custom.ok());
+    QCOMPARE(custom->initialScale, 1024.0f);
+    QCOMPARE(custom->growthSteps, int64_t(10));
+    auto again = parse(custom->toJson());
+    QVERIFY(again.ok());
+    QCOMPARE(again->initialScale, 1024.0f);
+    QCOMPARE(again->growthSteps, int64_t(10));
+    QVERIFY(again->dynamic);
+    auto fixed = parse({{"policy", "mixed_float16"}, {"loss_scale", 128}});
+    QVERIFY(fixed.ok() && !fixed->dynamic && fixed->initialScale == 128.0f);
+    QVERIFY(!parse(fixed->toJson())->dynamic);
+    QCOMPARE(parse("mixed_bfloat16")->toJson(), nlohmann::json("mixed_bfloat16"));
+    // Errors name the key, the file and what to write.
+    auto bad = [&](const nlohmann::json& j, const char* mention) {
+        auto r = parse(j);
+        if (r.ok()) return QString("accepted ") + QString::fromStdString(j.dump());
+        const QString text = QString::fromStdString(r.error().toString());
+        return text.contains(mention) && text.contains("run.json") ? QString() : text;
+    };
+    QCOMPARE(bad("float16", "mixed_float16"), QString());
+    QCOMPARE(bad({{"policy", "mixed_float16"}, {"loss_scale", -1}}, "loss_scale is -1"), QString());
+    QCOMPARE(bad({{"policy", "mixed_float16"}, {"loss_scale", "auto"}}, "dynamic"), QString());
+    QCOMPARE(bad({{"policy", "mixed_float16"}, {"growth_steps", 0}}, "growth_steps"), QString());
+    QCOMPARE(bad({{"policy", "mixed_float16"}, {"loss_scale", 8}, {"initial_scale", 8}}, "drop one"), QString());
+    QCOMPARE(bad({{"policy", "mixed_float16"}, {"initial_scale", 1e39}}, "finite"), QString());
+    QCOMPARE(bad({{"polcy", "mixed_float16"}}, "polcy"), QString());
+    QCOMPARE(bad(42, "policy name"), QString());
 }
 
 void TestTraining::badBatchSizes()
