@@ -40,9 +40,10 @@ struct Sample {
     double accuracy = 0;
 };
 
-ts::Result<Sample> runOurs(const std::string& model, const BenchOptions& o)
+ts::Result<Sample> runOurs(const std::string& model, const BenchOptions& o, const std::string& precision)
 {
     ts::RunConfig cfg;
+    TS_ASSIGN(cfg.strategy.precision.policy, ts::PrecisionConfig::parsePolicy(precision, "--precision"));
     TS_ASSIGN(cfg.model, loadModel(model));
     cfg.epochs = o.epochs;
     cfg.validate = false;
@@ -128,6 +129,10 @@ void addBenchCommand(CLI::App& app, BenchOptions& o)
                                       "2 workers vs 1 process vs PyTorch DDP, then ParameterServer on worker daemons)");
     c->add_option("--models", o.models, "comma-separated: mlp, cnn");
     c->add_flag("--busy", o.busy, "train: also measure both engines with one core taken by a spinning process");
+    c->add_option("--precision", o.precision,
+                  "train: our mixed-precision policy (float32, mixed_bfloat16, mixed_float16); a mixed one is measured next to "
+                  "our float32 in the same pairs, and PyTorch stays float32")
+        ->check(CLI::IsMember({"float32", "mixed_float16", "mixed_bfloat16"}));
     c->add_option("--threads", o.threads, "threads for both engines");
     c->add_option("--pairs", o.pairs, "alternating (ours, PyTorch) pairs; medians are reported");
     c->add_option("--epochs", o.epochs, "epochs per run (the first is warm-up and excluded)");
@@ -154,20 +159,38 @@ int runBench(const BenchOptions& o)
     while (std::getline(ss, model, ',')) {
         // Index 0: an idle machine; 1: with a busy neighbour (--busy).
         std::vector<double> ours[2], theirs[2], ratios[2];
-        double ourAcc = 0, theirAcc = 0;
+        std::vector<double> ours32, mixedGain;  // --precision: our float32, and policy / float32 per pair
+        const bool mixed = o.precision != "float32";
+        double ourAcc = 0, theirAcc = 0, ourAcc32 = 0;
         for (int p = 0; p < o.pairs; ++p) {
             for (int busy = 0; busy <= (o.busy ? 1 : 0); ++busy) {
                 std::unique_ptr<BusyNeighbour> neighbour;
                 if (busy) neighbour = std::make_unique<BusyNeighbour>();
-                auto a = runOurs(model, o);
+                std::string line = "  pair " + std::to_string(p + 1) + (busy ? " (busy neighbour)" : "") + ": trainstudio ";
+                double f32Rate = 0;
+                if (mixed && !busy) {
+                    auto a32 = runOurs(model, o, "float32");
+                    if (!a32.ok()) {
+                        std::cerr << "error: " << model << ": " << a32.error().toString() << "\n";
+                        return 1;
+                    }
+                    f32Rate = a32->samplesPerSec;
+                    ours32.push_back(f32Rate);
+                    ourAcc32 = a32->accuracy;
+                    line += "float32 " + std::to_string(static_cast<long>(f32Rate)) + "  " + o.precision + " ";
+                }
+                auto a = runOurs(model, o, o.precision);
                 if (!a.ok()) {
                     std::cerr << "error: " << model << ": " << a.error().toString() << "\n";
                     return 1;
                 }
                 ours[busy].push_back(a->samplesPerSec);
                 ourAcc = a->accuracy;
-                std::string line = "  pair " + std::to_string(p + 1) + (busy ? " (busy neighbour)" : "") + ": trainstudio " +
-                                   std::to_string(static_cast<long>(a->samplesPerSec));
+                line += std::to_string(static_cast<long>(a->samplesPerSec));
+                if (f32Rate > 0) {
+                    mixedGain.push_back(a->samplesPerSec / f32Rate);
+                    line += " (" + std::to_string(mixedGain.back()).substr(0, 5) + "x)";
+                }
                 if (torch) {
                     auto b = runTorch(model, o, dir);
                     if (!b.ok()) {
@@ -186,7 +209,12 @@ int runBench(const BenchOptions& o)
         if (o.json) {
             nlohmann::json j = {{"model", model}, {"threads", o.threads}, {"strategy", o.strategy}, {"pairs", o.pairs},
                                 {"epochs", o.epochs}, {"trainstudio_samples_per_sec", median(ours[0])},
-                                {"trainstudio_test_accuracy", ourAcc}};
+                                {"trainstudio_test_accuracy", ourAcc}, {"precision", o.precision}};
+            if (mixed) {
+                j["trainstudio_float32_samples_per_sec"] = median(ours32);
+                j["trainstudio_float32_test_accuracy"] = ourAcc32;
+                j["precision_speedup_median"] = median(mixedGain);
+            }
             if (torch) {
                 j["pytorch_samples_per_sec"] = median(theirs[0]);
                 j["pytorch_test_accuracy"] = theirAcc;
@@ -205,6 +233,9 @@ int runBench(const BenchOptions& o)
         } else {
             std::printf("%s (%d threads, %s, %d pairs, median of epochs 2..%d): trainstudio %.0f samples/s", model.c_str(),
                         o.threads, o.strategy.c_str(), o.pairs, o.epochs, median(ours[0]));
+            if (mixed)
+                std::printf(" in %s (%.2fx our float32's %.0f; test accuracy %.4f vs %.4f)", o.precision.c_str(), median(mixedGain),
+                            median(ours32), ourAcc, ourAcc32);
             if (torch) std::printf(" | pytorch %.0f samples/s | ratio %.2fx", median(theirs[0]), median(ratios[0]));
             std::printf("\n");
             if (o.busy) {

@@ -30,6 +30,7 @@ struct TrainOptions {
     double learningRate = -1;
     std::string strategy;  // empty: the configuration's, else one-device
     std::string devices;
+    std::string precision;  // empty: the configuration's, else float32
     int threads = 0;
     unsigned long long seed = 0;
     bool seedGiven = false;  // --seed given (else the configuration's seed)
@@ -81,6 +82,7 @@ struct BenchOptions {
     bool json = false;
     std::string suite = "train";  // train | pipeline | overhead | store | distributed (bench_suites.cpp)
     bool busy = false;            // train: also measure with one core taken by a busy process
+    std::string precision = "float32";  // train: our policy; a mixed one is measured next to our float32 too
 };
 int runBenchSuite(const BenchOptions& o);
 

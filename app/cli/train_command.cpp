@@ -208,6 +208,9 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
         ->check(numberWhere([](double x) { return x >= 0.1 && x <= 86400; }, "must be a number of seconds from 0.1 to 86400 (a day)",
                             "SECONDS"));
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
+    c->add_option("--precision", o.precision,
+                  "Keras' mixed-precision policy: float32 (default), mixed_bfloat16, or mixed_float16 (with dynamic loss scaling)")
+        ->check(CLI::IsMember({"float32", "mixed_float16", "mixed_bfloat16"}));
     c->add_option("--threads", o.threads, "total CPU threads (default: all cores)")->check(CLI::Range(0, ts::kMaxThreads));
     // Checked: CLI11 would wrap -1 around to 2^64 - 1.
     c->add_option("--seed", o.seed, "random seed (initialisation, shuffling, dropout; default: the configuration's, else 0)")
@@ -437,6 +440,15 @@ int runTrain(const TrainOptions& options)
         }
     }
     if (!o.backend.empty()) cfg.strategy.backend = o.backend;
+    if (!o.precision.empty()) {
+        // The policy alone: a configuration's loss-scale settings stay.
+        auto policy = ts::PrecisionConfig::parsePolicy(o.precision, "--precision");
+        if (!policy.ok()) {
+            printError(policy.takeError());
+            return 2;
+        }
+        cfg.strategy.precision.policy = policy.value();
+    }
     if (!o.partitioner.empty()) cfg.strategy.partition.policy = o.partitioner;
     if (o.minShardBytes > 0) cfg.strategy.partition.minShardBytes = o.minShardBytes;
     if (o.seedGiven) cfg.seed = o.seed;

@@ -106,6 +106,9 @@ void TestCli::initTestCase()
     writeFile(m_dir.filePath("twice.json"),
               QStringLiteral(R"({"model_file": "%1", "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:0"]}})").arg(seed).toUtf8());
     writeFile(m_dir.filePath("text_epochs.json"), QStringLiteral(R"({"model_file": "%1", "epochs": "3"})").arg(seed).toUtf8());
+    writeFile(m_dir.filePath("float16_policy.json"), QStringLiteral(R"({"model_file": "%1", "precision": "float16"})").arg(seed).toUtf8());
+    writeFile(m_dir.filePath("zero_loss_scale.json"),
+              QStringLiteral(R"({"model_file": "%1", "precision": {"policy": "mixed_float16", "loss_scale": 0}})").arg(seed).toUtf8());
     QDir().mkpath(m_dir.filePath("config_dir"));
     writeFile(m_dir.filePath("bad_compile.json"),
               R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
@@ -153,6 +156,11 @@ void TestCli::badInput_data()
     QTest::newRow("config epochs -5") << QStringList{"train", "--config", m_dir.filePath("neg_epochs.json")} << QStringList{"neg_epochs.json", "\"epochs\" is -5"};
     QTest::newRow("config strategy text") << QStringList{"train", "--config", m_dir.filePath("string_strategy.json")} << QStringList{"\"strategy\" must be an object"};
     QTest::newRow("config unknown strategy") << QStringList{"train", "--config", m_dir.filePath("bad_strategy.json")} << QStringList{"bogus", "one-device"};
+    QTest::newRow("config float16 policy") << QStringList{"train", "--config", m_dir.filePath("float16_policy.json")}
+                                           << QStringList{"float16_policy.json", "'float16' is not a policy", "mixed_float16"};
+    QTest::newRow("config loss scale 0") << QStringList{"train", "--config", m_dir.filePath("zero_loss_scale.json")}
+                                         << QStringList{"zero_loss_scale.json", "precision.loss_scale is 0"};
+    QTest::newRow("unknown precision flag") << QStringList{"train", "--precision", "float16"} << QStringList{"--precision", "float16"};
     QTest::newRow("config epochs as text") << QStringList{"train", "--config", m_dir.filePath("text_epochs.json")} << QStringList{"\"epochs\" must be a whole number"};
     QTest::newRow("config is a folder") << QStringList{"train", "--config", m_dir.filePath("config_dir")} << QStringList{"config_dir", "folder"};
     QTest::newRow("number beyond double") << QStringList{"validate", m_dir.filePath("huge_number.json")} << QStringList{"huge_number.json", "1e999"};

@@ -430,6 +430,19 @@ void TestSession::setupBuildsThePipelineAndSchedule()
     QVERIFY(text.find("random_crop") != std::string::npos);
     QVERIFY(text.find("\"layout\":\"image\"") != std::string::npos);
     QCOMPARE(c.schedule.value("type", std::string()), std::string("cosine"));
+    QCOMPARE(int(c.strategy.precision.policy), int(PrecisionPolicy::Float32));
+    QVERIFY(!j.contains("precision"));  // float32 configurations are unchanged
+    // The precision policy, with a loaded configuration's loss-scale settings kept.
+    RunConfig mixed = c;
+    mixed.strategy.precision.policy = PrecisionPolicy::MixedFloat16;
+    mixed.strategy.precision.initialScale = 1024;
+    RunSetupPanel form;
+    form.setModel(uitest::resourceModel("small_cnn"));
+    form.setConfig(mixed);
+    QCOMPARE(form.findChild<QComboBox*>("precision")->currentData().toString(), QString("mixed_float16"));
+    QCOMPARE(form.config().toJson()["precision"], mixed.strategy.precision.toJson());
+    form.findChild<QComboBox*>("precision")->setCurrentIndex(1);
+    QCOMPARE(form.config().toJson()["precision"], nlohmann::json({{"policy", "mixed_bfloat16"}, {"loss_scale", "dynamic"}, {"initial_scale", 1024.0}, {"growth_steps", 2000}}));
     // The configuration round-trips into the form.
     RunSetupPanel other;
     other.setModel(uitest::resourceModel("small_cnn"));

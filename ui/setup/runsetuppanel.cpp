@@ -320,6 +320,16 @@ void RunSetupPanel::buildUi()
     m_schedule->addItem(tr("step decay (x0.1 every epoch)"), "step");
     m_schedule->setObjectName("schedule");
     hf->addRow(tr("Schedule"), m_schedule);
+    m_precision = new QComboBox;
+    m_precision->addItem(tr("float32"), "float32");
+    m_precision->addItem(tr("mixed bfloat16"), "mixed_bfloat16");
+    m_precision->addItem(tr("mixed float16 (dynamic loss scaling)"), "mixed_float16");
+    m_precision->setObjectName("precision");
+    m_precision->setToolTip(tr("Keras' mixed-precision policies: dense and convolution layers compute in 16 bits while the "
+                               "weights stay float32.\nmixed bfloat16 runs natively on CPUs with AVX512-BF16; mixed float16 "
+                               "scales the loss (2^15 to start, halved on overflow) and pays on GPUs — on a CPU it only "
+                               "reproduces float16's numerics, more slowly."));
+    hf->addRow(tr("Precision"), m_precision);
     m_seed = new QSpinBox;
     m_seed->setRange(0, std::numeric_limits<int>::max());
     m_seed->setObjectName("seed");
@@ -392,7 +402,7 @@ void RunSetupPanel::buildUi()
         connect(s, &QSpinBox::valueChanged, this, changedSignal);
     connect(m_backupDir, &QLineEdit::textChanged, this, changedSignal);
     connect(m_initialWeights, &QLineEdit::textChanged, this, changedSignal);
-    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_autoShard, m_strategy, m_optimizer, m_schedule, m_partitioner})
+    for (QComboBox* c : {m_source, m_parallelism, m_prefetch, m_autoShard, m_strategy, m_optimizer, m_schedule, m_partitioner, m_precision})
         connect(c, &QComboBox::currentIndexChanged, this, changedSignal);
     for (QCheckBox* c : {m_validate, m_usePipeline, m_shuffle, m_flip, m_crop, m_backup})
         connect(c, &QCheckBox::toggled, this, changedSignal);
@@ -595,6 +605,10 @@ RunConfig RunSetupPanel::config() const
         const int64_t examples = c.limit > 0 ? c.limit : 60000;
         c.schedule = {{"type", "step"}, {"step_size", std::max<int64_t>(1, (examples + c.batchSize - 1) / c.batchSize)}, {"gamma", 0.1}};
     }
+    // The policy from the form; loss-scale settings from a loaded configuration stay.
+    c.strategy.precision = m_precisionConfig;
+    if (auto p = PrecisionConfig::parsePolicy(m_precision->currentData().toString().toStdString(), "the run setup"); p.ok())
+        c.strategy.precision.policy = *p;
     c.strategy.kind = strategy().toStdString();
     // Remote workers train on their own devices (cpu:0 each); the checklist is this machine's.
     for (const QString& d : isRemoteStrategy() ? QStringList() : checkedDevices()) {
@@ -644,6 +658,8 @@ void RunSetupPanel::setConfig(const RunConfig& c)
     }
     const std::string sched = c.schedule.is_object() ? c.schedule.value("type", std::string("constant")) : "constant";
     m_schedule->setCurrentIndex(std::max(0, m_schedule->findData(QString::fromStdString(sched))));
+    m_precisionConfig = c.strategy.precision;
+    m_precision->setCurrentIndex(std::max(0, m_precision->findData(QString(precisionPolicyName(c.strategy.precision.policy)))));
     setStrategy(QString::fromStdString(c.strategy.kind));
     QStringList devices;
     for (const auto& d : c.strategy.devices) devices << QString::fromStdString(d.toString());

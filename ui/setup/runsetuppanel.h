@@ -117,6 +117,8 @@ private:
     QComboBox* m_optimizer = nullptr;
     QDoubleSpinBox* m_lr = nullptr;
     QComboBox* m_schedule = nullptr;
+    QComboBox* m_precision = nullptr;
+    PrecisionConfig m_precisionConfig;  // a loaded configuration's loss-scale settings
     QSpinBox* m_seed = nullptr;
     QCheckBox* m_backup = nullptr;
     QLineEdit* m_backupDir = nullptr;
