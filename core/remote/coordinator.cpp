@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <condition_variable>
 #include <deque>
+#include <cmath>
 #include <limits>
 #include <map>
 #include <filesystem>
@@ -231,7 +232,21 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
             p.id = t.id;
             p.address = t.address;
             p.label = t.label;
+            const auto deadline = std::chrono::steady_clock::now() + timeout;
             auto who = t.client->identify(timeout);
+            // gRPC's catch-all "failed to connect to all addresses" (ours: "cannot connect to")
+            // has come back once, on a loaded machine, from a daemon that was already listening:
+            // ask again until the timeout rather than fail a run on it. A refused connection or
+            // an unknown host is a definite answer and is reported at once.
+            for (;;) {
+                if (who.ok() || who.error().code != ErrorCode::IoError ||
+                    who.error().message.find("cannot connect to") == std::string::npos)
+                    break;
+                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+                if (left < std::chrono::milliseconds(300)) break;
+                std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                who = t.client->identify(left - std::chrono::milliseconds(200));
+            }
             if (!who.ok()) {
                 p.problem = who.error().message;
                 p.hint = who.error().hint;
@@ -545,6 +560,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     FitResult fit;
     bool anyCancelled = false, cancelSent = false;
     std::map<std::string, int64_t> staleness;  // parameter-server: each worker's latest
+    // mixed_float16: each worker's latest loss scale and skipped steps (parameter-server workers
+    // scale their own losses; multi-worker ones agree, so the chief's are everyone's).
+    std::map<std::string, std::pair<double, int64_t>> lossScales;
     std::optional<tm::EpochMetricsEvent> lastEpoch;  // worker 0's, re-recorded with the final evaluation
     double workerSamplesPerSec = 0;
     int64_t workerSteps = 0;
@@ -583,6 +601,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         if (Status st = evaluator->store->release(t.id.toString(), why.message); !st.ok()) return false;
         dropped[i] = true;
         staleness.erase(t.id.toString());  // no longer the run's
+        lossScales.erase(t.id.toString());
         bus.publish(tm::Event(tm::LogEvent{stamp(t.id.toString(), "", lastStep[i]), tm::LogLevel::Warning,
                                            why.message + "; the run goes on without " + t.id.toString() + ": its steps go to the other workers"}));
         m_summary["lost"].push_back({{"task", t.id.toString()}, {"reason", why.message}, {"after_step", lastStep[i]}});
@@ -621,6 +640,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             const auto& f = e.fields;
             lastStep[i] = std::max(lastStep[i], e.step);
             if (psRun && !dropped[i] && e.kind == "step" && f.contains("staleness")) staleness[e.worker] = f["staleness"].get<int64_t>();
+            if (!dropped[i] && e.kind == "step" && f.contains("loss_scale"))
+                lossScales[e.worker] = {f["loss_scale"].get<double>(), f.value("skipped_steps", int64_t{0})};
             if (dropped[i]) {
                 // A lost worker's late events (it may come back after it was given up, and fail
                 // when ps:0 refuses it) are not the run's.
@@ -665,6 +686,21 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                         worst = std::max(worst, v);
                     }
                     m.metrics["staleness"] = static_cast<double>(worst);
+                }
+                if (!lossScales.empty()) {
+                    // The smallest scale (the worker that overflowed most recently) and every
+                    // worker's skipped steps together.
+                    double smallest = std::numeric_limits<double>::infinity();
+                    int64_t skipped = 0;
+                    for (const auto& [worker, v] : lossScales) {
+                        if (!psRun && worker != e.worker) continue;
+                        smallest = std::min(smallest, v.first);
+                        skipped += v.second;
+                    }
+                    if (std::isfinite(smallest)) {
+                        m.metrics["loss_scale"] = smallest;
+                        m.metrics["skipped_steps"] = static_cast<double>(skipped);
+                    }
                 }
                 bus.publish(tm::Event(std::move(m)));
             } else if (e.kind == "epoch" && (psRun ? t.ps && t.id.index == 0 : chief)) {

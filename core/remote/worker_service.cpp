@@ -511,6 +511,10 @@ private:
             nlohmann::json j = {{"epoch", e.epoch}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"samples_per_sec", e.samplesPerSec},
                                 {"learning_rate", e.learningRate}, {"step_seconds", e.stepSeconds}, {"batch_size", e.batchSize}};
             if (e.staleness >= 0) j["staleness"] = e.staleness;
+            if (e.lossScale > 0) {
+                j["loss_scale"] = e.lossScale;
+                j["skipped_steps"] = e.skippedSteps;
+            }
             m_s.publish("step", e.step, j);
         }
         // Here, not from the bus: the steps replayed after the resume follow it on the stream, so

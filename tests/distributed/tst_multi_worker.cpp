@@ -140,6 +140,7 @@ private slots:
     void initTestCase();
     void sameWeightsAsOneProcess_data();
     void sameWeightsAsOneProcess();
+    void mixedPrecisionAcrossProcesses();
     void killedWorkerIsNamed();
     void suspendedChiefSaysSo();
     void interruptedChiefStopsTheCluster();
@@ -220,6 +221,54 @@ void TestMultiWorker::sameWeightsAsOneProcess()
     }
     // The processes agree with each other exactly: they apply the same all-reduced update.
     for (int t = 1; t < workers; ++t) QCOMPARE(maxDiff(weights[0], weights[static_cast<std::size_t>(t)]), 0.0);
+}
+
+// mixed_float16 across processes: each process scales its loss, checks the all-reduced gradients
+// and agrees on every skipped step, so 2 processes x 1 replica equal one process with 2 replicas
+// in the same policy (16-bit rounding happens per replica in both). A task with another policy
+// is refused by the settings agreement.
+void TestMultiWorker::mixedPrecisionAcrossProcesses()
+{
+    const QStringList mixed{"--precision", "mixed_float16"};
+    const QString reference = m_dir.filePath("mixed-reference.safetensors");
+    const Finished r = finish(*startCli(trainArgs() + mixed + QStringList{"--strategy", "mirrored", "--devices", "cpu:0,cpu:1",
+                                                                          "--no-record", "--save-weights", reference},
+                                        {}));
+    QVERIFY2(r.code == 0, qPrintable(r.out));
+    const double policy = maxDiff(reference, m_reference);
+    qInfo("mixed_float16 vs float32 after 20 steps: max weight difference %g", policy);
+    QVERIFY2(policy > 1e-6, "the policy changed nothing");
+
+    const std::vector<int> ports = {freePort(), freePort()};
+    const QString cluster = clusterJson(ports);
+    std::vector<QString> weights;
+    std::vector<std::unique_ptr<QProcess>> procs;
+    for (int t = 0; t < 2; ++t) {
+        weights.push_back(m_dir.filePath(QString("mixed-w%1.safetensors").arg(t)));
+        procs.push_back(startCli(trainArgs() + mixed + QStringList{"--strategy", "multi-worker-mirrored", "--task", t == 0 ? "chief:0" : "worker:0",
+                                                                   "--no-record", "--save-weights", weights.back()},
+                                 cluster));
+    }
+    for (auto& p : procs) {
+        const Finished f = finish(*p);
+        QVERIFY2(f.code == 0, qPrintable(f.out));
+    }
+    for (const QString& w : weights) {
+        const double d = maxDiff(w, reference);
+        qInfo("%s: max |w - w(one process, 2 replicas)| = %g", qPrintable(QFileInfo(w).fileName()), d);
+        QVERIFY2(d <= 1e-5, qPrintable(QString("%1 differs by %2").arg(w).arg(d)));
+    }
+
+    // A worker in float32 next to a chief in mixed_float16: refused, naming the setting.
+    const std::vector<int> ports2 = {freePort(), freePort()};
+    const QString cluster2 = clusterJson(ports2);
+    QStringList base = trainArgs();
+    base << "--strategy" << "multi-worker-mirrored" << "--no-record";
+    auto chief = startCli(base + mixed + QStringList{"--task", "chief:0"}, cluster2);
+    auto worker = startCli(base + QStringList{"--task", "worker:0"}, cluster2);
+    const Finished fc = finish(*chief), fw = finish(*worker);
+    QVERIFY(fc.code != 0 && fw.code != 0);
+    QVERIFY2(fc.out.contains("precision") && fw.out.contains("precision"), qPrintable(fc.out + "\n---\n" + fw.out));
 }
 
 void TestMultiWorker::killedWorkerIsNamed()

@@ -130,6 +130,7 @@ private slots:
     void smallValidationSet();
     void interruptedRunKeepsWeights();
     void pipelineShardsByFile();
+    void mixedPrecisionWorkers();
 
 private:
     void trainEndToEnd(int ps, const QStringList& extra, const QStringList& psExtra = {});
@@ -406,6 +407,38 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra, const 
     QVERIFY(local.ok());
     QCOMPARE(local->examples, int64_t(10000));
     QVERIFY2(std::abs(local->accuracy - acc) < 1e-9, qPrintable(QString("%1 vs %2").arg(local->accuracy).arg(acc)));
+}
+
+// mixed_float16 on parameter-server workers: each worker scales its own loss and pushes unscaled
+// gradients (a step whose gradients overflow pushes nothing); the run trains, and the loss scale
+// reaches the recorded step metrics.
+void TestParameterServer::mixedPrecisionWorkers()
+{
+    QTemporaryDir dir;
+    Cluster c = startCluster(dir.path(), 2, 1);
+    QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0);
+    const QString db = dir.filePath("runs.db");
+    auto coord = startCoordinator(trainArgs(c.file, 2) + QStringList{"--limit", "6400", "--precision", "mixed_float16", "--db", db, "--json"});
+    QVERIFY(coord->waitForFinished(120000));
+    const QString out = QString::fromUtf8(coord->readAllStandardOutput());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out + QString::fromUtf8(coord->readAllStandardError())));
+    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    QVERIFY2(j.value("val_accuracy", 0.0) > 0.7, qPrintable(out));
+    const auto& tasks = j["tasks"];
+    // Nothing overflowed at Keras' 2^15: every step pushed.
+    QCOMPARE(tasks["worker:0"].value("pushes", int64_t{-1}), tasks["worker:0"].value("steps", int64_t{0}));
+    auto store = store::RunStore::open(db.toStdString());
+    QVERIFY(store.ok());
+    const std::string runId = j["run_id"].get<std::string>();
+    auto info = store->run(runId);
+    QVERIFY(info.ok());
+    QCOMPARE(info->config.value("precision", nlohmann::json()), nlohmann::json("mixed_float16"));
+    store::SeriesQuery all;
+    all.buckets = 0;
+    auto scale = store->series(runId, "loss_scale", all);
+    QVERIFY2(scale.ok() && !scale->points.empty(), scale.ok() ? "no loss_scale points" : scale.error().toString().c_str());
+    for (const auto& p : scale->points) QCOMPARE(p.value, 32768.0);
 }
 
 void TestParameterServer::trainsWithOnePs()
