@@ -160,6 +160,42 @@ std::vector<FindingEvent> advise(const AdvisorInput& in, const AdvisorThresholds
                 rec);
     }
 
+    // Loss scaling (mixed_float16): steps skipped because their gradients overflowed, after the
+    // scale has had its first steps to settle.
+    {
+        const StepMetricsEvent* first = nullptr;
+        for (const auto& m : in.lossScale)
+            if (m.stamp.step > th.lossScaleSettleSteps) {
+                first = &m;
+                break;
+            }
+        const StepMetricsEvent* lastScale = in.lossScale.empty() ? nullptr : &in.lossScale.back();
+        if (first && lastScale && lastScale->stamp.step > first->stamp.step) {
+            auto metric = [](const StepMetricsEvent& m, const char* key) {
+                const auto it = m.metrics.find(key);
+                return it == m.metrics.end() ? 0.0 : it->second;
+            };
+            const int64_t steps = lastScale->stamp.step - first->stamp.step;
+            const double skipped = metric(*lastScale, "skipped_steps") - metric(*first, "skipped_steps");
+            const double share = skipped / static_cast<double>(steps);
+            if (skipped > 0 && atLeast(share, th.skippedModerate)) {
+                const bool high = atLeast(share, th.skippedHigh);
+                FindingEvent f;
+                f.stamp = lastScale->stamp;
+                f.kind = "loss-scale";
+                f.severity = high ? "high" : "moderate";
+                f.message = std::to_string(static_cast<int64_t>(skipped)) + " of the last " + std::to_string(steps) +
+                            " steps were skipped because their float16 gradients overflowed (" + pct(share) +
+                            " of the work lost; loss scale now " + std::to_string(static_cast<int64_t>(metric(*lastScale, "loss_scale"))) + ").";
+                f.recommendation = "if the loss is rising too, lower the learning rate (the gradients are exploding); check the data "
+                                   "for extreme values; or train with mixed_bfloat16, which has float32's range and needs no loss scaling";
+                f.firstStep = first->stamp.step;
+                f.lastStep = lastScale->stamp.step;
+                out.push_back(std::move(f));
+            }
+        }
+    }
+
     // Device idle: measured utilisation of real devices when probes report it, else the share
     // of the step the device is not computing.
     std::map<std::string, std::pair<double, int>> util;
@@ -220,6 +256,9 @@ void Advisor::add(const Event& e)
         const int64_t first = m_steps.front().stamp.step;
         while (!m_pipeline.empty() && m_pipeline.front().stamp.step < first) m_pipeline.pop_front();
         while (!m_devices.empty() && m_devices.front().stamp.step < first) m_devices.pop_front();
+        while (!m_lossScale.empty() && m_lossScale.front().stamp.step < first) m_lossScale.pop_front();
+    } else if (const auto* m = std::get_if<StepMetricsEvent>(&e)) {
+        if (m->metrics.count("loss_scale")) m_lossScale.push_back(*m);
     } else if (const auto* p = std::get_if<PipelineSampleEvent>(&e)) {
         m_pipeline.push_back(*p);
     } else if (const auto* d = std::get_if<DeviceSampleEvent>(&e)) {
@@ -233,6 +272,7 @@ std::vector<FindingEvent> Advisor::findings() const
     in.steps.assign(m_steps.begin(), m_steps.end());
     in.pipeline.assign(m_pipeline.begin(), m_pipeline.end());
     in.devices.assign(m_devices.begin(), m_devices.end());
+    in.lossScale.assign(m_lossScale.begin(), m_lossScale.end());
     in.replicas = m_replicas;
     return advise(in, m_thresholds);
 }

@@ -29,12 +29,20 @@ struct AdvisorThresholds {
     double utilisationModerate = 0.50, utilisationHigh = 0.20;
     // A batch that arrives within 50 us means the pipeline is not the bottleneck (tf.data).
     double inputNegligibleSeconds = 50e-6;
+    // mixed_float16: a skipped step (its gradients overflowed) is a whole step's work lost. Keras'
+    // dynamic scale starts at 2^15 and halves until the gradients fit, so a few skips in the
+    // first steps are expected; after those, 2% of steps skipped costs 2% of the run, and 10%
+    // means the gradients keep overflowing (exploding, or bad data).
+    double skippedModerate = 0.02, skippedHigh = 0.10;
+    int64_t lossScaleSettleSteps = 100;
 };
 
 struct AdvisorInput {
     std::vector<StepBreakdownEvent> steps;
     std::vector<PipelineSampleEvent> pipeline;
     std::vector<DeviceSampleEvent> devices;
+    // Step metrics that carry "loss_scale" and "skipped_steps" (mixed_float16), in step order.
+    std::vector<StepMetricsEvent> lossScale;
     int replicas = 1;  // > 1 adds "fewer replicas" to communication advice
 };
 
@@ -45,7 +53,8 @@ class Advisor {
 public:
     explicit Advisor(std::size_t windowSteps = 200, AdvisorThresholds thresholds = {});
     void setReplicas(int replicas) { m_replicas = replicas; }
-    // Keeps breakdowns, pipeline samples and device samples; ignores other events.
+    // Keeps breakdowns, pipeline and device samples, and step metrics with a loss scale; ignores
+    // other events.
     void add(const Event& e);
     std::vector<FindingEvent> findings() const;
     std::size_t steps() const { return m_steps.size(); }
@@ -57,6 +66,7 @@ private:
     std::deque<StepBreakdownEvent> m_steps;
     std::deque<PipelineSampleEvent> m_pipeline;
     std::deque<DeviceSampleEvent> m_devices;
+    std::deque<StepMetricsEvent> m_lossScale;
 };
 
 } // namespace ts::telemetry

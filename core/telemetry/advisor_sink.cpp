@@ -11,7 +11,7 @@ AdvisorSink::AdvisorSink(EventBus& bus, std::string runId, int replicas, std::si
     SubscriberOptions so;
     so.name = "advisor";
     so.capacity = 1 << 14;
-    so.kinds = kindMask<StepBreakdownEvent, PipelineSampleEvent, DeviceSampleEvent, EpochMetricsEvent>();
+    so.kinds = kindMask<StepBreakdownEvent, PipelineSampleEvent, DeviceSampleEvent, EpochMetricsEvent, StepMetricsEvent>();
     so.wakeThreshold = so.capacity / 8;  // drained every kHelperPeriod; findings are per epoch anyway
     m_drain = std::make_unique<DrainThread>(bus, bus.subscribe(so), "ts-advisor", [this](std::vector<Event>& batch) { take(batch); });
 }

@@ -132,6 +132,7 @@ private slots:
     void advisorThresholds_data();
     void advisorThresholds();
     void advisorPipelineAndDevices();
+    void advisorLossScale();
     void samplerParsesProc();
     void samplerThreadOnRealProc();
     void trainerPublishesRun();
@@ -637,6 +638,53 @@ void TestTelemetry::advisorPipelineAndDevices()
     QVERIFY(advise(AdvisorInput{}).empty());
 }
 
+void TestTelemetry::advisorLossScale()
+{
+    auto scaled = [](int64_t step, double scale, int64_t skipped) {
+        StepMetricsEvent m;
+        m.stamp.step = step;
+        m.metrics["loss_scale"] = scale;
+        m.metrics["skipped_steps"] = static_cast<double>(skipped);
+        return m;
+    };
+    AdvisorInput in;
+    for (int s = 1; s <= 300; ++s) in.steps.push_back(breakdown(s, 0.01, 0, 0.004, 0.004, 0, 0.002));
+    // Skips while the scale settles (the first 100 steps) are expected: no finding.
+    for (int s = 1; s <= 300; ++s) in.lossScale.push_back(scaled(s, s < 8 ? 32768.0 / (1 << s) : 256, std::min(s, 7)));
+    QVERIFY(!findKind(advise(in), "loss-scale"));
+    // 10 skips in steps 101..300: 5% of the work, moderate.
+    in.lossScale.clear();
+    int64_t skipped = 0;
+    for (int s = 1; s <= 300; ++s) {
+        if (s > 100 && s % 20 == 0) ++skipped;
+        in.lossScale.push_back(scaled(s, 512, skipped));
+    }
+    const auto findings = advise(in);  // kept: findKind points into it
+    auto f = findKind(findings, "loss-scale");
+    QVERIFY(f);
+    QCOMPARE(f->severity, std::string("moderate"));
+    QVERIFY2(f->message.find("10 of the last 199 steps were skipped") != std::string::npos, f->message.c_str());
+    QVERIFY(f->message.find("loss scale now 512") != std::string::npos);
+    QVERIFY(f->recommendation.find("mixed_bfloat16") != std::string::npos);
+    QCOMPARE(f->firstStep, int64_t(101));
+    QCOMPARE(f->lastStep, int64_t(300));
+    // Every other step skipped: high.
+    in.lossScale.clear();
+    for (int s = 1; s <= 300; ++s) in.lossScale.push_back(scaled(s, 1, s / 2));
+    QCOMPARE(findKind(advise(in), "loss-scale")->severity, std::string("high"));
+    // The streaming Advisor keeps the metrics of its window only: skips before it are gone.
+    Advisor adv(100);
+    for (int s = 1; s <= 400; ++s) {
+        adv.add(Event(breakdown(s, 0.01, 0, 0.004, 0.004, 0, 0.002)));
+        adv.add(Event(scaled(s, 1024, s <= 250 ? s / 2 : 125)));
+    }
+    QVERIFY(!findKind(adv.findings(), "loss-scale"));
+    StepMetricsEvent plain;  // float32 runs: step metrics without a loss scale are ignored
+    plain.stamp.step = 401;
+    adv.add(Event(plain));
+    QVERIFY(!findKind(adv.findings(), "loss-scale"));
+}
+
 void TestTelemetry::samplerParsesProc()
 {
     const std::filesystem::path root = std::filesystem::path(TS_BUILD_DIR) / "tst_telemetry_proc";
@@ -988,6 +1036,33 @@ void TestTelemetry::advisorSinkPublishesFindings()
     QVERIFY(kinds.count("input-bound"));
     sink->stop();
     QCOMPARE(sink->published(), first.size());  // nothing new in epoch 2 or at stop
+
+    // The live advisor reads the steps' loss scale too (mixed_float16): every other step skipped.
+    auto sub2 = bus.subscribe({"findings-2", 1024, kindMask<FindingEvent>()});
+    AdvisorSink scaled(bus, "run-b");
+    for (int64_t s = 1; s <= 200; ++s) {
+        StepBreakdownEvent b;
+        b.stamp.step = s;
+        b.stepSeconds = 0.1;
+        b.forward = 0.05;
+        b.backward = 0.05;
+        bus.publish(Event(b));
+        StepMetricsEvent m;
+        m.stamp.step = s;
+        m.metrics = {{"loss_scale", 1.0}, {"skipped_steps", static_cast<double>(s / 2)}};
+        bus.publish(Event(m));
+    }
+    EpochMetricsEvent end;
+    end.stamp.step = 200;
+    bus.publish(Event(end));
+    bool lossScale = false;
+    for (int i = 0; i < 200 && !lossScale; ++i) {
+        std::vector<Event> got;
+        sub2->drain(got);
+        for (const Event& e : got) lossScale |= std::get<FindingEvent>(e).kind == "loss-scale";
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    QVERIFY(lossScale);
 }
 
 QTEST_APPLESS_MAIN(TestTelemetry)
