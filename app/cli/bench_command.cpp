@@ -43,7 +43,8 @@ struct Sample {
 ts::Result<Sample> runOurs(const std::string& model, const BenchOptions& o, const std::string& precision)
 {
     ts::RunConfig cfg;
-    TS_ASSIGN(cfg.strategy.precision.policy, ts::PrecisionConfig::parsePolicy(precision, "--precision"));
+    cfg.precision = ts::PrecisionConfig{};
+    TS_ASSIGN(cfg.precision->policy, ts::PrecisionConfig::parsePolicy(precision, "--precision"));
     TS_ASSIGN(cfg.model, loadModel(model));
     cfg.epochs = o.epochs;
     cfg.validate = false;

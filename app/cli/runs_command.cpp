@@ -266,10 +266,14 @@ int show(st::RunStore& store, const RunsOptions& o)
     std::printf("  model       %s\n", r.modelName.c_str());
     std::printf("  strategy    %s%s\n", r.strategy.c_str(), r.devices.is_array() && !r.devices.empty() ? (" on " + r.devices.dump()).c_str() : "");
     std::printf("  seed        %llu\n", static_cast<unsigned long long>(r.seed));
-    // Mixed precision changes the numbers a run gets: say so (float32 configurations carry no key).
+    // Mixed precision changes the numbers a run gets: say so, whether the configuration chose it
+    // or left it to the model's policy (float32 runs from before either existed carry no key).
     if (r.config.is_object() && r.config.contains("precision")) {
         const auto& p = r.config["precision"];
         std::printf("  precision   %s\n", p.is_string() ? p.get<std::string>().c_str() : p.dump().c_str());
+    } else if (r.model.is_object() && r.model.contains("compile") && r.model["compile"].is_object() &&
+               r.model["compile"].value("precision", std::string()) != "") {
+        std::printf("  precision   %s (the model's policy)\n", r.model["compile"]["precision"].get<std::string>().c_str());
     }
     std::printf("  config      %s\n", r.configHash.empty() ? "-" : r.configHash.c_str());
     std::printf("  created     %s\n", localTime(r.createdUs).c_str());

@@ -447,7 +447,8 @@ int runTrain(const TrainOptions& options)
             printError(policy.takeError());
             return 2;
         }
-        cfg.strategy.precision.policy = policy.value();
+        if (!cfg.precision) cfg.precision = ts::PrecisionConfig{};
+        cfg.precision->policy = policy.value();
     }
     if (!o.partitioner.empty()) cfg.strategy.partition.policy = o.partitioner;
     if (o.minShardBytes > 0) cfg.strategy.partition.minShardBytes = o.minShardBytes;

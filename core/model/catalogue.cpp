@@ -39,6 +39,17 @@ AttrSpec activationAttr(std::string def, bool required = false)
                 "elementwise function applied to the output", 0, 0, kActivations, required);
 }
 
+// Keras' per-layer dtype: "policy" follows the run's precision, "float32" keeps the layer in full
+// precision (Keras' dtype="float32" on the output layers of a mixed_float16 model). It changes
+// Dense and Conv2D, the layers that compute in 16 bits here; on Activation and Softmax (always
+// float32 here) it is kept so that a Keras export pins them as the imported model did.
+AttrSpec dtypeAttr()
+{
+    return attr("dtype", "enum", "policy",
+                "compute type: \"policy\" follows the run's precision; \"float32\" keeps this layer in full precision", 0, 0,
+                {"policy", "float32"});
+}
+
 AttrSpec paddingAttr()
 {
     return attr("padding", "enum", "valid",
@@ -69,7 +80,7 @@ std::vector<LayerKind> buildCatalogue()
         1,
         {attr("units", "int", 64, "number of output features", 1, 0, {}, true),
          activationAttr("linear"),
-         attr("use_bias", "bool", true, "add a learned bias vector")});
+         attr("use_bias", "bool", true, "add a learned bias vector"), dtypeAttr()});
     add("Flatten", "core", "Flattens (height, width, channels) into one feature vector", 1, 1, {});
     add("Reshape", "core", "Reshapes to target_shape (one dimension may be -1)", 1, 1,
         {attr("target_shape", "shape", json::array({-1}),
@@ -83,7 +94,7 @@ std::vector<LayerKind> buildCatalogue()
               "window (height, width), or one number for both", 1, 0, {}, true),
          attr("strides", "ints", json::array({1, 1}), "step (height, width), or one number", 1),
          paddingAttr(), activationAttr("linear"),
-         attr("use_bias", "bool", true, "add a learned bias per filter")});
+         attr("use_bias", "bool", true, "add a learned bias per filter"), dtypeAttr()});
 
     add("MaxPooling2D", "pooling", "Maximum over each pool_size window", 1, 1,
         {attr("pool_size", "ints", json::array({2, 2}), "window (height, width), or one number",
@@ -107,13 +118,13 @@ std::vector<LayerKind> buildCatalogue()
          attr("scale", "bool", true, "learn a scale (gamma)")});
 
     add("Activation", "activation", "Applies an activation function elementwise", 1, 1,
-        {activationAttr("relu", true)});
+        {activationAttr("relu", true), dtypeAttr()});
     add("ReLU", "activation", "max(x, 0)", 1, 1, {});
     add("LeakyReLU", "activation", "x if x > 0 else alpha * x", 1, 1,
         {attr("alpha", "float", 0.3,
               "slope for negative inputs (Keras 3 calls it negative_slope)", 0)});
     add("Softmax", "activation", "Softmax over the last axis", 1, 1,
-        {attr("axis", "int", -1, "axis to normalise; only the last axis (-1) is supported")});
+        {attr("axis", "int", -1, "axis to normalise; only the last axis (-1) is supported"), dtypeAttr()});
 
     add("Add", "merge", "Elementwise sum of two or more inputs of the same shape", 2, -1, {});
     add("Concatenate", "merge",

@@ -10,6 +10,11 @@
 // ignored: they only affect the starting weights, which TrainStudio draws itself.
 // Imported attributes are normalised by analyzeModel (defaults filled in), so exporting and
 // importing again gives the same spec. Positions are laid out top to bottom by depth.
+// Dtype policies: a mixed_float16 or mixed_bfloat16 policy on the layers becomes the model's
+// compile precision (the run's default precision); a Dense, Conv2D, Activation or Softmax pinned
+// to float32 under it keeps attrs dtype "float32" (catalogue.cpp says what that changes). float16 and
+// bfloat16 policies (16-bit variables) and float64 are errors naming the layer. Export writes
+// the policy on every layer, as tf.keras does under a global policy.
 
 #include <algorithm>
 #include <cmath>
@@ -61,6 +66,11 @@ std::string supportedClasses()
     for (const auto& [cls, type] : classToType())
         s += (s.empty() ? "" : ", ") + cls;
     return s;
+}
+
+bool hasAttr(const LayerKind& kind, const std::string& name)
+{
+    return std::any_of(kind.attrs.begin(), kind.attrs.end(), [&](const AttrSpec& a) { return a.name == name; });
 }
 
 class Importer {
@@ -120,6 +130,8 @@ public:
         m_ok = true;
         json& a = out.attrs;
         a = json::object();
+        if (out.type != "Input")  // an InputLayer's dtype is its tensor's, not a policy
+            dtypePolicy(cfg, out);
 
         if (cfg.contains("trainable") && cfg["trainable"] == false)
             unsupported("is frozen (trainable: false)", "TrainStudio trains every layer");
@@ -223,7 +235,53 @@ public:
 
     std::vector<std::string> errors() const { return m_errors; }
 
+    // The model's policy: the mixed policy its layers use (float32 if none does). Layers pinned
+    // to float32 under it keep that (attrs "dtype", where the catalogue has it); two different
+    // mixed policies are an error.
+    bool modelPolicy(ModelSpec& spec)
+    {
+        if (m_mixed.size() > 1) {
+            std::string names;
+            for (const auto& [policy, layer] : m_mixed)
+                names += (names.empty() ? "" : " and ") + std::string(precisionPolicyName(policy)) + " (layer '" + layer + "')";
+            error("the layers use two mixed-precision policies, " + names,
+                  "set one global policy (keras.mixed_precision.set_global_policy) before building the model");
+            return false;
+        }
+        if (m_mixed.empty()) return true;
+        spec.compile.precision = m_mixed.begin()->first;
+        for (LayerSpec& l : spec.layers)
+            if (m_float32.count(l.id) && findLayerKind(l.type) && hasAttr(*findLayerKind(l.type), "dtype")) l.attrs["dtype"] = "float32";
+        return true;
+    }
+
 private:
+    // Keras' dtype policy of a layer: "float32", {"class_name": "Policy", "config": {"name":
+    // "mixed_float16"}} (tf.keras 2), or {"class_name": "DTypePolicy", ...} (Keras 3).
+    void dtypePolicy(const json& cfg, const LayerSpec& layer)
+    {
+        if (!cfg.contains("dtype") || cfg["dtype"].is_null()) return;
+        const json& d = cfg["dtype"];
+        std::string name;
+        if (d.is_string())
+            name = d.get<std::string>();
+        else if (d.is_object() && d.contains("config") && d["config"].is_object() && d["config"].value("name", json()).is_string())
+            name = d["config"]["name"].get<std::string>();
+        if (name == "float32") {
+            m_float32.insert(layer.id);
+            return;
+        }
+        auto policy = PrecisionConfig::parsePolicy(name, "");
+        if (name.empty() || !policy.ok()) {
+            // float16/bfloat16 keep the variables in 16 bits; float64 and the rest are not trained here.
+            unsupported("has dtype policy " + (name.empty() ? d.dump() : "'" + name + "'"),
+                        "TrainStudio trains float32 variables: use the float32, mixed_float16 or mixed_bfloat16 policy");
+            return;
+        }
+        m_mixed.emplace(policy.value(), layer.id);
+    }
+
+
     void unsupported(const std::string& what, std::string hint)
     {
         error(m_what + " " + what + ", which TrainStudio does not support", std::move(hint));
@@ -317,6 +375,8 @@ private:
     std::string m_hint;
     std::string m_what;
     bool m_ok = true;
+    std::map<PrecisionPolicy, std::string> m_mixed;  // mixed policies seen -> a layer using it
+    std::set<std::string> m_float32;                 // layers whose policy is float32
 };
 
 // Producer names of a layer from its inbound_nodes, Keras 2 or Keras 3 style.
@@ -539,10 +599,18 @@ json nullRegularisers(std::initializer_list<const char*> keys)
     return j;
 }
 
-Result<json> kerasLayer(const NodeInfo& n)
+// A layer's dtype as tf.keras 2 writes it: the policy's name for float32, else a Policy object.
+json kerasDtype(const NodeInfo& n, PrecisionPolicy model)
+{
+    if (model == PrecisionPolicy::Float32 || n.attrs.value("dtype", std::string("policy")) == "float32")
+        return "float32";
+    return json{{"class_name", "Policy"}, {"config", {{"name", precisionPolicyName(model)}}}};
+}
+
+Result<json> kerasLayer(const NodeInfo& n, PrecisionPolicy policy)
 {
     const json& a = n.attrs;
-    json cfg = {{"name", n.id}, {"trainable", true}, {"dtype", "float32"}};
+    json cfg = {{"name", n.id}, {"trainable", true}, {"dtype", kerasDtype(n, policy)}};
     std::string cls = n.type;
     const std::string& t = n.type;
     if (t == "Input") {
@@ -664,6 +732,8 @@ Result<ModelSpec> modelFromKerasJson(const json& root, const std::string& source
                          "export a built model with model.to_json()");
     TS_ASSIGN(ModelSpec out, sequential ? importSequential(imp, config, std::move(spec))
                                         : importFunctional(imp, config, std::move(spec)));
+    if (!imp.modelPolicy(out))
+        return imp.toError();
     normaliseAttrs(out);
     layout(out);
     return out;
@@ -676,7 +746,7 @@ Result<json> modelToKerasJson(const ModelSpec& spec)
     json layers = json::array();
     if (isChain(a)) {
         for (const NodeInfo& n : a.nodes) {
-            TS_ASSIGN(json layer, kerasLayer(n));
+            TS_ASSIGN(json layer, kerasLayer(n, spec.compile.precision));
             layers.push_back(std::move(layer));
         }
         return json{{"class_name", "Sequential"},
@@ -685,7 +755,7 @@ Result<json> modelToKerasJson(const ModelSpec& spec)
                     {"backend", "tensorflow"}};
     }
     for (const NodeInfo& n : a.nodes) {
-        TS_ASSIGN(json layer, kerasLayer(n));
+        TS_ASSIGN(json layer, kerasLayer(n, spec.compile.precision));
         layer["name"] = n.id;
         json inbound = json::array();
         if (!n.inputs.empty()) {

@@ -18,7 +18,8 @@
 //   order (absent for Input), "attrs" uses Keras attribute names and may leave out defaults,
 //   "pos" is the designer position [x, y] (optional).
 // - outputs: optional; absent or empty means "the single node nothing consumes".
-// - compile: optional; optimizer is {"type": ..., Keras config keys ...} or just a type name.
+// - compile: optional; optimizer is {"type": ..., Keras config keys ...} or just a type name;
+//   "precision" (optional) is the Keras dtype policy: "float32", "mixed_float16" or "mixed_bfloat16".
 // - name: optional; defaults to the file name without extension.
 //
 // The parser checks the document's structure and the JSON types of known attributes and names
@@ -214,7 +215,7 @@ void parseCompile(Parser& p, const json& c, CompileSpec& out)
         return;
     }
     p.unknownKeys(c, path,
-                  {"optimizer", "loss", "from_logits", "metrics", "batch_size", "epochs"});
+                  {"optimizer", "loss", "from_logits", "metrics", "batch_size", "epochs", "precision"});
     if (c.contains("optimizer")) {
         const json& o = c["optimizer"];
         if (o.is_string()) {
@@ -244,6 +245,14 @@ void parseCompile(Parser& p, const json& c, CompileSpec& out)
     p.getStrings(c, path, "metrics", out.metrics);
     p.getPositiveInt(c, path, "batch_size", out.batchSize);
     p.getPositiveInt(c, path, "epochs", out.epochs);
+    if (c.contains("precision")) {
+        const json& v = c["precision"];
+        auto policy = v.is_string() ? PrecisionConfig::parsePolicy(v.get<std::string>(), "") : Result<PrecisionPolicy>(PrecisionPolicy::Float32);
+        if (v.is_string() && policy.ok())
+            out.precision = policy.value();
+        else
+            p.error(path + ".precision", "expected \"float32\", \"mixed_float16\" or \"mixed_bfloat16\", got " + v.dump());
+    }
 }
 
 std::string stemOf(const std::string& source)
@@ -297,6 +306,8 @@ J toJson(const ModelSpec& spec)
     compile["metrics"] = spec.compile.metrics;
     compile["batch_size"] = spec.compile.batchSize;
     compile["epochs"] = spec.compile.epochs;
+    // Only when set: float32 models keep the files they always had.
+    if (spec.compile.precision != PrecisionPolicy::Float32) compile["precision"] = precisionPolicyName(spec.compile.precision);
     root["compile"] = std::move(compile);
     return root;
 }

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "common/result.h"
+#include "optim/precision.h"
 #include "tensor/tensor.h"
 
 namespace ts {
@@ -30,6 +31,9 @@ struct CompileSpec {
     std::vector<std::string> metrics = {"accuracy"};
     int64_t batchSize = 32;
     int64_t epochs = 1;
+    // The Keras dtype policy the model was built under (an imported model's layer policies, or
+    // "precision" in our file): the run's precision when its configuration names none.
+    PrecisionPolicy precision = PrecisionPolicy::Float32;
 };
 
 struct ModelSpec {

@@ -76,6 +76,7 @@ struct NodeRt {
     Activation act = Activation::Linear;  // fused (Dense/Conv) or the layer's own (Act)
     float alpha = 0.f;
     bool useBias = false;
+    bool float32 = false;       // attrs dtype "float32": full precision under a mixed policy
     float rate = 0.f, momentum = 0.99f, epsilon = 1e-3f;
     std::vector<int> params;    // slot indices in declaration order
     std::vector<int> consumers;
@@ -87,6 +88,34 @@ struct NodeRt {
     Tensor cur;                 // this batch's output (may alias an input's output)
     const char* forwardSpan = "forward/?";   // interned "forward/<layer id>" (detailed tracing)
     const char* backwardSpan = "backward/?";
+};
+
+// A layer pinned to float32 computes in full precision while the backend's type is 16-bit
+// (Keras' dtype="float32" on a layer of a mixed-precision model); the type is restored after.
+class ComputeTypeScope {
+public:
+    ComputeTypeScope(Backend& be, bool float32) : m_be(be), m_saved(be.computeType())
+    {
+        m_active = float32 && m_saved != DType::F32;
+        if (m_active) switchTo(DType::F32);
+    }
+    ~ComputeTypeScope()
+    {
+        if (m_active) switchTo(m_saved);
+    }
+    ComputeTypeScope(const ComputeTypeScope&) = delete;
+    ComputeTypeScope& operator=(const ComputeTypeScope&) = delete;
+
+private:
+    void switchTo(DType t)
+    {
+        // F32 is every backend's type, and m_saved was accepted when the run was built.
+        [[maybe_unused]] const Status st = m_be.setComputeType(t);
+        TS_ASSERT(st.ok());
+    }
+    Backend& m_be;
+    DType m_saved;
+    bool m_active = false;
 };
 
 struct Program::Impl {
@@ -150,6 +179,7 @@ Status Program::build(const LossSpec& lossSpec, Program* shared)
         case Kind::Conv: {
             TS_ASSIGN(rt.act, actOf(a.value("activation", std::string("linear"))));
             rt.useBias = a.value("use_bias", true);
+            rt.float32 = a.value("dtype", std::string("policy")) == "float32";
             rt.alpha = 0.2f;  // Keras' leaky_relu function default
             break;
         }
@@ -321,6 +351,7 @@ Status Program::forward(const Tensor& x, bool training, uint64_t seed)
         auto param = [&](int k) -> Tensor& { return m_slots[static_cast<std::size_t>(rt.params[static_cast<std::size_t>(k)])].value; };
         const bool foldHere = static_cast<int>(i) == d.outputNode && d.fold != Impl::Fold::None;
         TS_TRACE_SCOPE_DETAIL(rt.forwardSpan, "forward");
+        const ComputeTypeScope computeType(be, rt.float32);
         switch (rt.kind) {
         case Kind::Input:
             if (d.hostMemory) {
@@ -515,6 +546,7 @@ Status Program::lossAndBackward(const Tensor& y, bool backward, int64_t globalBa
         }
         if (foldHere && d.fold == Impl::Fold::Layer) continue;  // gradient already went to its input
         TS_TRACE_SCOPE_DETAIL(rt.backwardSpan, "backward");
+        const ComputeTypeScope computeType(be, rt.float32);
         Tensor dy = (foldHere && d.fold == Impl::Fold::Fused) ? Tensor() : view(rt.grad, n, ni.outputShape);
         auto inputNeedsGrad = [&](int k) {
             return d.nodes[static_cast<std::size_t>(ni.inputs[static_cast<std::size_t>(k)])].requiresGrad;

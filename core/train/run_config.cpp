@@ -33,21 +33,35 @@ nlohmann::json RunConfig::toJson() const
     if (validationPipeline) j["validation_pipeline"] = validationPipeline->toJson();
     if (backup.enabled() || backup.restarts > 0)
         j["backup"] = {{"dir", backup.dir}, {"every_steps", backup.everySteps}, {"restarts", backup.restarts}};
-    // Only when set, so that float32 runs keep the configuration (and its hash) they always had.
+    // Only when set, so that runs without it keep the configuration (and its hash) they always had.
+    if (precision) j["precision"] = precision->toJson();
+    return j;
+}
+
+namespace {
+
+// The fingerprints hold the precision the run trains in (resolved by prepareRun from the
+// configuration or the model), present only when mixed: "float32" given or left to a float32
+// model is the same run, and backups made before the key existed stay resumable.
+nlohmann::json withResolvedPrecision(nlohmann::json j, const StrategyConfig& strategy)
+{
+    j.erase("precision");
     if (strategy.precision.policy != PrecisionPolicy::Float32) j["precision"] = strategy.precision.toJson();
     return j;
 }
 
+} // namespace
+
 nlohmann::json RunConfig::backupFingerprint() const
 {
-    nlohmann::json j = toJson();
+    nlohmann::json j = withResolvedPrecision(toJson(), strategy);
     for (const char* key : {"epochs", "max_steps", "save_weights", "backup"}) j.erase(key);
     return j;
 }
 
 nlohmann::json RunConfig::clusterFingerprint() const
 {
-    nlohmann::json j = toJson();
+    nlohmann::json j = withResolvedPrecision(toJson(), strategy);
     for (const char* key : {"save_weights", "load_weights", "backup"}) j.erase(key);
     // Each task may keep its backup where it likes, but whether there are backups, how often, and
     // how many restarts must agree: a backup is a collective (the chief's state reaches everyone),
@@ -168,7 +182,7 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
         c.batchSize = j.value("batch_size", int64_t{-1});
         c.seed = j.value("seed", uint64_t{0});
         if (j.contains("precision")) {
-            TS_ASSIGN(c.strategy.precision, PrecisionConfig::fromJson(j["precision"], source));
+            TS_ASSIGN(c.precision, PrecisionConfig::fromJson(j["precision"], source));
         }
         if (j.contains("optimizer")) {
             c.optimizer = j["optimizer"];
@@ -403,6 +417,8 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
         return makeError(ErrorCode::InvalidArgument, "epochs must be >= 1, got " + std::to_string(cfg.epochs),
                          "pass --epochs N with N >= 1");
     if (cfg.optimizer.is_null()) cfg.optimizer = run.model.compile.optimizer;
+    if (cfg.precision) cfg.strategy.precision = *cfg.precision;
+    else cfg.strategy.precision.policy = run.model.compile.precision;
 
     // The model first: its problems are cheaper to report than a data load.
     const GraphAnalysis analysis = analyzeModel(run.model);

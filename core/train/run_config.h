@@ -12,7 +12,7 @@
 //  "optimizer": {"type": "adam", "learning_rate": 0.001},   // null: the model's compile settings
 //  "schedule": null, "loss": "", "load_weights": "", "save_weights": "",
 //  "backup": {"dir": "", "every_steps": 0, "restarts": 0},  // optional: train/backup.h
-//  "precision": "mixed_bfloat16",     // optional: Keras' policy (optim/precision.h); float32 by default
+//  "precision": "mixed_bfloat16",     // optional: Keras' policy (optim/precision.h); the model's by default
 //  "pipeline": {...},                 // optional: a tf.data-style input pipeline (data/pipeline_config.h)
 //  "validation_pipeline": {...}}      // optional: its validation counterpart
 //
@@ -48,7 +48,10 @@ struct RunConfig {
     nlohmann::json optimizer;     // null: the model's
     nlohmann::json schedule;
     std::string loss;
-    StrategyConfig strategy;
+    StrategyConfig strategy;      // its precision is set by prepareRun from `precision` below
+    // "precision": Keras' policy and loss scaling; unset: the model's compile precision
+    // (float32 unless the model was built under a mixed policy).
+    std::optional<PrecisionConfig> precision;
     std::string loadWeights, saveWeights;
     BackupConfig backup;          // "backup": resume from / write backups in backup.dir
     std::optional<PipelineSpec> pipeline;            // "pipeline": training input
@@ -57,6 +60,7 @@ struct RunConfig {
     nlohmann::json toJson() const;
     // The settings a backup must have been made with to be resumed by this run: everything that
     // shapes the training trajectory (not epochs, max_steps, save_weights or the backup itself).
+    // Both fingerprints expect prepareRun's resolved strategy.precision.
     nlohmann::json backupFingerprint() const;
     // The settings every process of a multi-worker run must share (agreeOnSettings): what
     // shapes the trajectory and how long it runs; not what may differ between machines (data

@@ -22,6 +22,7 @@ private slots:
     void jsonOutputAndWeights();
     void configWithPipeline();
     void configStrategyAndSeedApply();
+    void modelPolicyIsTheRunDefault();
     void corruptInputFailsRun();
     void clusterExportsTfConfigs();
     void periodicCheckpoints();
@@ -277,6 +278,37 @@ void TestCli::configStrategyAndSeedApply()
     const Run oneDevice = cli(QStringList{"train", "--config", config, "--strategy", "one-device", "--devices", "cpu:0"} + common);
     QVERIFY2(oneDevice.code == 0, qPrintable(oneDevice.err));
     QCOMPARE(final(oneDevice).value("strategy").toString(), QString("one-device"));
+}
+
+// A model built under a mixed policy (an imported Keras model's layer policies, or "precision"
+// in its compile settings) trains in that policy unless the run names another, and the record
+// says which.
+void TestCli::modelPolicyIsTheRunDefault()
+{
+    if (!m_haveData) QSKIP("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    const QString model = m_dir.filePath("bf16_model.json");
+    writeFile(model, R"({"format": "trainstudio-model", "version": 1, "name": "bf16", "layers": [
+                 {"id": "input", "type": "Input", "attrs": {"shape": [784]}},
+                 {"id": "hidden", "type": "Dense", "inputs": ["input"], "attrs": {"units": 64, "activation": "relu"}},
+                 {"id": "head", "type": "Dense", "inputs": ["hidden"], "attrs": {"units": 10, "activation": "softmax"}}],
+                 "compile": {"batch_size": 64, "precision": "mixed_bfloat16"}})");
+    const QString db = m_dir.filePath("policy_runs.db");
+    const QStringList common{"--model", model, "--json", "--epochs", "1", "--limit", "1024", "--no-validation", "--seed", "3", "--db", db};
+    auto final = [](const Run& r) { return QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object(); };
+    const Run byModel = cli(QStringList{"train", "--run-name", "by-model"} + common);
+    QVERIFY2(byModel.code == 0, qPrintable(byModel.err));
+    const Run bf16 = cli(QStringList{"train", "--run-name", "bf16-flag", "--precision", "mixed_bfloat16"} + common);
+    QVERIFY2(bf16.code == 0, qPrintable(bf16.err));
+    const Run f32 = cli(QStringList{"train", "--run-name", "f32-flag", "--precision", "float32"} + common);
+    QVERIFY2(f32.code == 0, qPrintable(f32.err));
+    // The model's policy is what --precision mixed_bfloat16 gives, and float32 overrides it.
+    QCOMPARE(final(byModel).value("loss").toDouble(), final(bf16).value("loss").toDouble());
+    QVERIFY(final(byModel).value("loss").toDouble() != final(f32).value("loss").toDouble());
+    const Run shown = cli({"runs", "show", "by-model", "--db", db});
+    QVERIFY2(shown.code == 0, qPrintable(shown.err));
+    QVERIFY2(shown.out.contains("precision   mixed_bfloat16 (the model's policy)"), qPrintable(shown.out));
+    const Run shownF32 = cli({"runs", "show", "f32-flag", "--db", db});
+    QVERIFY2(shownF32.out.contains("precision   float32"), qPrintable(shownF32.out));
 }
 
 void TestCli::configWithPipeline()

@@ -7,6 +7,7 @@
 #include <QtTest>
 
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <regex>
 #include <set>
@@ -42,6 +43,7 @@ private slots:
     void kerasConfigForms();
     void kerasImportErrors_data();
     void kerasImportErrors();
+    void kerasDtypePolicies();
     void kerasExportRoundTrip_data();
     void kerasExportRoundTrip();
     void resourceModels_data();
@@ -308,7 +310,7 @@ void TestModel::normalisedAttributes()
         QVERIFY(a.ok());
         const json expected = {{"filters", 8},        {"kernel_size", {3, 3}},
                                {"strides", {1, 1}},   {"padding", "valid"},
-                               {"activation", "linear"}, {"use_bias", true}};
+                               {"activation", "linear"}, {"use_bias", true}, {"dtype", "policy"}};
         QCOMPARE(a.nodes.back().attrs, expected);
     }
     {
@@ -320,7 +322,13 @@ void TestModel::normalisedAttributes()
     {
         const GraphAnalysis a = analyzeModel(oneNode("Dense", {{"units", 3}}, {{4}}));
         QCOMPARE(a.nodes.back().attrs,
-                 json({{"units", 3}, {"activation", "linear"}, {"use_bias", true}}));
+                 json({{"units", 3}, {"activation", "linear"}, {"use_bias", true}, {"dtype", "policy"}}));
+    }
+    {  // a layer pinned to float32 under a mixed policy; anything else is no dtype
+        QCOMPARE(analyzeModel(oneNode("Dense", {{"units", 3}, {"dtype", "float32"}}, {{4}})).nodes.back().attrs["dtype"], json("float32"));
+        const GraphAnalysis bad = analyzeModel(oneNode("Dense", {{"units", 3}, {"dtype", "float16"}}, {{4}}));
+        QVERIFY(!bad.ok());
+        QVERIFY2(allMessages(bad).find("dtype") != std::string::npos, allMessages(bad).c_str());
     }
     {  // Keras 3 name of LeakyReLU's slope
         const GraphAnalysis a =
@@ -358,7 +366,7 @@ void TestModel::normalisedAttributes()
     {
         const GraphAnalysis a = analyzeModel(oneNode("Activation", {{"activation", "None"}}, {{4}}));
         QVERIFY(a.ok());
-        QCOMPARE(a.nodes.back().attrs, json({{"activation", "linear"}}));
+        QCOMPARE(a.nodes.back().attrs, json({{"activation", "linear"}, {"dtype", "policy"}}));
     }
 }
 
@@ -761,6 +769,9 @@ void TestModel::structuralErrors_data()
     QTest::newRow("from_logits a string")
         << head + R"("layers": [], "compile": {"from_logits": "no"}})"
         << "seed_mlp.json: compile.from_logits: expected true or false, got a string";
+    QTest::newRow("unknown precision")
+        << head + R"("layers": [], "compile": {"precision": "float8"}})"
+        << "seed_mlp.json: compile.precision: expected \"float32\", \"mixed_float16\" or \"mixed_bfloat16\", got \"float8\"";
     QTest::newRow("wrong format")
         << R"({"format": "something-else", "layers": []})"
         << "seed_mlp.json: format: expected \"trainstudio-model\", got \"something-else\"";
@@ -800,6 +811,7 @@ void TestModel::formatRoundTrip()
     s.compile.optimizer = {{"type", "sgd"}, {"learning_rate", 0.05}, {"momentum", 0.9}};
     s.compile.fromLogits = true;
     s.compile.metrics = {"accuracy", "top_k"};
+    s.compile.precision = PrecisionPolicy::MixedBfloat16;
 
     const std::string dir = std::string(TS_BUILD_DIR) + "/tst_model_tmp";
     std::filesystem::create_directories(dir);
@@ -812,6 +824,10 @@ void TestModel::formatRoundTrip()
     QCOMPARE(modelToJson(*back), modelToJson(s));
     QCOMPARE(back->layers[1].x, 12.5);
     QVERIFY(back->outputs.empty());
+    QCOMPARE(int(back->compile.precision), int(PrecisionPolicy::MixedBfloat16));
+    // A float32 model's file has no precision key (files from before it stay byte-identical).
+    QVERIFY(!modelToJson(*seed)["compile"].contains("precision"));
+    QCOMPARE(modelToJson(s)["compile"]["precision"], json("mixed_bfloat16"));
 
     // The saved text leads with the format marker and keeps one layer per line.
     std::ifstream in(path);
@@ -986,6 +1002,52 @@ void TestModel::kerasConfigForms()
     QCOMPARE(a.totalParams, int64_t(3 * 3 * 2 * 3 + 3 + 6 * 6 * 3 * 4 + 4));
 }
 
+// Keras' mixed precision lives on the layers: a model built under mixed_float16 (tf.keras 2's
+// Policy objects) or mixed_bfloat16 (Keras 3's DTypePolicy) imports with that policy as its
+// precision, its float32-pinned Dense keeps dtype "float32", and export writes both back.
+void TestModel::kerasDtypePolicies()
+{
+    Result<ModelSpec> mixed = loadModelFile(fixture("mixed_float16_functional_keras2.json"));
+    QVERIFY2(mixed.ok(), mixed.ok() ? "" : mixed.error().toString().c_str());
+    QCOMPARE(int(mixed->compile.precision), int(PrecisionPolicy::MixedFloat16));
+    std::map<std::string, json> dtypes;
+    for (const LayerSpec& l : mixed->layers)
+        if (l.attrs.contains("dtype")) dtypes[l.id] = l.attrs["dtype"];
+    QCOMPARE(dtypes, (std::map<std::string, json>{{"conv", "policy"}, {"hidden", "policy"}, {"dense_logits", "float32"}, {"predictions", "float32"}}));
+    QVERIFY(analyzeModel(*mixed).ok());
+
+    Result<json> exported = modelToKerasJson(*mixed);
+    QVERIFY(exported.ok());
+    std::map<std::string, json> written;
+    for (const json& l : (*exported)["config"]["layers"]) written[l["config"]["name"].get<std::string>()] = l["config"]["dtype"];
+    const json policy = {{"class_name", "Policy"}, {"config", {{"name", "mixed_float16"}}}};
+    QCOMPARE(written["image"], json("float32"));  // the input tensor's dtype
+    QCOMPARE(written["conv"], policy);
+    QCOMPARE(written["flatten"], policy);
+    QCOMPARE(written["dense_logits"], json("float32"));
+    QCOMPARE(written["predictions"], json("float32"));
+    // A float32 model writes plain "float32" everywhere, as before.
+    ModelSpec plain = *mixed;
+    plain.compile.precision = PrecisionPolicy::Float32;
+    for (const json& l : (*modelToKerasJson(plain))["config"]["layers"]) QCOMPARE(l["config"]["dtype"], json("float32"));
+
+    // Keras 3: DTypePolicy objects, mixed_bfloat16.
+    const json keras3 = json::parse(R"({"module": "keras", "class_name": "Sequential", "config": {"name": "k3", "layers": [
+        {"module": "keras.layers", "class_name": "InputLayer", "config": {"batch_shape": [null, 8], "dtype": "float32", "name": "in"}},
+        {"module": "keras.layers", "class_name": "Dense", "config": {"name": "d", "units": 4, "dtype": {"module": "keras", "class_name": "DTypePolicy", "config": {"name": "mixed_bfloat16"}, "registered_name": null}}},
+        {"module": "keras.layers", "class_name": "Softmax", "config": {"name": "s", "dtype": {"module": "keras", "class_name": "DTypePolicy", "config": {"name": "float32"}, "registered_name": null}}}]}})");
+    Result<ModelSpec> k3 = modelFromKerasJson(keras3, "k3.json");
+    QVERIFY2(k3.ok(), k3.ok() ? "" : k3.error().toString().c_str());
+    QCOMPARE(int(k3->compile.precision), int(PrecisionPolicy::MixedBfloat16));
+    QCOMPARE(k3->layers[1].attrs["dtype"], json("policy"));
+    // Every layer float32 (the other fixtures): a float32 model, no layer pinned.
+    Result<ModelSpec> f32 = loadModelFile(fixture("mlp_sequential_keras3.json"));
+    QVERIFY(f32.ok());
+    QCOMPARE(int(f32->compile.precision), int(PrecisionPolicy::Float32));
+    for (const LayerSpec& l : f32->layers)
+        if (l.type == "Dense") QCOMPARE(l.attrs["dtype"], json("policy"));
+}
+
 void TestModel::kerasImportErrors_data()
 {
     QTest::addColumn<QString>("text");
@@ -1018,6 +1080,18 @@ void TestModel::kerasImportErrors_data()
     QTest::newRow("dilated conv")
         << functional(R"({"class_name": "Conv2D", "config": {"name": "c", "filters": 2, "kernel_size": [3, 3], "dilation_rate": [2, 2]}, "name": "c", "inbound_nodes": [[["input_1", 0, 0, {}]]]})", "c")
         << "layer 'c' (Conv2D) uses dilation_rate [2,2]";
+    QTest::newRow("float16 variables")
+        << functional(R"({"class_name": "Dense", "config": {"name": "d", "units": 4, "dtype": "float16"}, "name": "d", "inbound_nodes": [[["input_1", 0, 0, {}]]]})", "d")
+        << "layer 'd' (Dense) has dtype policy 'float16', which TrainStudio does not support";
+    QTest::newRow("float64 policy object")
+        << functional(R"({"class_name": "Dense", "config": {"name": "d", "units": 4, "dtype": {"module": "keras", "class_name": "DTypePolicy", "config": {"name": "float64"}, "registered_name": null}}, "name": "d", "inbound_nodes": [[["input_1", 0, 0, {}]]]})", "d")
+        << "layer 'd' (Dense) has dtype policy 'float64'";
+    QTest::newRow("two mixed policies")
+        << QString(R"({"class_name": "Functional", "config": {"name": "m", "layers": [%1,
+             {"class_name": "Dense", "config": {"name": "a", "units": 4, "dtype": {"class_name": "Policy", "config": {"name": "mixed_float16"}}}, "name": "a", "inbound_nodes": [[["input_1", 0, 0, {}]]]},
+             {"class_name": "Dense", "config": {"name": "b", "units": 4, "dtype": {"class_name": "Policy", "config": {"name": "mixed_bfloat16"}}}, "name": "b", "inbound_nodes": [[["a", 0, 0, {}]]]}],
+             "input_layers": [["input_1", 0, 0]], "output_layers": [["b", 0, 0]]}})").arg(in)
+        << "the layers use two mixed-precision policies, mixed_float16 (layer 'a') and mixed_bfloat16 (layer 'b')";
     QTest::newRow("unknown input dim")
         << R"({"class_name": "Sequential", "config": {"name": "s", "layers": [{"class_name": "InputLayer", "config": {"batch_input_shape": [null, null, 3], "name": "in"}}]}})"
         << "layer 'in' (InputLayer) has an unknown (None) or invalid dimension";
@@ -1059,6 +1133,7 @@ void TestModel::kerasExportRoundTrip_data()
         << QString::fromStdString(fixture("resnet_functional_keras3.json")) << "Functional";
     QTest::newRow("branches") << QString::fromStdString(fixture("branches_functional_keras2.json"))
                               << "Functional";
+    QTest::newRow("mixed float16") << QString::fromStdString(fixture("mixed_float16_functional_keras2.json")) << "Sequential";
     QTest::newRow("seed_mlp") << QString::fromStdString(resource("seed_mlp.json")) << "Sequential";
     QTest::newRow("small_cnn") << QString::fromStdString(resource("small_cnn.json"))
                                << "Sequential";

@@ -36,6 +36,8 @@ private slots:
     void lossScaleGrowsAfterFiniteSteps();
     void lossScaleIsBackedUp();
     void precisionConfigRoundTrips();
+    void float32LayersStayFullPrecision_data();
+    void float32LayersStayFullPrecision();
     void badBatchSizes();
     void modelOutputMustFitLabels();
     void unknownStrategyAndDuplicateDevices();
@@ -559,6 +561,41 @@ void TestTraining::lossScaleIsBackedUp()
     const Status missing = (*b)->importOptimizerState(without, "old.safetensors");
     QVERIFY(!missing.ok());
     QVERIFY2(QString::fromStdString(missing.error().message).contains("no loss-scale state"), missing.error().message.c_str());
+}
+
+void TestTraining::float32LayersStayFullPrecision_data()
+{
+    QTest::addColumn<QString>("backend");
+    for (const char* be : {"reference", "cpu"}) QTest::newRow(be) << be;
+}
+
+// Keras' dtype="float32" on a layer of a mixed model (attrs dtype): that layer computes in full
+// precision. With every layer pinned the run is float32's exactly; with the output layer pinned
+// it is neither float32's nor the all-16-bit run's.
+void TestTraining::float32LayersStayFullPrecision()
+{
+    QFETCH(QString, backend);
+    const auto [x, y] = argmaxRule();
+    auto run = [&](PrecisionPolicy p, std::initializer_list<const char*> pinned) {
+        ModelSpec spec = mlp(20, 32, 4);
+        for (LayerSpec& l : spec.layers)
+            for (const char* id : pinned)
+                if (l.id == id) l.attrs["dtype"] = "float32";
+        StrategyConfig sc;
+        sc.backend = backend.toStdString();
+        sc.precision.policy = p;
+        return trainAndExport(spec, sc, x, y, 32, 20);
+    };
+    const std::vector<float> f32 = run(PrecisionPolicy::Float32, {});
+    QCOMPARE(run(PrecisionPolicy::MixedBfloat16, {"dense", "dense_1"}), f32);
+    QCOMPARE(run(PrecisionPolicy::MixedFloat16, {"dense", "dense_1"}), f32);  // the loss scale is a power of 2
+    const std::vector<float> outputPinned = run(PrecisionPolicy::MixedBfloat16, {"dense_1"});
+    const std::vector<float> all16 = run(PrecisionPolicy::MixedBfloat16, {});
+    QVERIFY(outputPinned != f32);
+    QVERIFY(outputPinned != all16);
+    // The pin is per layer: after the pinned first layer the backend computes in the policy's
+    // type again (left at float32, this run would be float32's).
+    QVERIFY(run(PrecisionPolicy::MixedBfloat16, {"dense"}) != f32);
 }
 
 void TestTraining::precisionConfigRoundTrips()

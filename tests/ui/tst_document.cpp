@@ -349,7 +349,7 @@ void TestDocument::kerasScriptBuildsSameModel_data()
     QTest::addColumn<QString>("path");
     for (const char* n : {"seed_mlp", "small_cnn", "small_resnet"})
         QTest::newRow(n) << QString::fromStdString(uitest::sourcePath("resources/models/" + std::string(n) + ".json"));
-    for (const char* n : {"branches_functional_keras2", "resnet_functional_keras3", "cnn_sequential_keras2"})
+    for (const char* n : {"branches_functional_keras2", "resnet_functional_keras3", "cnn_sequential_keras2", "mixed_float16_functional_keras2"})
         QTest::newRow(n) << QString::fromStdString(std::string(TS_FIXTURES_DIR) + "/keras/" + n + ".json");
 }
 
@@ -419,6 +419,10 @@ class _Factory:
         return lambda *a, **k: {"class": cls, "kind": self.kind, "args": list(a), "kwargs": k}
 optimizers = _Factory("optimizer")
 losses = _Factory("loss")
+class mixed_precision:
+    @staticmethod
+    def set_global_policy(name):
+        RECORD["policy"] = name
 from . import layers
 )PY");
     write(QStringLiteral("tensorflow/keras/layers.py"), R"PY(
@@ -435,7 +439,7 @@ import model
 from tensorflow import keras
 m = model.build_model()
 model.compile_model(m)
-out = {"layers": [], "model": keras.RECORD["model"], "compile": keras.RECORD["compile"]}
+out = {"layers": [], "model": keras.RECORD["model"], "compile": keras.RECORD["compile"], "policy": keras.RECORD.get("policy")}
 for l in keras.RECORD["layers"]:
     kw = dict(l.kwargs)
     for k, v in list(kw.items()):
@@ -485,6 +489,9 @@ print(json.dumps(out))
             QCOMPARE(kw["momentum"], at["momentum"]);
             QCOMPARE(kw["epsilon"], at["epsilon"]);
         }
+        // Under a mixed policy, pinned layers say dtype="float32"; nothing else names a dtype.
+        const bool pinned = spec.value().compile.precision != PrecisionPolicy::Float32 && at.value("dtype", std::string()) == "float32";
+        QCOMPARE(kw.value("dtype", json()), pinned ? json("float32") : json());
         if (at.contains("activation") && at["activation"] != "leaky_relu")
             QCOMPARE(kw.contains("activation") ? kw["activation"] : l["args"][0], at["activation"]);
     }
@@ -493,6 +500,8 @@ print(json.dumps(out))
         outputs.push_back(a.nodes[static_cast<std::size_t>(k)].id);
     QCOMPARE(out["model"]["outputs"].get<std::vector<std::string>>(), outputs);
     QCOMPARE(out["model"]["name"].get<std::string>(), spec.value().name);
+    // The model's mixed policy is set before any layer is built; a float32 model sets none.
+    QCOMPARE(out["policy"], spec.value().compile.precision == PrecisionPolicy::Float32 ? json() : json(precisionPolicyName(spec.value().compile.precision)));
     const json& c = out["compile"];
     const json& opt = spec.value().compile.optimizer;
     QCOMPARE(c["optimizer"]["kwargs"]["learning_rate"], opt["learning_rate"]);

@@ -430,17 +430,17 @@ void TestSession::setupBuildsThePipelineAndSchedule()
     QVERIFY(text.find("random_crop") != std::string::npos);
     QVERIFY(text.find("\"layout\":\"image\"") != std::string::npos);
     QCOMPARE(c.schedule.value("type", std::string()), std::string("cosine"));
-    QCOMPARE(int(c.strategy.precision.policy), int(PrecisionPolicy::Float32));
+    QVERIFY(!c.precision.has_value());
     QVERIFY(!j.contains("precision"));  // float32 configurations are unchanged
     // The precision policy, with a loaded configuration's loss-scale settings kept.
     RunConfig mixed = c;
-    mixed.strategy.precision.policy = PrecisionPolicy::MixedFloat16;
-    mixed.strategy.precision.initialScale = 1024;
+    mixed.precision = PrecisionConfig{PrecisionPolicy::MixedFloat16};
+    mixed.precision->initialScale = 1024;
     RunSetupPanel form;
     form.setModel(uitest::resourceModel("small_cnn"));
     form.setConfig(mixed);
     QCOMPARE(form.findChild<QComboBox*>("precision")->currentData().toString(), QString("mixed_float16"));
-    QCOMPARE(form.config().toJson()["precision"], mixed.strategy.precision.toJson());
+    QCOMPARE(form.config().toJson()["precision"], mixed.precision->toJson());
     form.findChild<QComboBox*>("precision")->setCurrentIndex(1);
     QCOMPARE(form.config().toJson()["precision"], nlohmann::json({{"policy", "mixed_bfloat16"}, {"loss_scale", "dynamic"}, {"initial_scale", 1024.0}, {"growth_steps", 2000}}));
     // The configuration round-trips into the form.
@@ -448,6 +448,18 @@ void TestSession::setupBuildsThePipelineAndSchedule()
     other.setModel(uitest::resourceModel("small_cnn"));
     other.setConfig(c);
     QCOMPARE(other.config().toJson().dump(), j.dump());
+    // A model built under a mixed policy sets the form's default; float32 chosen over it is
+    // written out, the model's own policy is not.
+    ModelSpec bf16 = uitest::resourceModel("small_cnn");
+    bf16.compile.precision = PrecisionPolicy::MixedBfloat16;
+    RunSetupPanel byModel;
+    byModel.setModel(bf16);
+    QCOMPARE(byModel.findChild<QComboBox*>("precision")->currentData().toString(), QString("mixed_bfloat16"));
+    QVERIFY(!byModel.config().precision.has_value());
+    byModel.findChild<QComboBox*>("precision")->setCurrentIndex(0);
+    QCOMPARE(byModel.config().toJson()["precision"], nlohmann::json("float32"));
+    byModel.setConfig(c);  // a configuration without one: the model's policy
+    QCOMPARE(byModel.findChild<QComboBox*>("precision")->currentData().toString(), QString("mixed_bfloat16"));
 }
 
 // train --restarts: the next attempt resumes after its backup's step and replays the steps

@@ -71,11 +71,12 @@ std::string activation(const json& a)
 }
 
 // The constructor call of one layer, without the call on its inputs.
-Result<std::string> layerCall(const NodeInfo& n)
+// `float32`: the layer is pinned to float32 under the model's mixed policy.
+Result<std::string> layerCall(const NodeInfo& n, bool float32)
 {
     const json& a = n.attrs;
     const std::string& t = n.type;
-    const std::string name = "name=" + quoted(n.id);
+    const std::string name = "name=" + quoted(n.id) + (float32 ? ", dtype=\"float32\"" : "");
     if (t == "Dense")
         return "layers.Dense(" + literal(a["units"]) + ", activation=" + activation(a["activation"])
                + ", use_bias=" + literal(a["use_bias"]) + ", " + name + ")";
@@ -158,6 +159,7 @@ Result<std::string> kerasScript(const ModelSpec& spec)
         vars[i] = v;
     }
 
+    const bool mixed = spec.compile.precision != PrecisionPolicy::Float32;
     std::ostringstream body;
     for (std::size_t i = 0; i < a.nodes.size(); ++i) {
         const NodeInfo& n = a.nodes[i];
@@ -166,7 +168,8 @@ Result<std::string> kerasScript(const ModelSpec& spec)
                  << ", name=" << quoted(n.id) << ")\n";
             continue;
         }
-        TS_ASSIGN(std::string call, layerCall(n));
+        const bool pinned = mixed && n.attrs.value("dtype", std::string("policy")) == "float32";
+        TS_ASSIGN(std::string call, layerCall(n, pinned));
         std::string args;
         if (n.inputs.size() == 1 && n.type != "Add" && n.type != "Concatenate") {
             args = vars[static_cast<std::size_t>(n.inputs[0])];
@@ -205,6 +208,12 @@ Result<std::string> kerasScript(const ModelSpec& spec)
         inputShapes += (k ? ", " : "") + literal(a.nodes[static_cast<std::size_t>(a.inputNodes[k])].attrs["shape"], true);
     inputShapes += "]";
 
+    // The model's mixed policy, set before any layer is built (Keras reads it at construction);
+    // under mixed_float16 model.compile wraps the optimizer in a LossScaleOptimizer itself.
+    const std::string policy = mixed ? "# Layers compute in 16 bits; variables stay float32.\n"
+                                       "keras.mixed_precision.set_global_policy(" +
+                                           quoted(precisionPolicyName(spec.compile.precision)) + ")\n\n"
+                                     : std::string();
     std::ostringstream s;
     s << "#!/usr/bin/env python3\n"
       << "\"\"\"" << spec.name << ": a Keras model exported by TrainStudio.\n\n"
@@ -223,6 +232,7 @@ Result<std::string> kerasScript(const ModelSpec& spec)
       << "# Keras 3 calls LeakyReLU's alpha negative_slope.\n"
       << "_KERAS3 = int(str(getattr(keras, \"__version__\", \"2\")).split(\".\")[0]) >= 3\n"
       << "_LEAKY_SLOPE = \"negative_slope\" if _KERAS3 else \"alpha\"\n\n"
+      << policy
       << "BATCH_SIZE = " << spec.compile.batchSize << "\n"
       << "EPOCHS = " << spec.compile.epochs << "\n"
       << "NUM_CLASSES = 10\n\n\n"

@@ -427,13 +427,14 @@ void RunSetupPanel::setModel(const ModelSpec& model)
     // The model's compile settings are defaults: re-applied only when they change, so the
     // user's edits survive switching tabs.
     const std::string compile = nlohmann::json{{"o", model.compile.optimizer}, {"e", model.compile.epochs},
-                                               {"b", model.compile.batchSize}}.dump();
+                                               {"b", model.compile.batchSize}, {"p", precisionPolicyName(model.compile.precision)}}.dump();
     if (compile == m_appliedCompile) {
         updateDerived();
         return;
     }
     m_appliedCompile = compile;
-    const QSignalBlocker b1(m_epochs), b2(m_batch), b3(m_optimizer), b4(m_lr);
+    const QSignalBlocker b1(m_epochs), b2(m_batch), b3(m_optimizer), b4(m_lr), b5(m_precision);
+    m_precision->setCurrentIndex(std::max(0, m_precision->findData(QString(precisionPolicyName(model.compile.precision)))));
     m_epochs->setValue(static_cast<int>(std::max<int64_t>(1, model.compile.epochs)));
     m_batch->setValue(static_cast<int>(std::max<int64_t>(1, model.compile.batchSize)));
     const nlohmann::json& opt = model.compile.optimizer;
@@ -606,9 +607,12 @@ RunConfig RunSetupPanel::config() const
         c.schedule = {{"type", "step"}, {"step_size", std::max<int64_t>(1, (examples + c.batchSize - 1) / c.batchSize)}, {"gamma", 0.1}};
     }
     // The policy from the form; loss-scale settings from a loaded configuration stay.
-    c.strategy.precision = m_precisionConfig;
+    PrecisionConfig precision = m_precisionConfig;
     if (auto p = PrecisionConfig::parsePolicy(m_precision->currentData().toString().toStdString(), "the run setup"); p.ok())
-        c.strategy.precision.policy = *p;
+        precision.policy = *p;
+    // The model's own policy with default loss scaling is left unset, as the CLI leaves it: the
+    // configuration stays what it was before models had a policy.
+    if (precision.toJson() != PrecisionConfig{m_model.compile.precision}.toJson()) c.precision = precision;
     c.strategy.kind = strategy().toStdString();
     // Remote workers train on their own devices (cpu:0 each); the checklist is this machine's.
     for (const QString& d : isRemoteStrategy() ? QStringList() : checkedDevices()) {
@@ -658,8 +662,9 @@ void RunSetupPanel::setConfig(const RunConfig& c)
     }
     const std::string sched = c.schedule.is_object() ? c.schedule.value("type", std::string("constant")) : "constant";
     m_schedule->setCurrentIndex(std::max(0, m_schedule->findData(QString::fromStdString(sched))));
-    m_precisionConfig = c.strategy.precision;
-    m_precision->setCurrentIndex(std::max(0, m_precision->findData(QString(precisionPolicyName(c.strategy.precision.policy)))));
+    // A configuration without one trains in the model's policy.
+    m_precisionConfig = c.precision ? *c.precision : PrecisionConfig{m_model.compile.precision};
+    m_precision->setCurrentIndex(std::max(0, m_precision->findData(QString(precisionPolicyName(m_precisionConfig.policy)))));
     setStrategy(QString::fromStdString(c.strategy.kind));
     QStringList devices;
     for (const auto& d : c.strategy.devices) devices << QString::fromStdString(d.toString());
