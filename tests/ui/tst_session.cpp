@@ -86,6 +86,7 @@ private slots:
     void millionPointSeriesStaysInteractive();
     void liveReplotsKeepToTheirBudget();
     void incrementalFramesMatchAFullReplot();
+    void healthPlotShowsLossScaleAndStaleness();
     void setupShowsThisMachine();
 
 private:
@@ -626,6 +627,76 @@ void TestSession::incrementalFramesMatchAFullReplot()
     QCOMPARE(cleared, dash.lossPlot()->grab().toImage());
 }
 
+
+// mixed_float16's loss scale and skipped steps, and a parameter-server run's staleness, arrive as
+// step metrics: the dashboard plots them on a plot of their own, which a run without them never
+// shows. A reopened run (RunData::load goes through add()) looks the same.
+void TestSession::healthPlotShowsLossScaleAndStaleness()
+{
+    RunData data;
+    DashboardWidget dash;
+    dash.resize(1000, 800);
+    dash.setData(&data);
+    dash.show();
+    QVERIFY(QTest::qWaitForWindowExposed(&dash));
+    for (int i = 1; i <= 20; ++i) addLiveStep(data, i, true);
+    dash.refresh();
+    QVERIFY(dash.healthPlot()->isHidden());  // a float32, non-PS run
+    QVERIFY(std::isnan(data.steps().lossScale.back()));
+    const int devicesWidth = dash.devicePlot()->width();
+
+    // mixed_float16: the scale halves at step 25 (one skipped step), then holds.
+    for (int i = 21; i <= 40; ++i) {
+        telemetry::StepMetricsEvent e;
+        e.stamp.step = i;
+        e.stamp.wallTimeUs = 1'700'000'000'000'000 + int64_t(i) * 1000;
+        e.epoch = 1;
+        e.loss = 1.0;
+        e.metrics["loss_scale"] = i < 25 ? 32768 : 16384;
+        e.metrics["skipped_steps"] = i < 25 ? 0 : 1;
+        data.add(telemetry::Event(std::move(e)));
+    }
+    dash.refresh();
+    QVERIFY(!dash.healthPlot()->isHidden());
+    QTRY_VERIFY(dash.devicePlot()->width() < devicesWidth);  // the two share the row now
+    QCustomPlot* health = dash.healthPlot();
+    QCOMPARE(health->graph(0)->data()->size(), 20);  // loss scale, from the first step with one
+    QCOMPARE(health->graph(1)->data()->size(), 20);  // skipped steps
+    QCOMPARE(health->graph(2)->data()->size(), 0);   // no staleness
+    QCOMPARE(health->legend->itemCount(), 2);
+    QCOMPARE(health->yAxis->scaleType(), QCPAxis::stLogarithmic);
+    QCOMPARE((health->graph(0)->data()->constEnd() - 1)->value, 16384.0);
+    dash.setCrosshair(30);
+    QVERIFY2(dash.readout().contains("loss scale 16384 (1 steps skipped)"), qPrintable(dash.readout()));
+    dash.setCrosshair(10);
+    QVERIFY2(!dash.readout().contains("loss scale"), qPrintable(dash.readout()));
+
+    // A parameter-server run: staleness alone.
+    RunData ps;
+    for (int i = 1; i <= 10; ++i) {
+        telemetry::StepMetricsEvent e;
+        e.stamp.step = i;
+        e.loss = 1.0;
+        e.metrics["staleness"] = i % 3;
+        ps.add(telemetry::Event(std::move(e)));
+    }
+    dash.setData(&ps);
+    QVERIFY(!dash.healthPlot()->isHidden());
+    QCOMPARE(health->graph(0)->data()->size(), 0);
+    QCOMPARE(health->graph(2)->data()->size(), 10);
+    QCOMPARE(health->legend->itemCount(), 1);
+    QVERIFY(!health->yAxis->visible());  // the loss scale's log axis has nothing to show
+    dash.setCrosshair(5);
+    QVERIFY2(dash.readout().contains("staleness 2"), qPrintable(dash.readout()));
+
+    // Back to a run without either: the plot goes away and the devices have the row again.
+    RunData plain;
+    for (int i = 1; i <= 5; ++i) addLiveStep(plain, i, true);
+    dash.setData(&plain);
+    QVERIFY(dash.healthPlot()->isHidden());
+    QCOMPARE(health->legend->itemCount(), 0);
+    QTRY_COMPARE(dash.devicePlot()->width(), devicesWidth);
+}
 
 // The setup's device list: this machine's devices, each with the host's memory as /proc/meminfo
 // has it (the list once showed it 1024 times too large) and, from the second reading on, its load.

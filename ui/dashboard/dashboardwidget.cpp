@@ -160,15 +160,15 @@ DashboardWidget::DashboardWidget(QWidget* parent) : QWidget(parent)
     m_readout->setWordWrap(true);
 
     buildPlots();
-    auto* grid = new QGridLayout;
-    grid->setSpacing(4);
-    grid->addWidget(m_loss, 0, 0);
-    grid->addWidget(m_throughput, 0, 1);
-    grid->addWidget(m_breakdown, 1, 0);
-    grid->addWidget(m_stall, 1, 1);
-    grid->addWidget(m_devices, 2, 0, 1, 2);
+    m_grid = new QGridLayout;
+    m_grid->setSpacing(4);
+    m_grid->addWidget(m_loss, 0, 0);
+    m_grid->addWidget(m_throughput, 0, 1);
+    m_grid->addWidget(m_breakdown, 1, 0);
+    m_grid->addWidget(m_stall, 1, 1);
+    m_grid->addWidget(m_devices, 2, 0, 1, 2);
     auto* plotsBox = new QWidget;
-    plotsBox->setLayout(grid);
+    plotsBox->setLayout(m_grid);
 
     m_findings = new QListWidget;
     m_findings->setObjectName("findings");
@@ -195,7 +195,7 @@ DashboardWidget::DashboardWidget(QWidget* parent) : QWidget(parent)
 
 DashboardWidget::~DashboardWidget() = default;
 
-std::vector<QCustomPlot*> DashboardWidget::plots() const { return {m_loss, m_throughput, m_breakdown, m_stall, m_devices}; }
+std::vector<QCustomPlot*> DashboardWidget::plots() const { return {m_loss, m_throughput, m_breakdown, m_stall, m_devices, m_health}; }
 
 void DashboardWidget::buildPlots()
 {
@@ -259,6 +259,26 @@ void DashboardWidget::buildPlots()
     m_devices->yAxis->setRange(0, 105);
     m_devices->yAxis2->setVisible(true);
     m_devices->yAxis2->setLabel(tr("memory GiB"));
+
+    // Only some runs have these (mixed_float16, parameter servers): the plot stays out of the
+    // grid until one reports, and then shares the devices' row.
+    m_health = makePlot(tr("Loss scale"), tr("loss scale"));
+    m_healthTitle = qobject_cast<QCPTextElement*>(m_health->plotLayout()->element(0, 0));
+    m_health->yAxis->setScaleType(QCPAxis::stLogarithmic);
+    auto log2 = QSharedPointer<QCPAxisTickerLog>::create();
+    log2->setLogBase(2);
+    m_health->yAxis->setTicker(log2);
+    m_health->yAxis->setNumberFormat(QStringLiteral("f"));  // 32768, not 3.3e+04
+    m_health->yAxis->setNumberPrecision(0);
+    m_health->yAxis2->setVisible(true);
+    m_health->yAxis2->setLabel(tr("steps"));
+    m_lossScale = addGraph(m_health, tr("loss scale"), seriesColor(4), 2);
+    m_lossScale->setLineStyle(QCPGraph::lsStepLeft);  // the scale holds until it changes
+    m_skipped = addGraph(m_health, tr("skipped steps (total)"), seriesColor(3), 1.5, true);
+    m_skipped->setLineStyle(QCPGraph::lsStepLeft);
+    m_staleness = addGraph(m_health, tr("staleness (worst worker)"), seriesColor(5), 1.2, true);
+    for (QCPGraph* g : {m_lossScale, m_skipped, m_staleness}) g->removeFromLegend();
+    m_health->hide();
 
     for (QCustomPlot* p : plots()) {
         auto* line = new QCPItemStraightLine(p);
@@ -373,6 +393,8 @@ void DashboardWidget::rebuildAll()
     m_lossEma = m_accEma = m_stallEma = Smoother();
     m_stepRows = m_epochRows = m_breakdownRows = 0;
     m_findingCount = static_cast<std::size_t>(-1);
+    for (QCPGraph* g : {m_lossScale, m_skipped, m_staleness}) g->removeFromLegend();
+    showHealthPlot(false);
     refresh();
 }
 
@@ -437,6 +459,7 @@ void DashboardWidget::liveReplot()
     m_lastFull.resize(all.size());
     for (std::size_t i = 0; i < all.size(); ++i) {
         QCustomPlot* p = all[i];
+        if (p->isHidden()) continue;  // the health plot of a run without loss scale or staleness
         const Frame now{{p->xAxis->range().lower, p->xAxis->range().upper, p->yAxis->range().lower, p->yAxis->range().upper,
                          p->yAxis2->range().lower, p->yAxis2->range().upper},
                         p->graphCount(), p->width(), p->height(), m_generation};
@@ -519,6 +542,40 @@ void DashboardWidget::appendSteps()
         m_lossSmooth->addData(k, m_lossEma.next(s.loss[i], m_smoothing));
         m_accSmooth->addData(k, m_accEma.next(s.accuracy[i], m_smoothing));
         m_rate->addData(k, s.samplesPerSec[i]);
+        if (std::isfinite(s.lossScale[i]) && s.lossScale[i] > 0) {
+            addHealthPoint(m_lossScale, k, s.lossScale[i]);
+            if (std::isfinite(s.skippedSteps[i])) addHealthPoint(m_skipped, k, s.skippedSteps[i]);
+        }
+        if (std::isfinite(s.staleness[i])) addHealthPoint(m_staleness, k, s.staleness[i]);
+    }
+}
+
+void DashboardWidget::addHealthPoint(QCPGraph* graph, double key, double value)
+{
+    if (graph->data()->isEmpty()) {
+        graph->addToLegend();
+        const bool scale = !m_lossScale->data()->isEmpty() || graph == m_lossScale;
+        const bool stale = !m_staleness->data()->isEmpty() || graph == m_staleness;
+        m_healthTitle->setText(scale && stale ? tr("Loss scale and staleness") : scale ? tr("Loss scale (mixed_float16)")
+                                                                                       : tr("Staleness (parameter servers)"));
+        m_health->yAxis->setVisible(scale);  // the log axis is the loss scale's alone
+        showHealthPlot(true);
+    }
+    graph->addData(key, value);
+}
+
+void DashboardWidget::showHealthPlot(bool on)
+{
+    if (on == !m_health->isHidden()) return;
+    m_grid->removeWidget(m_devices);
+    if (on) {
+        m_grid->addWidget(m_devices, 2, 0);
+        m_grid->addWidget(m_health, 2, 1);
+        m_health->show();
+    } else {
+        m_grid->removeWidget(m_health);
+        m_health->hide();
+        m_grid->addWidget(m_devices, 2, 0, 1, 2);
     }
 }
 
@@ -685,6 +742,14 @@ void DashboardWidget::fitX(bool live)
         if (p == m_devices) p->yAxis->setRange(0, 105);
         if (p == m_loss) m_loss->yAxis2->setRange(std::min(0.0, m_loss->yAxis2->range().lower), 1.0);
         if (p == m_breakdown || p == m_throughput) p->yAxis->setRangeLower(0);
+        if (p == m_health) {
+            p->yAxis2->setRange(0, std::max(1.0, p->yAxis2->range().upper));  // counts of steps
+            // A power of two either side: the scale's steps (halvings, doublings) sit inside the
+            // plot, on power-of-two ticks.
+            bool found = false;
+            const QCPRange scale = m_lossScale->getValueRange(found);
+            if (found) p->yAxis->setRange(scale.lower / 2, scale.upper * 2);
+        }
     }
     m_syncing = false;
 }
@@ -748,6 +813,9 @@ void DashboardWidget::setCrosshair(double x)
     parts << tr("loss %1").arg(s.loss[row], 0, 'g', 4);
     if (std::isfinite(s.accuracy[row])) parts << tr("accuracy %1").arg(s.accuracy[row], 0, 'f', 4);
     parts << tr("%1 samples/s").arg(s.samplesPerSec[row], 0, 'f', 0);
+    if (std::isfinite(s.lossScale[row]) && s.lossScale[row] > 0)
+        parts << tr("loss scale %1 (%2 steps skipped)").arg(s.lossScale[row], 0, 'g', 8).arg(std::isfinite(s.skippedSteps[row]) ? s.skippedSteps[row] : 0.0, 0, 'f', 0);
+    if (std::isfinite(s.staleness[row])) parts << tr("staleness %1").arg(s.staleness[row], 0, 'f', 0);
     const EpochColumns& e = m_data->epochs();
     const long ei = lastAtOrBefore(e.step, step);
     if (ei >= 0 && std::isfinite(e.valLoss[static_cast<std::size_t>(ei)]))

@@ -1,8 +1,9 @@
 #pragma once
-// DashboardWidget: the live (or recorded) run on five QCustomPlot plots sharing one x axis —
-// loss and accuracy (train and validation), throughput, stacked step-time breakdown, input-stall
-// share with TensorBoard's verdict lines, and device / host utilisation and memory — plus the
-// advisor's findings. A crosshair shows the values of every plot at the step under the mouse.
+// DashboardWidget: the live (or recorded) run on QCustomPlot plots sharing one x axis — loss and
+// accuracy (train and validation), throughput, stacked step-time breakdown, input-stall share
+// with TensorBoard's verdict lines, device / host utilisation and memory, and (only for runs that
+// report them) mixed_float16's loss scale and skipped steps and a parameter-server run's
+// staleness — plus the advisor's findings. A crosshair shows the values of every plot at the step under the mouse.
 // Contract: GUI thread only. It reads a RunData it does not own (setData); refresh() appends the
 // rows added since the last call, so a tick costs the new points, not the whole run. QCustomPlot
 // draws each graph downsampled per visible pixel (adaptive sampling), so 1M-point series stay
@@ -24,6 +25,8 @@ class QCPGraph;
 class QCPItemStraightLine;
 class QCPItemText;
 class QCPRange;
+class QCPTextElement;
+class QGridLayout;
 class QCustomPlot;
 class QLabel;
 class QListWidget;
@@ -86,6 +89,8 @@ public:
     QCustomPlot* breakdownPlot() const { return m_breakdown; }
     QCustomPlot* stallPlot() const { return m_stall; }
     QCustomPlot* devicePlot() const { return m_devices; }
+    // Loss scale, skipped steps and staleness; hidden until the run reports one of them.
+    QCustomPlot* healthPlot() const { return m_health; }
     std::vector<QCustomPlot*> plots() const;
     QListWidget* findingsList() const { return m_findings; }
     QLabel* verdictLabel() const { return m_verdict; }
@@ -116,6 +121,10 @@ private:
     void onPlotMouseMove(QCustomPlot* plot, QMouseEvent* event);
     double keyOf(double step, double wall) const;
     QCPGraph* deviceGraph(const std::string& key, const QString& name, bool memory);
+    // Adds a point to one of the health plot's graphs, showing the plot (and the graph in its
+    // legend) at the graph's first point.
+    void addHealthPoint(QCPGraph* graph, double key, double value);
+    void showHealthPlot(bool on);
     void replotAll();
     void scheduleLiveReplot();
     void liveReplot();
@@ -139,12 +148,15 @@ private:
     QLabel* m_verdict = nullptr;
     QListWidget* m_findings = nullptr;
     QCustomPlot *m_loss = nullptr, *m_throughput = nullptr, *m_breakdown = nullptr, *m_stall = nullptr,
-                *m_devices = nullptr;
+                *m_devices = nullptr, *m_health = nullptr;
+    QCPTextElement* m_healthTitle = nullptr;
+    QGridLayout* m_grid = nullptr;
     std::vector<QCPItemStraightLine*> m_crosshairs;
 
     // Graphs, and how many rows of each column they have drawn.
     QCPGraph *m_lossRaw = nullptr, *m_lossSmooth = nullptr, *m_accSmooth = nullptr, *m_valLoss = nullptr,
-             *m_valAcc = nullptr, *m_rate = nullptr, *m_stallShare = nullptr;
+             *m_valAcc = nullptr, *m_rate = nullptr, *m_stallShare = nullptr, *m_lossScale = nullptr,
+             *m_skipped = nullptr, *m_staleness = nullptr;
     std::vector<QCPGraph*> m_stack;  // input, forward, backward, communication, optimizer, other
     std::map<std::string, QCPGraph*> m_deviceGraphs;
     Smoother m_lossEma, m_accEma, m_stallEma;

@@ -40,7 +40,8 @@ void dropAfter(const std::vector<double>& steps, double step, std::initializer_l
 void RunData::rewind(double step)
 {
     auto& s = m_steps;
-    dropAfter(s.step, step, {&s.epoch, &s.wall, &s.loss, &s.accuracy, &s.samplesPerSec, &s.learningRate, &s.step});
+    dropAfter(s.step, step, {&s.epoch, &s.wall, &s.loss, &s.accuracy, &s.samplesPerSec, &s.learningRate, &s.lossScale,
+                             &s.skippedSteps, &s.staleness, &s.step});
     auto& e = m_epochs;
     dropAfter(e.step, step, {&e.epoch, &e.wall, &e.loss, &e.accuracy, &e.valLoss, &e.valAccuracy, &e.samplesPerSec, &e.seconds, &e.step});
     auto& b = m_breakdown;
@@ -74,6 +75,9 @@ void RunData::add(const telemetry::Event& event)
                 m_steps.accuracy.push_back(metricOr(e.metrics, "accuracy"));
                 m_steps.samplesPerSec.push_back(e.samplesPerSec);
                 m_steps.learningRate.push_back(e.learningRate);
+                m_steps.lossScale.push_back(metricOr(e.metrics, "loss_scale"));
+                m_steps.skippedSteps.push_back(metricOr(e.metrics, "skipped_steps"));
+                m_steps.staleness.push_back(metricOr(e.metrics, "staleness"));
                 m_lastStep = std::max(m_lastStep, e.stamp.step);
             } else if constexpr (std::is_same_v<T, EpochMetricsEvent>) {
                 m_epochs.epoch.push_back(static_cast<double>(e.epoch));

@@ -22,6 +22,9 @@ namespace ts {
 struct StepColumns {
     std::vector<double> step, epoch, wall;  // wall: seconds since the run's first event
     std::vector<double> loss, accuracy, samplesPerSec, learningRate;
+    // NaN where the step did not report it: mixed_float16's loss scale and skipped steps so far,
+    // and a parameter-server run's staleness (the worst worker's).
+    std::vector<double> lossScale, skippedSteps, staleness;
 };
 
 struct EpochColumns {
