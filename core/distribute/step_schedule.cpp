@@ -183,6 +183,13 @@ void StepSchedule::release(const std::string& worker)
     fixEpochSize();
 }
 
+void StepSchedule::readmit(const std::string& worker)
+{
+    std::lock_guard lock(m_mutex);
+    if (m_released.erase(worker) == 0) return;
+    TS_ASSERT(std::none_of(m_held.begin(), m_held.end(), [&](const auto& h) { return h.second == worker; }));
+}
+
 ScheduleSnapshot StepSchedule::snapshot() const
 {
     std::lock_guard lock(m_mutex);

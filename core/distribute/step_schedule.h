@@ -15,8 +15,8 @@
 //
 // Contract:
 //  - Threading: every member may be called from any thread (one mutex inside).
-//  - Errors: claims from a worker that was released, or outcomes for steps a worker does not
-//    hold, are refused with a message naming the worker and the step.
+//  - Errors: claims from a worker that was released (until it is readmitted), or outcomes for
+//    steps a worker does not hold, are refused with a message naming the worker and the step.
 
 #include <chrono>
 #include <cstdint>
@@ -107,6 +107,11 @@ public:
     // `worker` is gone: the steps it holds go to the next claims, its later claims are refused,
     // and its part of the data no longer counts towards an epoch it had not sized yet.
     void release(const std::string& worker);
+    // A released `worker` takes steps again (its daemon came back and the coordinator started it
+    // anew, as TF's ClusterCoordinator uses a recovered worker again). Call it only once the old
+    // task is gone: the worker holds no steps then (release returned them, and a released
+    // worker's claims are refused). Its part of the data counts again for an unsized epoch.
+    void readmit(const std::string& worker);
     ScheduleSnapshot snapshot() const;
     // Steps with an outcome so far.
     int64_t completed() const;

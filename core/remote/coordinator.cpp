@@ -12,6 +12,7 @@
 #include <map>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -49,6 +50,7 @@ struct Inbox {
     std::vector<std::pair<std::size_t, Error>> failures;
     std::vector<bool> ended;
     std::vector<bool> silent;  // stopped answering heartbeats: its stream may never end
+    std::set<std::size_t> comeback;  // parameter-server: lost workers whose daemons answer again
     // Each task's clock minus ours, from the heartbeat with the shortest round trip so far.
     std::vector<int64_t> clockOffsetUs, clockRoundTripUs;
     void noteClock(std::size_t i, const WorkerPulse& p)
@@ -344,7 +346,8 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     const int allowed = cfg.backup.enabled() ? cfg.backup.restarts : 0;
     for (int attempt = 0;; ++attempt) {
         const std::string taskRun = attempt == 0 ? runId : runId + "/restart-" + std::to_string(attempt);
-        auto r = runAttempt(cfg, runId, taskRun, bus, onEpoch, attempt < allowed);
+        // Lost parameter-server workers that rejoined (runAttempt) spend the same budget.
+        auto r = runAttempt(cfg, runId, taskRun, bus, onEpoch, m_restarts < allowed);
         if (!m_restartPending) return r;
         // Wait for every task to answer and be idle again (the failed one's daemon restarted by
         // its supervisor, the others' tasks ended by the cancel), then start the run again.
@@ -366,7 +369,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             return e;
         }
         bus.publish(tm::Event(tm::LogEvent{taskStamp(runId, "coordinator", "", 0), tm::LogLevel::Warning,
-                                           "restarting the run from its backup (restart " + std::to_string(attempt + 1) + " of " +
+                                           "restarting the run from its backup (restart " + std::to_string(m_restarts) + " of " +
                                                std::to_string(allowed) + ")"}));
     }
 }
@@ -386,6 +389,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         return taskStamp(runId, worker, device, step);
     };
     const bool psRun = isParameterServer(m_strategy);
+    // --restarts: restarts of the run from its backup and rejoins of lost parameter-server
+    // workers, together.
+    const int allowedRestarts = cfg.backup.enabled() ? cfg.backup.restarts : 0;
     m_summary = nlohmann::json::object();
     m_devices = nlohmann::json::array();
     // The task whose metrics are the run's: the chief (rank 0), or worker 0 after the ps tasks.
@@ -435,7 +441,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         inbox.cv.notify_all();
     };
     auto finish = [&](const Result<FitResult>& r, int64_t steps) -> Result<FitResult> {
-        if (mayRestart && started && !r.ok() && !m_cancel && restartableFailure(r.error())) {
+        if (mayRestart && m_restarts < allowedRestarts && started && !r.ok() && !m_cancel && restartableFailure(r.error())) {
             // Not the run's end: run() starts it again from the backup.
             m_restartPending = true;
             bus.publish(tm::Event(tm::LogEvent{stamp("coordinator", "", steps), tm::LogLevel::Warning,
@@ -522,6 +528,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         });
     // Heartbeats: a worker that has not answered for heartbeatTimeout is gone (its stream may not
     // notice a machine that vanished without closing its sockets).
+    // parameter-server with --restarts: the heartbeats also probe each lost worker's daemon
+    // (probe[i]); one that answers again is a comeback for the loop, which starts the worker anew
+    // and re-arms its heartbeat (rearm[i]).
+    std::vector<std::atomic<bool>> probe(m_tasks.size()), rearm(m_tasks.size());
     std::atomic<bool> stopBeats{false};
     std::thread beats([&] {
         std::vector<std::chrono::steady_clock::time_point> lastSeen(m_tasks.size(), std::chrono::steady_clock::now());
@@ -530,6 +540,18 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         const auto secs = std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(limit).count() / 1000.0);
         while (!stopBeats) {
             for (std::size_t i = 0; i < m_tasks.size() && !stopBeats; ++i) {
+                if (rearm[i].exchange(false)) {
+                    reported[i] = false;
+                    lastSeen[i] = std::chrono::steady_clock::now();
+                }
+                if (probe[i]) {
+                    if (m_tasks[i]->client->heartbeat(1s).ok()) {
+                        std::lock_guard lock(inbox.mutex);
+                        inbox.comeback.insert(i);
+                        inbox.cv.notify_all();
+                    }
+                    continue;
+                }
                 if (reported[i]) continue;
                 auto p = m_tasks[i]->client->heartbeat(std::min<std::chrono::milliseconds>(limit, 1s));
                 const auto now = std::chrono::steady_clock::now();
@@ -609,7 +631,32 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         // Its stream first: the run's end waits for it, and a frozen daemon answers no Cancel.
         t.client->cancelStream();
         droppers.emplace_back([&t, &taskRun] { (void)t.client->cancel(taskRun, "failed"); });
+        // Worker 0 initialises the ps tasks and writes the run's backups: a new task of it cannot
+        // join a run in progress. The others may, with restarts left.
+        if (t.id.index > 0 && m_restarts < allowedRestarts) probe[i] = true;
         return true;
+    };
+    // A lost worker's daemon answers again (restarted by its supervisor, or its network back):
+    // its old task is stopped, a new one started, and ps:0 hands it steps again (TF's
+    // ClusterCoordinator uses a recovered worker again). Called without the inbox lock. An error
+    // (the old task still ending, the daemon busy) leaves it lost; the next probe tries again.
+    std::vector<std::thread> oldStreams;
+    auto rejoinWorker = [&](std::size_t i) -> Status {
+        Task& t = *m_tasks[i];
+        (void)t.client->cancel(taskRun, "failed");  // the old task, if the daemon still has it
+        TS_TRY(t.client->reserve(taskRun, m_who, 30));
+        TS_TRY(evaluator->store->readmit(t.id.toString(), "its daemon answers again"));
+        StartTaskOptions again = start;
+        again.initialWeightsSent = false;  // a worker other than 0 pulls the ps tasks' values
+        again.initialWeightsName.clear();
+        auto tf = m_options.spec.tfConfigFor(t.id);
+        Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, again) : Status(tf.error());
+        if (!st.ok()) {
+            (void)evaluator->store->release(t.id.toString(), "its new task did not start: " + st.error().message);
+            (void)t.client->cancel(taskRun, "failed");
+            return st;
+        }
+        return okStatus();
     };
     // multi-worker-mirrored: the chief's weights at its end, as its "weights" parts arrive.
     std::string chiefWeights;
@@ -619,7 +666,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     for (;;) {
         inbox.cv.wait(lock, [&] {
             return !inbox.events.empty() || !inbox.failures.empty() || inbox.allEnded() || (psRun && trainingEnded()) ||
-                   (m_cancel && !cancelSent);
+                   (m_cancel && !cancelSent) || !inbox.comeback.empty();
         });
         if (m_cancel && !cancelSent) {
             // Each worker stops at its next step and reports "cancelled"; their streams then end.
@@ -771,6 +818,42 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     failure = e;
             }
         }
+        for (const std::size_t i : std::exchange(inbox.comeback, {})) {
+            // Not before its old stream has ended: its last events and its end must not be taken
+            // for the new task's.
+            if (!dropped[i] || !probe[i] || !inbox.ended[i] || failure || m_cancel || m_restarts >= allowedRestarts || trainingEnded())
+                continue;
+            lock.unlock();
+            Status st = rejoinWorker(i);
+            lock.lock();
+            if (!st.ok()) continue;  // probed again in a moment
+            Task& t = *m_tasks[i];
+            probe[i] = false;
+            ++m_restarts;
+            // Its old stream ended when it was dropped; a new one carries the new task's events.
+            oldStreams.push_back(std::move(t.stream));
+            inbox.ended[i] = false;
+            inbox.silent[i] = false;
+            dropped[i] = false;
+            rearm[i] = true;
+            t.client->allowStreams();
+            t.stream = std::thread([&, i] {
+                Status s = m_tasks[i]->client->streamEvents(taskRun, [&](const WorkerEvent& e) {
+                    std::lock_guard l(inbox.mutex);
+                    inbox.events.emplace_back(i, e);
+                    inbox.cv.notify_all();
+                });
+                std::lock_guard l(inbox.mutex);
+                inbox.ended[i] = true;
+                if (!s.ok() && s.error().code != ErrorCode::Cancelled) inbox.failures.emplace_back(i, s.takeError());
+                inbox.cv.notify_all();
+            });
+            const int64_t at = std::max(lastReported, lastStep[i]);
+            bus.publish(tm::Event(tm::LogEvent{stamp(t.id.toString(), "", at), tm::LogLevel::Warning,
+                                               t.label + " answers again: " + t.id.toString() + " rejoins the run with a new task (restart " +
+                                                   std::to_string(m_restarts) + " of " + std::to_string(allowedRestarts) + ")"}));
+            m_summary["rejoined"].push_back({{"task", t.id.toString()}, {"at_step", at}});
+        }
         if (failure || inbox.allEnded() || (psRun && trainingEnded() && inbox.events.empty())) break;
     }
     lock.unlock();
@@ -839,6 +922,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         lock.unlock();
     }
     for (auto& d : droppers) d.join();
+    for (auto& s : oldStreams) s.join();
     for (auto& t : m_tasks) {
         if (failure) t->client->cancelStream();
         t->stream.join();

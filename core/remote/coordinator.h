@@ -93,7 +93,8 @@ public:
     // Backups (config.backup, multi-worker-mirrored): the chief task backs up under its daemon's
     // --backup-root; with backup.restarts a run that fails after its tasks started is started
     // again, once every task answers and is idle, and resumes from the chief's backup into the
-    // same run on the bus.
+    // same run on the bus. Parameter-server: a lost worker other than worker 0 rejoins with a new
+    // task once its daemon answers again (summary "rejoined"); rejoins spend backup.restarts too.
     Result<FitResult> run(RunConfig config, const std::string& runId, telemetry::EventBus& bus,
                           const std::function<void(const telemetry::EpochMetricsEvent&)>& onEpoch = {});
     void cancel();
@@ -106,7 +107,8 @@ public:
     std::size_t numTasks() const { return m_tasks.size(); }
     // What the tasks of the last run() reported at their end, by task ("worker:1": its steps,
     // pushes and staleness; "ps:0": updates applied, steps completed), plus "evaluation" and
-    // "lost" (parameter-server: the workers the run went on without, why, and after which step).
+    // "lost" (parameter-server: the workers the run went on without, why, and after which step)
+    // and "rejoined" (those that came back with a new task, and the run's step then).
     nlohmann::json summary() const { return m_summary; }
     // After run(): the devices each training task trained on, as the run record lists them
     // ({"task", "device", "name", "memory_total"}); empty before a task started.
@@ -116,7 +118,7 @@ public:
     // A run stopped by cancel() keeps them too; empty after a failed run.
     const std::vector<std::pair<std::string, Tensor>>& finalWeights() const { return m_finalWeights; }
     const ClusterSpec& spec() const { return m_options.spec; }
-    // How many times the last run() was restarted from its backup.
+    // How many times the last run() was restarted from its backup, plus its workers' rejoins.
     int restarts() const { return m_restarts; }
 
 private:

@@ -358,6 +358,20 @@ public:
         return grpc::Status::OK;
     }
 
+    grpc::Status Readmit(grpc::ServerContext* ctx, const ReleaseRequest* req, ReleaseReply*) override
+    {
+        const char* call = "ParameterServer.Readmit";
+        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        std::lock_guard claims(m_claimMutex);
+        std::lock_guard lock(m_mutex);
+        if (auto st = checkRun(*ctx, call, req->run_id(), false); !st.ok()) return st;
+        logLine(m_label + " of run " + m_runId + ": " + req->worker() + " readmitted by " + ctx->peer() +
+                (req->reason().empty() ? std::string() : " (" + req->reason() + ")") + "; it takes steps again");
+        if (m_schedule) m_schedule->readmit(req->worker());
+        else m_releasedEarly.erase(std::remove(m_releasedEarly.begin(), m_releasedEarly.end(), req->worker()), m_releasedEarly.end());
+        return grpc::Status::OK;
+    }
+
     // How many values from `offset` the reply carries: as many as fit both bounds, each value
     // taking `perValue` floats (the values and their optimizer state). Called with m_mutex held.
     struct PartSize {

@@ -608,6 +608,16 @@ Result<StepGrant> RemoteParameterStore::claimStep(int64_t batchesPerEpoch, const
 
 Status RemoteParameterStore::release(const std::string& worker, const std::string& reason)
 {
+    return membership(worker, reason, false);
+}
+
+Status RemoteParameterStore::readmit(const std::string& worker, const std::string& reason)
+{
+    return membership(worker, reason, true);
+}
+
+Status RemoteParameterStore::membership(const std::string& worker, const std::string& reason, bool readmit)
+{
     Impl& d = *m_impl;
     Lane& lane = *d.lanes.front();
     ReleaseRequest req;
@@ -616,8 +626,8 @@ Status RemoteParameterStore::release(const std::string& worker, const std::strin
     req.set_reason(reason);
     ReleaseReply reply;
     Impl::Call call(d, d.options.callTimeout);
-    const grpc::Status st = lane.stub->Release(&call.ctx, req, &reply);
-    if (!st.ok()) return d.fail(lane, st, "releasing " + worker + " failed");
+    const grpc::Status st = readmit ? lane.stub->Readmit(&call.ctx, req, &reply) : lane.stub->Release(&call.ctx, req, &reply);
+    if (!st.ok()) return d.fail(lane, st, (readmit ? "readmitting " : "releasing ") + worker + " failed");
     return okStatus();
 }
 

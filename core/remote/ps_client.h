@@ -51,12 +51,16 @@ public:
     // The coordinator lost `worker` ("worker:1"): ps:0 hands the steps it holds to the others
     // and refuses its later claims.
     Status release(const std::string& worker, const std::string& reason);
+    // `worker`, released before, is back (its new task started, the old one gone): ps:0 hands it
+    // steps again.
+    Status readmit(const std::string& worker, const std::string& reason);
 
     const PartitionPlan& plan() const;
 
     class Impl;
 private:
     explicit RemoteParameterStore(std::unique_ptr<Impl> impl);
+    Status membership(const std::string& worker, const std::string& reason, bool readmit);
     std::unique_ptr<Impl> m_impl;
 };
 

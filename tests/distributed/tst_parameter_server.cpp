@@ -125,6 +125,8 @@ private slots:
     void killedPsIsNamed();
     void killedWorkersStepsGoToTheOther();
     void silentWorkersStepsGoToTheOther();
+    void lostWorkerRejoins_data();
+    void lostWorkerRejoins();
     void slowWorkerTakesFewerSteps();
     void silentPsIsNamed();
     void smallValidationSet();
@@ -1021,6 +1023,82 @@ void TestParameterServer::lostWorkerIsReplaced(int signal)
     const double secs = static_cast<double>(noticedUs - killedUs) / 1e6;
     qInfo("worker:1 lost (signal %d) after %.1f s; worker:0 trained %lld of the 1200 steps", signal, secs, static_cast<long long>(steps0));
     QVERIFY2(secs < 10.0, qPrintable(QString("noticed after %1 s").arg(secs)));
+}
+
+// With --restarts, a lost worker whose daemon comes back (here: killed with SIGKILL and started
+// again on its port, as a supervisor would) rejoins: the coordinator starts a new task on it and
+// ps:0 hands it steps again, as TF's ClusterCoordinator uses a recovered worker. The run
+// completes every step, and both the loss and the rejoin are in its summary and its log.
+void TestParameterServer::lostWorkerRejoins_data()
+{
+    QTest::addColumn<bool>("restartDaemon");
+    QTest::newRow("killed, its daemon restarted") << true;
+    QTest::newRow("silent, then answering again") << false;  // SIGSTOP: its old task is stopped first
+}
+
+void TestParameterServer::lostWorkerRejoins()
+{
+    QFETCH(bool, restartDaemon);
+    QTemporaryDir dir;
+    auto ps = spawnWorker(dir.path(), "ps0");
+    auto w0 = tstest::spawnWorker(dir.path(), "worker0", kToken, {"--backup-root", dir.filePath("w0-backups")});
+    auto w1 = spawnWorker(dir.path(), "worker1");
+    QVERIFY(ps->port > 0 && w0->port > 0 && w1->port > 0);
+    const QString cluster = dir.filePath("cluster.json");
+    {
+        QFile f(cluster);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
+                    .arg(w0->port).arg(w1->port).arg(ps->port).toUtf8());
+    }
+    const QString db = dir.filePath("runs.db");
+    // 32000 examples: 500 batches a pass for each worker, 1000 steps an epoch, 6000 in all (10000
+    // for the silent worker, whose 4 s pause comes first): long enough to come back while the
+    // run trains.
+    const int epochs = restartDaemon ? 6 : 10;
+    auto coord = startCoordinator(trainArgs(cluster, epochs) + QStringList{"--limit", "32000", "--db", db, "--json", "--backup-dir", "run-r",
+                                                                      "--backup-every-steps", "500", "--restarts", "1"});
+    QString out;
+    QVERIFY2(tstest::readUntil(*coord, out, "\"epoch\":1"), qPrintable(out + coord->readAllStandardError()));
+    const int port = w1->port;
+    if (restartDaemon) {
+        ::kill(static_cast<pid_t>(w1->process->processId()), SIGKILL);
+        w1->process->waitForFinished();
+        w1 = tstest::spawnWorker(dir.path(), "worker1", kToken, {}, port);
+        QCOMPARE(w1->port, port);
+    } else {
+        // Silent past the 3 s heartbeat limit: dropped; then it answers again with its old task.
+        ::kill(static_cast<pid_t>(w1->process->processId()), SIGSTOP);
+        QTest::qWait(4000);
+        ::kill(static_cast<pid_t>(w1->process->processId()), SIGCONT);
+    }
+    QVERIFY(coord->waitForFinished(120000));
+    out += QString::fromUtf8(coord->readAllStandardOutput());
+    const QString err = QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
+    QVERIFY2(err.contains("the run goes on without worker:1") && err.contains("worker:1 rejoins the run with a new task (restart 1 of 1)"),
+             qPrintable(err));
+    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    const auto& tasks = j["tasks"];
+    QCOMPARE(tasks["ps:0"].value("steps_completed", int64_t{0}), int64_t(1000 * epochs));
+    QVERIFY2(tasks.contains("lost") && tasks["lost"].size() == 1 && tasks["lost"][0].value("task", "") == "worker:1", qPrintable(out));
+    QVERIFY2(tasks.contains("rejoined") && tasks["rejoined"].size() == 1 && tasks["rejoined"][0].value("task", "") == "worker:1",
+             qPrintable(out));
+    // The new task trained steps after it rejoined (and reported its end, which the lost one never did).
+    const int64_t steps0 = tasks["worker:0"].value("steps", int64_t{0}), steps1 = tasks["worker:1"].value("steps", int64_t{0});
+    qInfo("worker:1 rejoined at step %lld; afterwards it trained %lld steps, worker:0 %lld in all",
+          static_cast<long long>(tasks["rejoined"][0].value("at_step", int64_t{0})), static_cast<long long>(steps1),
+          static_cast<long long>(steps0));
+    QVERIFY2(steps1 >= 100, qPrintable(out));
+    QCOMPARE(j["restarts"].get<int>(), 1);
+    QCOMPARE(j["epochs"].get<int64_t>(), int64_t(epochs));
+    QVERIFY2(j.value("val_accuracy", 0.0) > 0.7, qPrintable(out));
+    auto store = ts::store::RunStore::open(db.toStdString());
+    QVERIFY(store.ok());
+    auto info = store->run(j["run_id"].get<std::string>());
+    QVERIFY(info.ok());
+    QCOMPARE(info->status, ts::store::RunState::Completed);
 }
 
 // SIGSTOP: the ps keeps its sockets open but answers nothing; only the heartbeat notices.

@@ -6,6 +6,8 @@
 #include <QtTest>
 
 #include <atomic>
+#include <map>
+#include <optional>
 #include <set>
 #include <thread>
 
@@ -19,6 +21,7 @@ private slots:
     void handsOutEveryStepOnce();
     void waitsForHeldStepsAtTheEnd();
     void lostWorkersStepsGoToOthers();
+    void readmittedWorkerTakesStepsAgain();
     void learnsUnknownEpochSizes();
     void maxStepsEndsTheRun();
     void refusesWhatAWorkerDoesNotHold();
@@ -157,6 +160,60 @@ void TestStepSchedule::lostWorkersStepsGoToOthers()
     auto first = claimOne(t, "worker:1", 1, nullptr, nullptr);
     QCOMPARE(int(first->kind), int(StepGrant::Kind::Step));
     QCOMPARE(first->stepsPerEpoch, int64_t(2));
+}
+
+// A lost worker whose daemon came back is started anew and readmitted: it claims steps again
+// (the step it held went to the other meanwhile), and every step is still trained once.
+void TestStepSchedule::readmittedWorkerTakesStepsAgain()
+{
+    StepSchedule s({2, 2, 0, 1});  // 2 workers x 3 batches: 6 steps an epoch, 12 in all
+    std::vector<EpochDone> epochs;
+    StepGrant a, b;
+    checkIn(s, &epochs, "worker:0", 3, "worker:1", 3, &a, &b);  // worker:1 holds step 1, then dies
+    s.release("worker:1");
+    std::map<int64_t, std::string> trainedBy;
+    auto g0 = claimOne(s, "worker:0", 3, nullptr, &epochs);
+    QCOMPARE(g0->step, int64_t(1));  // the lost step first
+    trainedBy[a.step] = "worker:0";
+    StepOutcome done0 = outcome(a.step);
+    std::vector<StepOutcome> doneBoth = {done0, outcome(g0->step)};
+    trainedBy[g0->step] = "worker:0";
+    auto next0 = s.claim("worker:0", 3, doneBoth, &epochs);
+    QVERIFY(next0.ok());
+    trainedBy[next0->step] = "worker:0";
+    // Still released: refused.
+    QVERIFY(!claimOne(s, "worker:1", 3, nullptr, nullptr).ok());
+    s.readmit("worker:1");
+    s.readmit("worker:1");  // twice is once
+    // The new task checks in with no outcomes and gets the next step; then both share the rest.
+    auto g1 = claimOne(s, "worker:1", 3, nullptr, &epochs);
+    QVERIFY2(g1.ok(), g1.ok() ? "" : g1.error().message.c_str());
+    QCOMPARE(int(g1->kind), int(StepGrant::Kind::Step));
+    QCOMPARE(g1->step, next0->step + 1);
+    trainedBy[g1->step] = "worker:1";
+    // Each worker reports its last step with its next claim (once: after a Wait it has none).
+    std::optional<StepOutcome> last0 = outcome(next0->step), last1 = outcome(g1->step);
+    bool more0 = true, more1 = true;
+    auto turn = [&](const std::string& worker, std::optional<StepOutcome>& last, bool& more) {
+        auto g = claimOne(s, worker, 3, last ? &*last : nullptr, &epochs);
+        QVERIFY2(g.ok(), g.ok() ? "" : g.error().message.c_str());
+        last.reset();
+        more = g->kind != StepGrant::Kind::Done;
+        if (g->kind != StepGrant::Kind::Step) return;
+        QVERIFY(!trainedBy.count(g->step));
+        trainedBy[g->step] = worker;
+        last = outcome(g->step);
+    };
+    while (more0 || more1) {
+        if (more1) turn("worker:1", last1, more1);
+        if (more0) turn("worker:0", last0, more0);
+    }
+    QCOMPARE(trainedBy.size(), std::size_t(12));
+    QCOMPARE(s.completed(), int64_t(12));
+    QCOMPARE(epochs.size(), std::size_t(2));
+    int byWorker1 = 0;
+    for (const auto& [step, w] : trainedBy) byWorker1 += w == "worker:1";
+    QVERIFY2(byWorker1 >= 3, qPrintable(QString::number(byWorker1)));
 }
 
 void TestStepSchedule::learnsUnknownEpochSizes()
