@@ -514,8 +514,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     }
     bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Running, {}}));
 
-    for (std::size_t i = 0; i < m_tasks.size(); ++i)
-        m_tasks[i]->stream = std::thread([&, i] {
+    // Task i's events, into the inbox until its stream ends (a rejoined worker's new task gets
+    // a new one).
+    auto openStream = [&](std::size_t i) {
+        return std::thread([&, i] {
             Status st = m_tasks[i]->client->streamEvents(taskRun, [&](const WorkerEvent& e) {
                 std::lock_guard lock(inbox.mutex);
                 inbox.events.emplace_back(i, e);
@@ -526,6 +528,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             if (!st.ok() && st.error().code != ErrorCode::Cancelled) inbox.failures.emplace_back(i, st.takeError());
             inbox.cv.notify_all();
         });
+    };
+    for (std::size_t i = 0; i < m_tasks.size(); ++i) m_tasks[i]->stream = openStream(i);
     // Heartbeats: a worker that has not answered for heartbeatTimeout is gone (its stream may not
     // notice a machine that vanished without closing its sockets).
     // parameter-server with --restarts: the heartbeats also probe each lost worker's daemon
@@ -837,17 +841,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             dropped[i] = false;
             rearm[i] = true;
             t.client->allowStreams();
-            t.stream = std::thread([&, i] {
-                Status s = m_tasks[i]->client->streamEvents(taskRun, [&](const WorkerEvent& e) {
-                    std::lock_guard l(inbox.mutex);
-                    inbox.events.emplace_back(i, e);
-                    inbox.cv.notify_all();
-                });
-                std::lock_guard l(inbox.mutex);
-                inbox.ended[i] = true;
-                if (!s.ok() && s.error().code != ErrorCode::Cancelled) inbox.failures.emplace_back(i, s.takeError());
-                inbox.cv.notify_all();
-            });
+            t.stream = openStream(i);
             const int64_t at = std::max(lastReported, lastStep[i]);
             bus.publish(tm::Event(tm::LogEvent{stamp(t.id.toString(), "", at), tm::LogLevel::Warning,
                                                t.label + " answers again: " + t.id.toString() + " rejoins the run with a new task (restart " +

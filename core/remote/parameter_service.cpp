@@ -346,29 +346,34 @@ public:
 
     grpc::Status Release(grpc::ServerContext* ctx, const ReleaseRequest* req, ReleaseReply*) override
     {
-        const char* call = "ParameterServer.Release";
-        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
-        std::lock_guard claims(m_claimMutex);
-        std::lock_guard lock(m_mutex);
-        if (auto st = checkRun(*ctx, call, req->run_id(), false); !st.ok()) return st;
-        logLine(m_label + " of run " + m_runId + ": " + req->worker() + " released by " + ctx->peer() +
-                (req->reason().empty() ? std::string() : " (" + req->reason() + ")") + "; its steps go to the other workers");
-        if (m_schedule) m_schedule->release(req->worker());
-        else m_releasedEarly.push_back(req->worker());
-        return grpc::Status::OK;
+        return membership(*ctx, *req, false);
     }
 
     grpc::Status Readmit(grpc::ServerContext* ctx, const ReleaseRequest* req, ReleaseReply*) override
     {
-        const char* call = "ParameterServer.Readmit";
-        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        return membership(*ctx, *req, true);
+    }
+
+    // Release: the coordinator lost a worker (its steps go to the others, its claims are
+    // refused). Readmit: it is back with a new task and claims steps again.
+    grpc::Status membership(grpc::ServerContext& ctx, const ReleaseRequest& req, bool readmit)
+    {
+        const char* call = readmit ? "ParameterServer.Readmit" : "ParameterServer.Release";
+        if (auto st = checkToken(ctx, m_token, call); !st.ok()) return st;
         std::lock_guard claims(m_claimMutex);
         std::lock_guard lock(m_mutex);
-        if (auto st = checkRun(*ctx, call, req->run_id(), false); !st.ok()) return st;
-        logLine(m_label + " of run " + m_runId + ": " + req->worker() + " readmitted by " + ctx->peer() +
-                (req->reason().empty() ? std::string() : " (" + req->reason() + ")") + "; it takes steps again");
-        if (m_schedule) m_schedule->readmit(req->worker());
-        else m_releasedEarly.erase(std::remove(m_releasedEarly.begin(), m_releasedEarly.end(), req->worker()), m_releasedEarly.end());
+        if (auto st = checkRun(ctx, call, req.run_id(), false); !st.ok()) return st;
+        logLine(m_label + " of run " + m_runId + ": " + req.worker() + (readmit ? " readmitted by " : " released by ") + ctx.peer() +
+                (req.reason().empty() ? std::string() : " (" + req.reason() + ")") +
+                (readmit ? "; it takes steps again" : "; its steps go to the other workers"));
+        const std::string& w = req.worker();
+        if (readmit) {
+            if (m_schedule) m_schedule->readmit(w);
+            else m_releasedEarly.erase(std::remove(m_releasedEarly.begin(), m_releasedEarly.end(), w), m_releasedEarly.end());
+        } else {
+            if (m_schedule) m_schedule->release(w);
+            else m_releasedEarly.push_back(w);
+        }
         return grpc::Status::OK;
     }
 

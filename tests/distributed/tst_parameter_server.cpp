@@ -86,6 +86,27 @@ Cluster startCluster(const QString& dir, int workers, int ps, const QStringList&
     return c;
 }
 
+// One ps task and two workers, worker 0's daemon with --backup-root `backupRoot` (worker 0 writes
+// a parameter-server run's backups).
+struct BackedUpCluster {
+    std::unique_ptr<WorkerProcess> ps, w0, w1;
+    QString file;
+};
+
+BackedUpCluster startBackedUpCluster(const QString& dir, const QString& backupRoot)
+{
+    BackedUpCluster c;
+    c.ps = spawnWorker(dir, "ps0");
+    c.w0 = tstest::spawnWorker(dir, "worker0", kToken, {"--backup-root", backupRoot});
+    c.w1 = spawnWorker(dir, "worker1");
+    c.file = dir + "/cluster.json";
+    QFile f(c.file);
+    f.open(QIODevice::WriteOnly);
+    f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
+                .arg(c.w0->port).arg(c.w1->port).arg(c.ps->port).toUtf8());
+    return c;
+}
+
 std::unique_ptr<QProcess> startCoordinator(const QStringList& args)
 {
     auto p = std::make_unique<QProcess>();
@@ -853,17 +874,10 @@ void TestParameterServer::restartedRunResumesFromBackup()
     if (!QFileInfo(QString::fromStdString(defaultFashionMnistDir())).isDir()) QSKIP("Fashion-MNIST is not installed");
     QTemporaryDir dir;
     const QString root = dir.filePath("w0-backups");
-    auto ps = spawnWorker(dir.path(), "ps0");
-    auto w0 = tstest::spawnWorker(dir.path(), "worker0", kToken, {"--backup-root", root});
-    auto w1 = spawnWorker(dir.path(), "worker1");
-    QVERIFY(ps->port > 0 && w0->port > 0 && w1->port > 0);
-    const QString cluster = dir.filePath("cluster.json");
-    {
-        QFile f(cluster);
-        QVERIFY(f.open(QIODevice::WriteOnly));
-        f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
-                    .arg(w0->port).arg(w1->port).arg(ps->port).toUtf8());
-    }
+    BackedUpCluster c = startBackedUpCluster(dir.path(), root);
+    auto& ps = c.ps;
+    QVERIFY(c.ps->port > 0 && c.w0->port > 0 && c.w1->port > 0);
+    const QString cluster = c.file;
     // 3200 examples in global batches of 64: 50 steps an epoch for each worker, 150 in all.
     auto coord = startCoordinator(trainArgs(cluster, 3) + QStringList{"--limit", "3200", "--db", dir.filePath("runs.db"), "--json", "--backup-dir",
                                                                       "run-p", "--backup-every-steps", "10", "--restarts", "1"});
@@ -1040,17 +1054,10 @@ void TestParameterServer::lostWorkerRejoins()
 {
     QFETCH(bool, restartDaemon);
     QTemporaryDir dir;
-    auto ps = spawnWorker(dir.path(), "ps0");
-    auto w0 = tstest::spawnWorker(dir.path(), "worker0", kToken, {"--backup-root", dir.filePath("w0-backups")});
-    auto w1 = spawnWorker(dir.path(), "worker1");
-    QVERIFY(ps->port > 0 && w0->port > 0 && w1->port > 0);
-    const QString cluster = dir.filePath("cluster.json");
-    {
-        QFile f(cluster);
-        QVERIFY(f.open(QIODevice::WriteOnly));
-        f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
-                    .arg(w0->port).arg(w1->port).arg(ps->port).toUtf8());
-    }
+    BackedUpCluster c = startBackedUpCluster(dir.path(), dir.filePath("w0-backups"));
+    auto& w1 = c.w1;
+    QVERIFY(c.ps->port > 0 && c.w0->port > 0 && c.w1->port > 0);
+    const QString cluster = c.file;
     const QString db = dir.filePath("runs.db");
     // 32000 examples: 500 batches a pass for each worker, 1000 steps an epoch, 6000 in all (10000
     // for the silent worker, whose 4 s pause comes first): long enough to come back while the
