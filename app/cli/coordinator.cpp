@@ -204,11 +204,18 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     } else if (!o.quiet) {
         std::printf("Trained %lld step(s) on %s in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), where.c_str(), fit.seconds,
                     fit.samplesPerSec);
-        if (c.restarts() > 0) std::printf("Restarted %d time(s), each time from the chief's backup\n", c.restarts());
-        if (const nlohmann::json summary = c.summary(); summary.contains("lost"))
+        const nlohmann::json summary = c.summary();
+        const int rejoins = summary.contains("rejoined") ? static_cast<int>(summary["rejoined"].size()) : 0;
+        if (c.restarts() > rejoins)
+            std::printf("Restarted %d time(s), each time from the chief's backup\n", c.restarts() - rejoins);
+        if (summary.contains("lost"))
             for (const auto& l : summary["lost"])
                 std::printf("Went on without %s after its step %lld (%s): the other workers trained its steps\n",
                             l.value("task", "").c_str(), static_cast<long long>(l.value("after_step", int64_t{0})), l.value("reason", "").c_str());
+        if (rejoins > 0)
+            for (const auto& r : summary["rejoined"])
+                std::printf("%s rejoined at step %lld with a new task\n", r.value("task", "").c_str(),
+                            static_cast<long long>(r.value("at_step", int64_t{0})));
         if (std::isfinite(fit.last.valAccuracy))
             std::printf("Test accuracy of the final weights: %.4f (loss %.4f)\n", fit.last.valAccuracy, fit.last.valLoss);
         if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
