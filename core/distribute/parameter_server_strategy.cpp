@@ -23,6 +23,7 @@ public:
     std::unique_ptr<LossScaler> m_scaler;  // mixed_float16: this worker's own loss scale
     std::shared_ptr<ParameterStore> m_store;
     int m_rank = 0, m_workers = 1, m_threads = 1;
+    bool m_join = false;  // StrategyConfig::joinRunning
     std::vector<StoreVariable> m_variables;
     bool m_begun = false;
     StoreResume m_resume;           // worker 0: what the ps tasks start from (a backup's state)
@@ -66,7 +67,8 @@ public:
     Status begin()
     {
         if (m_begun) return okStatus();
-        TS_TRY(m_store->begin(m_variables, m_rank == 0, m_rank == 0 ? &m_resume : nullptr));
+        const bool initialiser = m_rank == 0 && !m_join;  // a rejoined worker 0 finds them initialised
+        TS_TRY(m_store->begin(m_variables, initialiser, initialiser ? &m_resume : nullptr));
         m_begun = true;
         return okStatus();
     }
@@ -254,6 +256,7 @@ Result<std::unique_ptr<Strategy>> makeParameterServerStrategy(const StrategyConf
     auto s = std::make_unique<ParameterServerStrategy>();
     s->m_store = config.parameterStore;
     s->m_rank = config.processRank;
+    s->m_join = config.joinRunning;
     s->m_workers = config.numWorkers;
     s->m_device = config.devices.empty() ? Device{DeviceKind::Cpu, 0} : config.devices[0];
     const unsigned hw = std::thread::hardware_concurrency();

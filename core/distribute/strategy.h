@@ -52,6 +52,10 @@ struct StrategyConfig {
     std::shared_ptr<ParameterStore> parameterStore;
     int numWorkers = 1;
     PartitionOptions partition;
+    // Parameter-server: this worker's task joins a run in progress (the coordinator lost its old
+    // one and started it anew): it neither initialises the ps tasks (even as worker 0) nor
+    // resumes from a backup; it trains the steps ps:0 hands it from now on.
+    bool joinRunning = false;
     // Mixed precision: every replica's backend computes dense and convolution layers in the
     // policy's type (an error naming the device if it cannot), and under mixed_float16 the loss
     // is scaled (optim/precision.h). Set from the run's "precision".

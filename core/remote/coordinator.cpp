@@ -234,12 +234,13 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
             p.id = t.id;
             p.address = t.address;
             p.label = t.label;
-            const auto deadline = std::chrono::steady_clock::now() + timeout;
-            auto who = t.client->identify(timeout);
             // gRPC's catch-all "failed to connect to all addresses" (ours: "cannot connect to")
-            // has come back once, on a loaded machine, from a daemon that was already listening:
-            // ask again until the timeout rather than fail a run on it. A refused connection or
-            // an unknown host is a definite answer and is reported at once.
+            // has come back, on a loaded machine, from a daemon that was already listening, once
+            // for a whole 3 s probe ("No such file or directory"): ask again for at least 10 s
+            // rather than fail a run on it. A refused connection or an unknown host is a definite
+            // answer and is reported at once.
+            const auto deadline = std::chrono::steady_clock::now() + std::max<std::chrono::milliseconds>(timeout, 10s);
+            auto who = t.client->identify(timeout);
             for (;;) {
                 if (who.ok() || who.error().code != ErrorCode::IoError ||
                     who.error().message.find("cannot connect to") == std::string::npos)
@@ -247,7 +248,7 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
                 const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
                 if (left < std::chrono::milliseconds(300)) break;
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
-                who = t.client->identify(left - std::chrono::milliseconds(200));
+                who = t.client->identify(std::min(timeout, left - std::chrono::milliseconds(200)));
             }
             if (!who.ok()) {
                 p.problem = who.error().message;
@@ -613,6 +614,11 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     std::vector<std::thread> droppers;  // stop a lost worker's task without holding up the loop
     std::size_t reporter = primary;
     int64_t lastReported = 0;           // the run's step metrics go forward only
+    auto firstLiveWorker = [&] {
+        std::size_t r = 0;
+        while (r < m_tasks.size() && (m_tasks[r]->ps || dropped[r])) ++r;
+        return r;
+    };
     auto liveWorkers = [&] {
         int n = 0;
         for (std::size_t k = 0; k < m_tasks.size(); ++k) n += !m_tasks[k]->ps && !dropped[k];
@@ -631,27 +637,29 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         bus.publish(tm::Event(tm::LogEvent{stamp(t.id.toString(), "", lastStep[i]), tm::LogLevel::Warning,
                                            why.message + "; the run goes on without " + t.id.toString() + ": its steps go to the other workers"}));
         m_summary["lost"].push_back({{"task", t.id.toString()}, {"reason", why.message}, {"after_step", lastStep[i]}});
-        while (reporter < m_tasks.size() && (m_tasks[reporter]->ps || dropped[reporter])) ++reporter;
+        reporter = firstLiveWorker();
         // Its stream first: the run's end waits for it, and a frozen daemon answers no Cancel.
         t.client->cancelStream();
         droppers.emplace_back([&t, &taskRun] { (void)t.client->cancel(taskRun, "failed"); });
-        // Worker 0 initialises the ps tasks and writes the run's backups: a new task of it cannot
-        // join a run in progress. The others may, with restarts left.
-        if (t.id.index > 0 && m_restarts < allowedRestarts) probe[i] = true;
+        if (m_restarts < allowedRestarts) probe[i] = true;
         return true;
     };
     // A lost worker's daemon answers again (restarted by its supervisor, or its network back):
-    // its old task is stopped, a new one started, and ps:0 hands it steps again (TF's
-    // ClusterCoordinator uses a recovered worker again). Called without the inbox lock. An error
-    // (the old task still ending, the daemon busy) leaves it lost; the next probe tries again.
+    // its old task is stopped, a new one started that joins the run in progress (worker 0's too:
+    // it neither initialises the ps tasks again nor resumes from the backup, and goes on writing
+    // backups), and ps:0 hands it steps again (TF's ClusterCoordinator uses a recovered worker
+    // again). Called without the inbox lock. An error (the old task still ending, the daemon
+    // busy) leaves it lost; the next probe tries again.
     std::vector<std::thread> oldStreams;
     auto rejoinWorker = [&](std::size_t i) -> Status {
         Task& t = *m_tasks[i];
-        (void)t.client->cancel(taskRun, "failed");  // the old task, if the daemon still has it
+        TS_ASSIGN(const WorkerPulse pulse, t.client->heartbeat(1s));
+        if (pulse.state == "running") (void)t.client->cancel(taskRun, "failed");  // its old task, still there
         TS_TRY(t.client->reserve(taskRun, m_who, 30));
         TS_TRY(evaluator->store->readmit(t.id.toString(), "its daemon answers again"));
         StartTaskOptions again = start;
-        again.initialWeightsSent = false;  // a worker other than 0 pulls the ps tasks' values
+        again.joinRunning = true;          // no initialising the ps tasks, no resuming: it joins
+        again.initialWeightsSent = false;  // it pulls the ps tasks' values
         again.initialWeightsName.clear();
         auto tf = m_options.spec.tfConfigFor(t.id);
         Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, again) : Status(tf.error());
@@ -839,6 +847,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             inbox.ended[i] = false;
             inbox.silent[i] = false;
             dropped[i] = false;
+            reporter = firstLiveWorker();  // worker 0 back: its steps are the run's again
             rearm[i] = true;
             t.client->allowStreams();
             t.stream = openStream(i);

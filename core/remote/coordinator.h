@@ -93,8 +93,8 @@ public:
     // Backups (config.backup, multi-worker-mirrored): the chief task backs up under its daemon's
     // --backup-root; with backup.restarts a run that fails after its tasks started is started
     // again, once every task answers and is idle, and resumes from the chief's backup into the
-    // same run on the bus. Parameter-server: a lost worker other than worker 0 rejoins with a new
-    // task once its daemon answers again (summary "rejoined"); rejoins spend backup.restarts too.
+    // same run on the bus. Parameter-server: a lost worker rejoins with a new task once its daemon
+    // answers again (summary "rejoined"); rejoins spend backup.restarts too.
     Result<FitResult> run(RunConfig config, const std::string& runId, telemetry::EventBus& bus,
                           const std::function<void(const telemetry::EpochMetricsEvent&)>& onEpoch = {});
     void cancel();

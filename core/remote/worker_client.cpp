@@ -119,6 +119,7 @@ Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& r
     req.set_trace_layers(options.traceLayers);
     req.set_coordinator(options.coordinator);
     req.set_initial_weights_sent(options.initialWeightsSent);
+    req.set_join_running(options.joinRunning);
     req.set_initial_weights_name(options.initialWeightsName);
     StartTaskReply reply;
     const grpc::Status st = m_impl->stub->StartTask(&ctx, req, &reply);

@@ -56,6 +56,7 @@ struct StartTaskOptions {
     std::string coordinator;                  // who starts it, as other coordinators are told
     bool initialWeightsSent = false;          // sendWeights() delivered its initial weights
     std::string initialWeightsName;           // the file they came from, for messages
+    bool joinRunning = false;                 // a parameter-server worker rejoining a run in progress
 };
 
 class WorkerClient {

@@ -173,6 +173,10 @@ public:
         // worker 0 initialises the ps tasks from its imported weights
         if (req->initial_weights_sent() && type == "ps")
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": a ps task takes no initial weights; send them to the workers");
+        if (req->join_running() && (!ps || type != "worker"))
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          source + ": only a parameter-server worker joins a run in progress (join_running)");
+        cfg->strategy.joinRunning = req->join_running();
         std::lock_guard starting(m_startMutex);  // one StartTask at a time past this point
         std::unique_lock lock(m_mutex);
         if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());

@@ -238,7 +238,8 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
         scheduler->setSchedule(sc);
     }
     auto result = [&]() -> Result<FitResult> {
-        if (m_config.backup.enabled()) TS_TRY(restoreFromBackup(listener));
+        // A worker joining a parameter-server run in progress takes up the run where it is.
+        if (m_config.backup.enabled() && !m_config.strategy.joinRunning) TS_TRY(restoreFromBackup(listener));
         if (scheduler) return fitScheduled(train, *scheduler, listener);
         return fitLoop(train, validation, listener);
     }();

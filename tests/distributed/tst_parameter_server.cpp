@@ -1046,16 +1046,22 @@ void TestParameterServer::lostWorkerIsReplaced(int signal)
 void TestParameterServer::lostWorkerRejoins_data()
 {
     QTest::addColumn<bool>("restartDaemon");
-    QTest::newRow("killed, its daemon restarted") << true;
-    QTest::newRow("silent, then answering again") << false;  // SIGSTOP: its old task is stopped first
+    QTest::addColumn<int>("victim");
+    QTest::newRow("killed, its daemon restarted") << true << 1;
+    QTest::newRow("silent, then answering again") << false << 1;  // SIGSTOP: its old task is stopped first
+    // Worker 0 initialises the ps tasks and writes the backups: its new task joins without either.
+    QTest::newRow("worker 0 killed, its daemon restarted") << true << 0;
 }
 
 void TestParameterServer::lostWorkerRejoins()
 {
     QFETCH(bool, restartDaemon);
+    QFETCH(int, victim);
     QTemporaryDir dir;
-    BackedUpCluster c = startBackedUpCluster(dir.path(), dir.filePath("w0-backups"));
-    auto& w1 = c.w1;
+    const QString root = dir.filePath("w0-backups");
+    BackedUpCluster c = startBackedUpCluster(dir.path(), root);
+    auto& w1 = victim == 0 ? c.w0 : c.w1;
+    const QString name = QString("worker:%1").arg(victim);
     QVERIFY(c.ps->port > 0 && c.w0->port > 0 && c.w1->port > 0);
     const QString cluster = c.file;
     const QString db = dir.filePath("runs.db");
@@ -1071,7 +1077,8 @@ void TestParameterServer::lostWorkerRejoins()
     if (restartDaemon) {
         ::kill(static_cast<pid_t>(w1->process->processId()), SIGKILL);
         w1->process->waitForFinished();
-        w1 = tstest::spawnWorker(dir.path(), "worker1", kToken, {}, port);
+        w1 = tstest::spawnWorker(dir.path(), QString("worker%1").arg(victim), kToken, victim == 0 ? QStringList{"--backup-root", root} : QStringList{},
+                                 port);
         QCOMPARE(w1->port, port);
     } else {
         // Silent past the 3 s heartbeat limit: dropped; then it answers again with its old task.
@@ -1083,21 +1090,23 @@ void TestParameterServer::lostWorkerRejoins()
     out += QString::fromUtf8(coord->readAllStandardOutput());
     const QString err = QString::fromUtf8(coord->readAllStandardError());
     QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
-    QVERIFY2(err.contains("the run goes on without worker:1") && err.contains("worker:1 rejoins the run with a new task (restart 1 of 1)"),
+    QVERIFY2(err.contains("the run goes on without " + name) && err.contains(name + " rejoins the run with a new task (restart 1 of 1)"),
              qPrintable(err));
     const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
     QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
     const auto& tasks = j["tasks"];
     QCOMPARE(tasks["ps:0"].value("steps_completed", int64_t{0}), int64_t(1000 * epochs));
-    QVERIFY2(tasks.contains("lost") && tasks["lost"].size() == 1 && tasks["lost"][0].value("task", "") == "worker:1", qPrintable(out));
-    QVERIFY2(tasks.contains("rejoined") && tasks["rejoined"].size() == 1 && tasks["rejoined"][0].value("task", "") == "worker:1",
-             qPrintable(out));
+    const std::string who = name.toStdString(), other = victim == 0 ? "worker:1" : "worker:0";
+    QVERIFY2(tasks.contains("lost") && tasks["lost"].size() == 1 && tasks["lost"][0].value("task", "") == who, qPrintable(out));
+    QVERIFY2(tasks.contains("rejoined") && tasks["rejoined"].size() == 1 && tasks["rejoined"][0].value("task", "") == who, qPrintable(out));
     // The new task trained steps after it rejoined (and reported its end, which the lost one never did).
-    const int64_t steps0 = tasks["worker:0"].value("steps", int64_t{0}), steps1 = tasks["worker:1"].value("steps", int64_t{0});
-    qInfo("worker:1 rejoined at step %lld; afterwards it trained %lld steps, worker:0 %lld in all",
-          static_cast<long long>(tasks["rejoined"][0].value("at_step", int64_t{0})), static_cast<long long>(steps1),
-          static_cast<long long>(steps0));
-    QVERIFY2(steps1 >= 100, qPrintable(out));
+    const int64_t stepsOther = tasks[other].value("steps", int64_t{0}), stepsBack = tasks[who].value("steps", int64_t{0});
+    qInfo("%s rejoined at step %lld; afterwards it trained %lld steps, %s %lld in all", who.c_str(),
+          static_cast<long long>(tasks["rejoined"][0].value("at_step", int64_t{0})), static_cast<long long>(stepsBack), other.c_str(),
+          static_cast<long long>(stepsOther));
+    QVERIFY2(stepsBack >= 100, qPrintable(out));
+    // Worker 0 writes the backups (a rejoined worker 0 too) and deletes them when the run completes.
+    QVERIFY(!QFile::exists(root + "/run-r/backup.safetensors"));
     QCOMPARE(j["restarts"].get<int>(), 1);
     QCOMPARE(j["epochs"].get<int64_t>(), int64_t(epochs));
     QVERIFY2(j.value("val_accuracy", 0.0) > 0.7, qPrintable(out));

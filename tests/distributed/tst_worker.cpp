@@ -572,6 +572,12 @@ void TestWorker::initialWeightsArriveInParts()
     st = c.startTask("r2", cfg.toJson(), cluster, "worker", 0, start);  // another run's weights
     QVERIFY(!st.ok());
     QVERIFY2(st.error().message.find("no initial weights were sent for this run") != std::string::npos, st.error().message.c_str());
+    // Only a parameter-server worker joins a run in progress.
+    StartTaskOptions join;
+    join.joinRunning = true;
+    st = c.startTask("r3", cfg.toJson(), cluster, "worker", 0, join);
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("only a parameter-server worker joins a run in progress") != std::string::npos, st.error().message.c_str());
 }
 
 // --restarts with daemons: the worker daemon is killed with SIGKILL mid-run and started again on
