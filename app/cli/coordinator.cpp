@@ -104,7 +104,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     tscli::InterruptScope interrupt;
     interrupt.setAction([&c] { c.cancel(); });
     // Pre-flight: every task's worker answers with our version before anything starts.
-    for (const auto& p : c.probe(3s)) {
+    for (const auto& p : c.probe(3s, 10s)) {
         if (!p.ok) {
             printError(ts::makeError(ts::ErrorCode::InvalidArgument, "pre-flight: " + p.problem, p.hint));
             return 2;
@@ -192,7 +192,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         nlohmann::json j = {{"final", true}, {"epochs", fit.epochs}, {"steps", fit.steps}, {"loss", fit.last.loss},
                             {"accuracy", fit.last.accuracy}, {"samples_per_sec", fit.samplesPerSec}, {"seconds", fit.seconds},
                             {"strategy", strategy}, {"workers", c.numTasks()}, {"run_id", runId},
-                            {"restarts", c.restarts()}};
+                            {"restarts", c.restarts()}, {"rejoins", c.rejoins()}};
         if (std::isfinite(fit.last.valAccuracy)) j["val_accuracy"] = fit.last.valAccuracy;
         if (std::isfinite(fit.last.valLoss)) j["val_loss"] = fit.last.valLoss;
         if (ps) {
@@ -205,14 +205,12 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         std::printf("Trained %lld step(s) on %s in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), where.c_str(), fit.seconds,
                     fit.samplesPerSec);
         const nlohmann::json summary = c.summary();
-        const int rejoins = summary.contains("rejoined") ? static_cast<int>(summary["rejoined"].size()) : 0;
-        if (c.restarts() > rejoins)
-            std::printf("Restarted %d time(s), each time from the chief's backup\n", c.restarts() - rejoins);
+        if (c.restarts() > 0) std::printf("Restarted %d time(s), each time from the chief's backup\n", c.restarts());
         if (summary.contains("lost"))
             for (const auto& l : summary["lost"])
                 std::printf("Went on without %s after its step %lld (%s): the other workers trained its steps\n",
                             l.value("task", "").c_str(), static_cast<long long>(l.value("after_step", int64_t{0})), l.value("reason", "").c_str());
-        if (rejoins > 0)
+        if (summary.contains("rejoined"))
             for (const auto& r : summary["rejoined"])
                 std::printf("%s rejoined at step %lld with a new task\n", r.value("task", "").c_str(),
                             static_cast<long long>(r.value("at_step", int64_t{0})));

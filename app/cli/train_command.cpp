@@ -209,7 +209,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
                             "SECONDS"));
     c->add_option("--devices", o.devices, "comma-separated devices, e.g. cpu:0,cpu:1");
     c->add_option("--precision", o.precision,
-                  "Keras' mixed-precision policy: float32 (default), mixed_bfloat16, or mixed_float16 (with dynamic loss scaling)")
+                  "Keras' mixed-precision policy: float32, mixed_bfloat16, or mixed_float16 (with dynamic loss scaling); default: the model's policy (float32 unless it has one)")
         ->check(CLI::IsMember({"float32", "mixed_float16", "mixed_bfloat16"}));
     c->add_option("--threads", o.threads, "total CPU threads (default: all cores)")->check(CLI::Range(0, ts::kMaxThreads));
     // Checked: CLI11 would wrap -1 around to 2^64 - 1.

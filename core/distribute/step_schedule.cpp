@@ -141,10 +141,11 @@ Result<StepGrant> StepSchedule::claim(const std::string& worker, int64_t batches
     g.stepsPerEpoch = m_stepsPerEpoch;
     g.totalSteps = lastStep();
     // No step before every worker has checked in (or was released): with their parts' sizes
-    // known, the first step already belongs to the right epoch.
+    // known, the first step already belongs to the right epoch. Once the epoch's size is fixed
+    // that holds anyway: a readmitted worker that never checked in holds nobody back.
     int checkedIn = 0;
     for (const auto& [w, n] : m_batches) checkedIn += m_released.count(w) == 0;
-    if (checkedIn < m_config.workers - static_cast<int>(m_released.size())) {
+    if (m_stepsPerEpoch < 0 && checkedIn < m_config.workers - static_cast<int>(m_released.size())) {
         g.kind = StepGrant::Kind::Wait;
         return g;
     }

@@ -222,7 +222,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::create(CoordinatorOptions opti
     return c;
 }
 
-std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
+std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience)
 {
     // Ask all tasks at once: a cluster of unreachable machines costs one timeout, not one each.
     std::vector<TaskProbe> probes(m_tasks.size());
@@ -236,10 +236,10 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
             p.label = t.label;
             // gRPC's catch-all "failed to connect to all addresses" (ours: "cannot connect to")
             // has come back, on a loaded machine, from a daemon that was already listening, once
-            // for a whole 3 s probe ("No such file or directory"): ask again for at least 10 s
+            // for a whole 3 s probe ("No such file or directory"): ask again until connectPatience
             // rather than fail a run on it. A refused connection or an unknown host is a definite
             // answer and is reported at once.
-            const auto deadline = std::chrono::steady_clock::now() + std::max<std::chrono::milliseconds>(timeout, 10s);
+            const auto deadline = std::chrono::steady_clock::now() + std::max(timeout, connectPatience);
             auto who = t.client->identify(timeout);
             for (;;) {
                 if (who.ok() || who.error().code != ErrorCode::IoError ||
@@ -274,9 +274,9 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout)
     return probes;
 }
 
-Status Coordinator::preflight(std::chrono::milliseconds timeout)
+Status Coordinator::preflight(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience)
 {
-    for (const auto& p : probe(timeout))
+    for (const auto& p : probe(timeout, connectPatience))
         if (!p.ok) return makeError(ErrorCode::InvalidArgument, "pre-flight: " + p.problem, p.hint);
     return {};
 }
@@ -319,6 +319,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
 {
     cfg.strategy.kind = m_strategy;
     m_restarts = 0;
+    m_rejoins = 0;
     // --load-weights: the tasks cannot read this machine's files, so the bytes travel with each
     // training task (checked here first, so a damaged file fails before any worker starts). In a
     // parameter-server run, worker 0's imported values become the ps tasks' initial values.
@@ -348,16 +349,17 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
     for (int attempt = 0;; ++attempt) {
         const std::string taskRun = attempt == 0 ? runId : runId + "/restart-" + std::to_string(attempt);
         // Lost parameter-server workers that rejoined (runAttempt) spend the same budget.
-        auto r = runAttempt(cfg, runId, taskRun, bus, onEpoch, m_restarts < allowed);
+        auto r = runAttempt(cfg, runId, taskRun, bus, onEpoch, m_restarts + m_rejoins < allowed);
         if (!m_restartPending) return r;
         // Wait for every task to answer and be idle again (the failed one's daemon restarted by
         // its supervisor, the others' tasks ended by the cancel), then start the run again.
         ++m_restarts;
         const auto deadline = std::chrono::steady_clock::now() + m_options.restartWait;
-        Status ready = preflight(1s);
+        // Asked again and again anyway: each round is short.
+        Status ready = preflight(1s, 1s);
         while (!ready.ok() && !m_cancel && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(250ms);
-            ready = preflight(1s);
+            ready = preflight(1s, 1s);
         }
         if (m_cancel) ready = makeError(ErrorCode::Cancelled, "the run was cancelled while waiting to restart");
         if (!ready.ok()) {
@@ -370,7 +372,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             return e;
         }
         bus.publish(tm::Event(tm::LogEvent{taskStamp(runId, "coordinator", "", 0), tm::LogLevel::Warning,
-                                           "restarting the run from its backup (restart " + std::to_string(m_restarts) + " of " +
+                                           "restarting the run from its backup (restart " + std::to_string(m_restarts + m_rejoins) + " of " +
                                                std::to_string(allowed) + ")"}));
     }
 }
@@ -442,7 +444,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         inbox.cv.notify_all();
     };
     auto finish = [&](const Result<FitResult>& r, int64_t steps) -> Result<FitResult> {
-        if (mayRestart && m_restarts < allowedRestarts && started && !r.ok() && !m_cancel && restartableFailure(r.error())) {
+        if (mayRestart && m_restarts + m_rejoins < allowedRestarts && started && !r.ok() && !m_cancel && restartableFailure(r.error())) {
             // Not the run's end: run() starts it again from the backup.
             m_restartPending = true;
             bus.publish(tm::Event(tm::LogEvent{stamp("coordinator", "", steps), tm::LogLevel::Warning,
@@ -536,7 +538,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // parameter-server with --restarts: the heartbeats also probe each lost worker's daemon
     // (probe[i]); one that answers again is a comeback for the loop, which starts the worker anew
     // and re-arms its heartbeat (rearm[i]).
-    std::vector<std::atomic<bool>> probe(m_tasks.size()), rearm(m_tasks.size());
+    std::vector<std::atomic<bool>> probe(m_tasks.size()), rearm(m_tasks.size()), dropping(m_tasks.size());
     std::atomic<bool> stopBeats{false};
     std::thread beats([&] {
         std::vector<std::chrono::steady_clock::time_point> lastSeen(m_tasks.size(), std::chrono::steady_clock::now());
@@ -640,8 +642,12 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         reporter = firstLiveWorker();
         // Its stream first: the run's end waits for it, and a frozen daemon answers no Cancel.
         t.client->cancelStream();
-        droppers.emplace_back([&t, &taskRun] { (void)t.client->cancel(taskRun, "failed"); });
-        if (m_restarts < allowedRestarts) probe[i] = true;
+        dropping[i] = true;  // no comeback before this Cancel has come back
+        droppers.emplace_back([&t, &taskRun, &flag = dropping[i]] {
+            (void)t.client->cancel(taskRun, "failed");
+            flag = false;
+        });
+        if (m_restarts + m_rejoins < allowedRestarts) probe[i] = true;
         return true;
     };
     // A lost worker's daemon answers again (restarted by its supervisor, or its network back):
@@ -726,7 +732,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
                     if (!failure) failure = err;
                 }
-            } else if (e.kind == "step" && (psRun ? i == reporter && e.step > lastReported : chief)) {
+            } else if (e.kind == "step" && (psRun ? (i == reporter || (i < reporter && !t.ps)) && e.step > lastReported : chief)) {
+                if (psRun) reporter = i;  // a rejoined lower worker reports again once it trains
                 lastReported = e.step;
                 tm::StepMetricsEvent m;
                 m.stamp = stamp(e.worker, e.device, e.step);
@@ -831,30 +838,38 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             }
         }
         for (const std::size_t i : std::exchange(inbox.comeback, {})) {
-            // Not before its old stream has ended: its last events and its end must not be taken
-            // for the new task's.
-            if (!dropped[i] || !probe[i] || !inbox.ended[i] || failure || m_cancel || m_restarts >= allowedRestarts || trainingEnded())
+            if (m_restarts + m_rejoins >= allowedRestarts) {
+                for (auto& p : probe) p = false;  // no restarts left: nobody comes back
+                break;
+            }
+            // Not before its old stream has ended and everything it queued is handled (its last
+            // events and its end must not be taken for the new task's), nor while the Cancel of
+            // its old task is on its way.
+            const auto mine = [i](const auto& entry) { return entry.first == i; };
+            if (!dropped[i] || !probe[i] || !inbox.ended[i] || dropping[i] || failure || m_cancel || trainingEnded() ||
+                std::any_of(inbox.events.begin(), inbox.events.end(), mine) ||
+                std::any_of(inbox.failures.begin(), inbox.failures.end(), mine))
                 continue;
             lock.unlock();
             Status st = rejoinWorker(i);
             lock.lock();
             if (!st.ok()) continue;  // probed again in a moment
             Task& t = *m_tasks[i];
+            rearm[i] = true;  // before probe[i] goes off: the heartbeats restart from now
             probe[i] = false;
-            ++m_restarts;
+            ++m_rejoins;
             // Its old stream ended when it was dropped; a new one carries the new task's events.
             oldStreams.push_back(std::move(t.stream));
             inbox.ended[i] = false;
             inbox.silent[i] = false;
+            inbox.clockRoundTripUs[i] = std::numeric_limits<int64_t>::max();  // a new process, maybe a new clock
             dropped[i] = false;
-            reporter = firstLiveWorker();  // worker 0 back: its steps are the run's again
-            rearm[i] = true;
             t.client->allowStreams();
             t.stream = openStream(i);
             const int64_t at = std::max(lastReported, lastStep[i]);
             bus.publish(tm::Event(tm::LogEvent{stamp(t.id.toString(), "", at), tm::LogLevel::Warning,
                                                t.label + " answers again: " + t.id.toString() + " rejoins the run with a new task (restart " +
-                                                   std::to_string(m_restarts) + " of " + std::to_string(allowedRestarts) + ")"}));
+                                                   std::to_string(m_restarts + m_rejoins) + " of " + std::to_string(allowedRestarts) + ")"}));
             m_summary["rejoined"].push_back({{"task", t.id.toString()}, {"at_step", at}});
         }
         if (failure || inbox.allEnded() || (psRun && trainingEnded() && inbox.events.empty())) break;

@@ -81,9 +81,12 @@ public:
     ~Coordinator();
 
     // Asks every task who it is; never fails as a whole: each probe says what is wrong.
-    std::vector<TaskProbe> probe(std::chrono::milliseconds timeout);
+    // connectPatience: how long gRPC's catch-all "cannot connect to" is asked again before it
+    // counts (a daemon already listening has given it on a loaded machine); at least `timeout`.
+    std::vector<TaskProbe> probe(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience = {});
     // probe() and the first problem as an error ("pre-flight: worker:1 at ... : ...").
-    Status preflight(std::chrono::milliseconds timeout = std::chrono::seconds(3));
+    Status preflight(std::chrono::milliseconds timeout = std::chrono::seconds(3),
+                     std::chrono::milliseconds connectPatience = std::chrono::seconds(10));
 
     // Trains `config` (its model inline, strategy forced to this coordinator's) as run `runId`
     // and publishes the merged stream on `bus`. onEpoch (optional) sees the chief's epochs.
@@ -118,8 +121,10 @@ public:
     // A run stopped by cancel() keeps them too; empty after a failed run.
     const std::vector<std::pair<std::string, Tensor>>& finalWeights() const { return m_finalWeights; }
     const ClusterSpec& spec() const { return m_options.spec; }
-    // How many times the last run() was restarted from its backup, plus its workers' rejoins.
+    // How many times the last run() was restarted from its backup, and how many lost
+    // parameter-server workers rejoined it (all attempts); together at most backup.restarts.
     int restarts() const { return m_restarts; }
+    int rejoins() const { return m_rejoins; }
 
 private:
     struct Task;
@@ -131,7 +136,7 @@ private:
                                  telemetry::EventBus& bus,
                                  const std::function<void(const telemetry::EpochMetricsEvent&)>& onEpoch, bool mayRestart);
     bool m_restartPending = false;
-    int m_restarts = 0;
+    int m_restarts = 0, m_rejoins = 0;
 
     CoordinatorOptions m_options;
     std::string m_strategy;

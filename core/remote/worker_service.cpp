@@ -198,6 +198,7 @@ public:
         if (m_thread.joinable()) m_thread.join();  // the previous task has finished
         lock.lock();
         m_runId = req->run_id();
+        ++m_taskGeneration;
         m_coordinator = req->coordinator().empty() ? ctx->peer() : req->coordinator();
         m_runStarted = std::chrono::steady_clock::now();
         m_reservedRun.clear();  // taken up
@@ -225,6 +226,7 @@ public:
         if (req->run_id() != m_runId || m_runId.empty())
             return refuse(*ctx, grpc::StatusCode::NOT_FOUND, "Worker.StreamEvents", "no run " + req->run_id() + " on this worker");
         const std::string runId = m_runId;
+        const uint64_t generation = m_taskGeneration;
         // Positions count every event of the run; a new stream starts at the oldest one kept.
         std::size_t sent = m_eventsBase;
         ++m_streams;
@@ -236,6 +238,9 @@ public:
         for (;;) {
             m_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return sent < end() || m_state != "running" || m_shutdown; });
             if (m_runId != runId) return grpc::Status(grpc::StatusCode::ABORTED, "a new run replaced " + runId);
+            // A parameter-server worker's new task of the same run (it rejoined): this stream was
+            // the old task's, and its coordinator is not gone.
+            if (m_taskGeneration != generation) return grpc::Status(grpc::StatusCode::ABORTED, "a new task of run " + runId + " replaced it");
             if (ctx->IsCancelled()) return coordinatorGone(lock, ctx->peer());
             std::vector<Event> batch(m_events.begin() + static_cast<std::ptrdiff_t>(sent - m_eventsBase), m_events.end());
             sent = end();
@@ -795,6 +800,7 @@ private:
     std::condition_variable m_cv;
     std::string m_state = "idle";
     std::string m_runId, m_task, m_device;
+    uint64_t m_taskGeneration = 0;  // StartTasks so far: a stream serves the task it was opened for
     std::string m_coordinator;  // who started m_runId
     std::chrono::steady_clock::time_point m_runStarted;
     std::string m_reservedRun, m_reservedBy;  // Reserve: held for this run until m_reservedUntil

@@ -181,7 +181,7 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
         c.maxSteps = j.value("max_steps", int64_t{0});
         c.batchSize = j.value("batch_size", int64_t{-1});
         c.seed = j.value("seed", uint64_t{0});
-        if (j.contains("precision")) {
+        if (j.contains("precision") && !j["precision"].is_null()) {  // null: unset, the model's policy
             TS_ASSIGN(c.precision, PrecisionConfig::fromJson(j["precision"], source));
         }
         if (j.contains("optimizer")) {

@@ -214,6 +214,18 @@ void TestStepSchedule::readmittedWorkerTakesStepsAgain()
     int byWorker1 = 0;
     for (const auto& [step, w] : trainedBy) byWorker1 += w == "worker:1";
     QVERIFY2(byWorker1 >= 3, qPrintable(QString::number(byWorker1)));
+
+    // A worker lost before it ever checked in, readmitted once the epoch's size is fixed, holds
+    // nobody back while its new task starts.
+    StepSchedule t({3, 1, 0, 1});
+    QCOMPARE(int(claimOne(t, "worker:0", 2, nullptr, nullptr)->kind), int(StepGrant::Kind::Wait));
+    t.release("worker:2");
+    QCOMPARE(int(claimOne(t, "worker:1", 2, nullptr, nullptr)->kind), int(StepGrant::Kind::Step));
+    t.readmit("worker:2");
+    QCOMPARE(int(claimOne(t, "worker:0", 2, nullptr, nullptr)->kind), int(StepGrant::Kind::Step));
+    auto late = claimOne(t, "worker:2", 2, nullptr, nullptr);
+    QVERIFY2(late.ok(), late.ok() ? "" : late.error().message.c_str());
+    QCOMPARE(int(late->kind), int(StepGrant::Kind::Step));
 }
 
 void TestStepSchedule::learnsUnknownEpochSizes()

@@ -489,8 +489,8 @@ print(json.dumps(out))
             QCOMPARE(kw["momentum"], at["momentum"]);
             QCOMPARE(kw["epsilon"], at["epsilon"]);
         }
-        // Under a mixed policy, pinned layers say dtype="float32"; nothing else names a dtype.
-        const bool pinned = spec.value().compile.precision != PrecisionPolicy::Float32 && at.value("dtype", std::string()) == "float32";
+        // Pinned layers say dtype="float32"; nothing else names a dtype.
+        const bool pinned = at.value("dtype", std::string()) == "float32";
         QCOMPARE(kw.value("dtype", json()), pinned ? json("float32") : json());
         if (at.contains("activation") && at["activation"] != "leaky_relu")
             QCOMPARE(kw.contains("activation") ? kw["activation"] : l["args"][0], at["activation"]);

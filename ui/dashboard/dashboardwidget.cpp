@@ -263,6 +263,7 @@ void DashboardWidget::buildPlots()
     // Only some runs have these (mixed_float16, parameter servers): the plot stays out of the
     // grid until one reports, and then shares the devices' row.
     m_health = makePlot(tr("Loss scale"), tr("loss scale"));
+    m_health->setParent(this);  // owned while it is out of the grid (the grid reparents it)
     m_healthTitle = qobject_cast<QCPTextElement*>(m_health->plotLayout()->element(0, 0));
     m_health->yAxis->setScaleType(QCPAxis::stLogarithmic);
     auto log2 = QSharedPointer<QCPAxisTickerLog>::create();

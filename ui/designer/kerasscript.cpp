@@ -71,7 +71,7 @@ std::string activation(const json& a)
 }
 
 // The constructor call of one layer, without the call on its inputs.
-// `float32`: the layer is pinned to float32 under the model's mixed policy.
+// `float32`: the layer is pinned to float32 (attrs dtype), whatever the global policy.
 Result<std::string> layerCall(const NodeInfo& n, bool float32)
 {
     const json& a = n.attrs;
@@ -168,7 +168,9 @@ Result<std::string> kerasScript(const ModelSpec& spec)
                  << ", name=" << quoted(n.id) << ")\n";
             continue;
         }
-        const bool pinned = mixed && n.attrs.value("dtype", std::string("policy")) == "float32";
+        // Pinned layers say so even in a float32 model: the pin survives a global mixed policy
+        // set in the script later.
+        const bool pinned = n.attrs.value("dtype", std::string("policy")) == "float32";
         TS_ASSIGN(std::string call, layerCall(n, pinned));
         std::string args;
         if (n.inputs.size() == 1 && n.type != "Add" && n.type != "Concatenate") {
