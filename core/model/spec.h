@@ -34,6 +34,7 @@ struct CompileSpec {
     // The Keras dtype policy the model was built under (an imported model's layer policies, or
     // "precision" in our file): the run's precision when its configuration names none.
     PrecisionPolicy precision = PrecisionPolicy::Float32;
+    bool operator==(const CompileSpec&) const = default;  // every field, new ones included
 };
 
 struct ModelSpec {

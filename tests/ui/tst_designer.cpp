@@ -212,6 +212,16 @@ void TestDesigner::buildSeedMlpWithTheMouse()
     QTest::keyClick(name, Qt::Key_Return);
     typeInto(w->inspector()->findChild<QSpinBox*>(QStringLiteral("batchSize")), QStringLiteral("256"));
     typeInto(w->inspector()->findChild<QSpinBox*>(QStringLiteral("epochs")), QStringLiteral("10"));
+    // The model's precision policy: an undoable edit of the model (saved in its compile settings).
+    auto* precision = w->inspector()->findChild<QComboBox*>(QStringLiteral("precision"));
+    QVERIFY(precision);
+    QCOMPARE(precision->currentText(), QStringLiteral("float32"));
+    precision->setCurrentIndex(precision->findText(QStringLiteral("mixed_bfloat16")));
+    QCOMPARE(int(doc->spec().compile.precision), int(PrecisionPolicy::MixedBfloat16));
+    QCOMPARE(modelToJson(doc->spec())["compile"]["precision"], json("mixed_bfloat16"));
+    doc->undoStack()->undo();
+    QCOMPARE(int(doc->spec().compile.precision), int(PrecisionPolicy::Float32));
+    QCOMPARE(precision->currentText(), QStringLiteral("float32"));
     settle(doc);
 
     // Exactly the seed's model file, positions included (its explicit "outputs" names the single

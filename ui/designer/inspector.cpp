@@ -612,6 +612,27 @@ void Inspector::buildModelPage()
     });
     train->addRow(QString(), logits);
 
+    // Keras' dtype policy of the model: the precision its runs train in unless they name one.
+    auto* precision = new QComboBox(m_page);
+    precision->setObjectName(QStringLiteral("precision"));
+    for (const PrecisionPolicy p : {PrecisionPolicy::Float32, PrecisionPolicy::MixedBfloat16, PrecisionPolicy::MixedFloat16})
+        precision->addItem(QString::fromLatin1(precisionPolicyName(p)), static_cast<int>(p));
+    precision->setToolTip(tr("Keras' mixed-precision policy of the model: dense and convolution layers compute in 16 bits, "
+                             "weights stay float32 (a layer's dtype \"float32\" keeps it in full precision). A run uses it "
+                             "unless its setup names another precision."));
+    connect(precision, &QComboBox::currentIndexChanged, this, [this, precision](int) {
+        ModelHeader h = m_doc->header();
+        const auto p = static_cast<PrecisionPolicy>(precision->currentData().toInt());
+        if (h.compile.precision == p)
+            return;
+        h.compile.precision = p;
+        m_doc->setHeader(h, tr("Precision: %1").arg(QString::fromLatin1(precisionPolicyName(p))));
+    });
+    m_refreshers.push_back([this, precision] {
+        setQuietly(precision, &QComboBox::setCurrentIndex, precision->findData(static_cast<int>(m_doc->spec().compile.precision)));
+    });
+    train->addRow(tr("Precision"), precision);
+
     auto intField = [&](const char* object, const QString& label, int max, const std::string& key,
                         int64_t CompileSpec::*member, const QString& tip) {
         auto* spin = new QSpinBox(m_page);

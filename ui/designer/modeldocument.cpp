@@ -30,11 +30,7 @@ bool sameLayer(const LayerSpec& a, const LayerSpec& b)
 
 bool sameHeader(const ModelHeader& a, const ModelHeader& b)
 {
-    const CompileSpec& x = a.compile;
-    const CompileSpec& y = b.compile;
-    return a.name == b.name && a.outputs == b.outputs && x.optimizer == y.optimizer
-           && x.loss == y.loss && x.fromLogits == y.fromLogits && x.metrics == y.metrics
-           && x.batchSize == y.batchSize && x.epochs == y.epochs;
+    return a.name == b.name && a.outputs == b.outputs && a.compile == b.compile;
 }
 
 ModelDocument::ModelDocument(QObject* parent)
