@@ -211,7 +211,9 @@ std::optional<ConnectTrouble> connectTrouble(const grpc::Status& status, const s
                  "signed their certificates): tasks connect to each other with it";
         t.patienceSeconds = 5;
     } else if (has("failed to connect to all addresses")) {
-        t.what = "cannot connect to " + address + " (" + tail(m, ": ") + ")";
+        // gRPC's whole text: this catch-all has hidden odd causes ("No such file or directory"
+        // from a daemon already listening), which only its detail can tell apart.
+        t.what = "cannot connect to " + address + " (gRPC: " + m + ")";
         t.hint = "is it running, and reachable from this machine (firewall, address)?";
     } else {
         return std::nullopt;
