@@ -1,7 +1,6 @@
 #include "distribute/parameter_server_strategy.h"
 
 #include <atomic>
-#include <cmath>
 #include <cstring>
 #include <thread>
 
@@ -117,10 +116,7 @@ public:
                 PhaseScope phase(StepPart::Optimizer, "loss-scale check");
                 Tensor grads = m_program->gradientArena();
                 if (grads.defined()) {
-                    double squares = 0;
-                    TS_TRY(m_backend->sumSquares(grads, &squares));
-                    finite = std::isfinite(squares);
-                    if (finite) TS_TRY(m_backend->scale(1.0f / lossScale, grads));
+                    TS_ASSIGN(finite, unscaleGradients(*m_backend, grads, lossScale));
                 }
             }
             if (finite) {

@@ -1,7 +1,6 @@
 #include "distribute/strategy.h"
 
 #include <atomic>
-#include <cmath>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
@@ -335,10 +334,7 @@ public:
             if (m_scaler && rep.applied) {
                 // Every replica holds the same reduced gradients, so all reach the same verdict.
                 PhaseScope phase(StepPart::Optimizer, "loss-scale check");
-                double squares = 0;
-                TS_TRY(be.sumSquares(grads, &squares));
-                rep.finite = std::isfinite(squares);
-                if (rep.finite) TS_TRY(be.scale(1.0f / lossScale, grads));
+                TS_ASSIGN(rep.finite, unscaleGradients(be, grads, lossScale));
             }
             if (grads.defined() && apply && rep.finite) {
                 PhaseScope phase(StepPart::Optimizer, "optimizer update");

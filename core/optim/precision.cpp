@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "backend/backend.h"
 #include "common/json_keys.h"
 
 namespace ts {
@@ -142,6 +143,15 @@ Status LossScaler::restore(const std::vector<float>& state, const std::string& s
     m_good = static_cast<int64_t>(state[1]);
     m_skipped = static_cast<int64_t>(state[2]);
     return okStatus();
+}
+
+Result<bool> unscaleGradients(Backend& be, Tensor& grads, float scale)
+{
+    double squares = 0;
+    TS_TRY(be.sumSquares(grads, &squares));
+    if (!std::isfinite(squares)) return false;
+    TS_TRY(be.scale(1.0f / scale, grads));
+    return true;
 }
 
 } // namespace ts

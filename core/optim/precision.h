@@ -15,6 +15,8 @@
 
 namespace ts {
 
+class Backend;
+
 enum class PrecisionPolicy { Float32, MixedFloat16, MixedBfloat16 };
 const char* precisionPolicyName(PrecisionPolicy p);  // Keras names: "float32", "mixed_float16", ...
 
@@ -62,5 +64,10 @@ private:
     int64_t m_good = 0;
     int64_t m_skipped = 0;
 };
+
+// One loss-scaled step's check: true if every gradient in `grads` (of a loss multiplied by
+// `scale`) is finite, and then they are divided by `scale`; false leaves them as they are (the
+// step is to be skipped). On `be`, the backend that holds `grads`.
+Result<bool> unscaleGradients(Backend& be, Tensor& grads, float scale);
 
 } // namespace ts

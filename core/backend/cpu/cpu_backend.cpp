@@ -269,6 +269,19 @@ struct CpuBackend::Impl {
         return out;
     }
 
+    // A native bf16 forward (matmul or convolution primitive `p`): x and w in bf16, the bias
+    // rounded, y written in f32 and rounded to bf16's values (what a 16-bit layer outputs).
+    void bf16Forward(Prim& p, const Tensor& x, const Tensor& w, const Tensor& b, Tensor& y)
+    {
+        const uint16_t* xb = bf16Copy(kTempBf16A, x);
+        const uint16_t* wb = bf16Copy(kTempBf16B, w);
+        if (const float* bias = bf16Bias(b))
+            run(p, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, y.raw()}});
+        else
+            run(p, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_DST, y.raw()}});
+        roundBf16InPlace(mf(y), y.numel());
+    }
+
     dnnl::primitive_attr attr() const
     {
         dnnl::primitive_attr a;
@@ -783,15 +796,7 @@ Status CpuBackend::denseForwardBf16(const Tensor& x, const Tensor& w, const Tens
                                     int64_t n, int64_t in, int64_t out)
 {
     return m_d->guard("dense forward (bf16 matmul)", [&]() -> Status {
-        const uint16_t* xb = m_d->bf16Copy(kTempBf16A, x);
-        const uint16_t* wb = m_d->bf16Copy(kTempBf16B, w);
-        const float* bias = m_d->bf16Bias(b);
-        Prim& p = m_d->denseFwd(n, in, out, b.defined(), act == Activation::Relu, dt::bf16);
-        if (bias)
-            m_d->run(p, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, y.raw()}});
-        else
-            m_d->run(p, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_DST, y.raw()}});
-        roundBf16InPlace(mf(y), y.numel());
+        m_d->bf16Forward(m_d->denseFwd(n, in, out, b.defined(), act == Activation::Relu, dt::bf16), x, w, b, y);
         return okStatus();
     });
 }
@@ -841,15 +846,7 @@ Status CpuBackend::conv2dForward(const Tensor& x, const Tensor& w, const Tensor&
         if (m_computeType == DType::BF16) {  // native bf16 (see denseForwardBf16)
             Impl::ConvShape sb = s;
             sb.in = dt::bf16;
-            const uint16_t* xb = m_d->bf16Copy(kTempBf16A, x);
-            const uint16_t* wb = m_d->bf16Copy(kTempBf16B, w);
-            const float* bias = m_d->bf16Bias(b);
-            Prim& prim = m_d->convFwd(sb, b.defined());
-            if (bias)
-                m_d->run(prim, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_BIAS, bias}, {DNNL_ARG_DST, y.raw()}});
-            else
-                m_d->run(prim, {{DNNL_ARG_SRC, xb}, {DNNL_ARG_WEIGHTS, wb}, {DNNL_ARG_DST, y.raw()}});
-            roundBf16InPlace(mf(y), y.numel());
+            m_d->bf16Forward(m_d->convFwd(sb, b.defined()), x, w, b, y);
             return okStatus();
         }
         const float* bias = b.defined() ? cf(b) : nullptr;
