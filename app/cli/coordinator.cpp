@@ -47,11 +47,14 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         printError(token.error());
         return 2;
     }
-    // TensorFlow's evaluator is a side job that reads checkpoints; the coordinator validates on
-    // the test split itself, so evaluator tasks are not started. Say so rather than skip quietly.
-    if (const auto evaluators = spec->addresses("evaluator"); !evaluators.empty() && !o.quiet)
-        std::fprintf(stderr, "note: %s: %zu evaluator task(s) are not started; the coordinator validates each epoch itself\n",
-                     o.cluster.c_str(), evaluators.size());
+    // TensorFlow's side-car evaluator serves parameter-server training; a multi-worker-mirrored
+    // run's chief validates each epoch itself, so its evaluator is not started. Say so rather
+    // than skip it quietly.
+    if (strategy != "parameter-server" && !spec->addresses("evaluator").empty() && !o.quiet)
+        std::fprintf(stderr,
+                     "note: %s: the evaluator task is not started: in a multi-worker-mirrored run the chief validates each epoch "
+                     "(evaluator tasks serve parameter-server runs)\n",
+                     o.cluster.c_str());
     if (!cfg.modelFile.empty()) {
         auto m = ts::loadModelFile(cfg.modelFile);
         if (!m.ok()) {
@@ -125,7 +128,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()
                                   : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
-    const std::string where = ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)"
+    const std::string where = ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)" +
+                                       (c.spec().count("evaluator") > 0 ? " (evaluator:0 evaluates)" : "")
                                  : std::to_string(c.numTasks()) + " worker(s)";
     if (!o.quiet && !o.json) std::printf("Starting run %s on %s\n", runId.c_str(), where.c_str());
     std::fflush(stdout);
@@ -214,8 +218,15 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
             for (const auto& r : summary["rejoined"])
                 std::printf("%s rejoined at step %lld with a new task\n", r.value("task", "").c_str(),
                             static_cast<long long>(r.value("at_step", int64_t{0})));
-        if (std::isfinite(fit.last.valAccuracy))
-            std::printf("Test accuracy of the final weights: %.4f (loss %.4f)\n", fit.last.valAccuracy, fit.last.valLoss);
+        if (summary.contains("evaluator_lost"))
+            std::printf("Evaluated here from epoch %lld on: %s was lost\n",
+                        static_cast<long long>(summary["evaluator_lost"].value("epoch", int64_t{0})),
+                        summary["evaluator_lost"].value("task", "").c_str());
+        if (std::isfinite(fit.last.valAccuracy)) {
+            const std::string by = summary.contains("evaluation") ? summary["evaluation"].value("by", "") : "";
+            std::printf("Test accuracy of the final weights: %.4f (loss %.4f)%s\n", fit.last.valAccuracy, fit.last.valLoss,
+                        by.empty() || by == "coordinator" ? "" : (", evaluated by " + by).c_str());
+        }
         if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
     }
     return 0;

@@ -20,6 +20,7 @@
 #include "data/dataset.h"
 #include "io/safetensors.h"
 #include "remote/ps_client.h"
+#include "remote/ps_evaluator.h"
 #include "remote/task_telemetry.h"
 #include "telemetry/bus.h"
 #include "telemetry/events.h"
@@ -74,94 +75,116 @@ struct Inbox {
     }
 };
 
+// One attempt's evaluator task (TF's side-car evaluator): asked to evaluate, it pulls the ps
+// tasks' weights on its own machine; the result comes back on its event stream, which a thread
+// of this link reads. Lost (its stream broke, it failed, it went silent, or it refused) it stays
+// lost for the attempt: the coordinator evaluates again.
+class EvaluatorLink {
+public:
+    EvaluatorLink(WorkerClient& client, std::string label, std::string taskRun, std::chrono::milliseconds heartbeatTimeout)
+        : m_client(client), m_label(std::move(label)), m_taskRun(std::move(taskRun)), m_heartbeatTimeout(heartbeatTimeout)
+    {
+        m_stream = std::thread([this] {
+            Status st = m_client.streamEvents(m_taskRun, [this](const WorkerEvent& e) {
+                std::lock_guard lock(m_mutex);
+                if (e.kind == "evaluation") {
+                    m_results[e.fields.value("seq", int64_t{-1})] = e.fields;
+                } else if (e.kind == "error" && m_problem.empty()) {
+                    m_problem = e.fields.value("message", std::string("failed"));
+                    m_hint = e.fields.value("hint", "");
+                } else if (e.kind == "final") {
+                    m_final = e.fields;
+                } else if (e.kind == "state") {
+                    m_state = e.fields.value("state", "");
+                }
+                m_cv.notify_all();
+            });
+            std::lock_guard lock(m_mutex);
+            m_ended = true;
+            if (!st.ok() && st.error().code != ErrorCode::Cancelled && m_problem.empty()) {
+                m_problem = st.error().message;
+                m_hint = st.error().hint;
+            }
+            m_cv.notify_all();
+        });
+    }
+    ~EvaluatorLink()
+    {
+        m_client.cancelStream();
+        m_stream.join();
+    }
+    bool lost() const { return m_lost; }
+
+    // Evaluates the ps tasks' weights now (the run's epoch `epoch`). Waits for the result while
+    // the evaluator answers heartbeats; an error (the link is lost then) names the evaluator.
+    Result<EvalResult> evaluate(int64_t epoch, const std::atomic<bool>& cancelled)
+    {
+        if (m_lost) return makeError(ErrorCode::Internal, m_label + " was lost");
+        const int64_t seq = ++m_seq;
+        auto lose = [&](std::string why, std::string hint) -> Result<EvalResult> {
+            m_lost = true;
+            return makeError(ErrorCode::IoError, std::move(why), std::move(hint));
+        };
+        if (Status st = m_client.requestEvaluation(m_taskRun, epoch, seq); !st.ok()) return lose(st.error().message, st.error().hint);
+        auto lastAnswer = std::chrono::steady_clock::now();
+        std::unique_lock lock(m_mutex);
+        for (;;) {
+            if (auto it = m_results.find(seq); it != m_results.end()) {
+                const nlohmann::json r = std::move(it->second);
+                m_results.erase(it);
+                if (r.contains("error"))
+                    return lose(m_label + " could not evaluate epoch " + std::to_string(epoch) + ": " + r.value("error", ""), r.value("hint", ""));
+                EvalResult v;
+                v.loss = r.value("val_loss", 0.0);
+                v.accuracy = r.value("val_accuracy", 0.0);
+                v.examples = r.value("examples", int64_t{0});
+                return v;
+            }
+            if (!m_problem.empty() || m_ended)
+                return lose(m_label + ": " + (m_problem.empty() ? "its task ended (" + m_state + ")" : m_problem),
+                            m_hint.empty() ? "see that worker's log" : m_hint);
+            if (cancelled) return makeError(ErrorCode::Cancelled, "stopped");
+            m_cv.wait_for(lock, std::chrono::milliseconds(500));
+            // Still there? A machine that vanished closes no stream.
+            lock.unlock();
+            const auto pulse = m_client.heartbeat(std::chrono::seconds(1));
+            lock.lock();
+            const auto now = std::chrono::steady_clock::now();
+            if (pulse.ok()) lastAnswer = now;
+            else if (now - lastAnswer > m_heartbeatTimeout)
+                return lose(m_label + " stopped responding while it evaluated epoch " + std::to_string(epoch) + ": " + pulse.error().message,
+                            "check that machine and its trainstudio-worker");
+        }
+    }
+
+    // Stops the task (`reason` as Cancel's) and waits a moment for its end; its "final" fields.
+    nlohmann::json stop(const std::string& reason)
+    {
+        (void)m_client.cancel(m_taskRun, reason);
+        std::unique_lock lock(m_mutex);
+        m_cv.wait_for(lock, std::chrono::seconds(5), [&] { return m_ended; });
+        return m_final;
+    }
+
+private:
+    WorkerClient& m_client;
+    const std::string m_label, m_taskRun;
+    const std::chrono::milliseconds m_heartbeatTimeout;
+    std::thread m_stream;
+    std::mutex m_mutex;
+    std::condition_variable m_cv;
+    std::map<int64_t, nlohmann::json> m_results;  // by seq
+    std::string m_problem, m_hint, m_state;
+    nlohmann::json m_final = nlohmann::json::object();
+    bool m_ended = false;
+    bool m_lost = false;  // run()'s thread only
+    int64_t m_seq = 0;    // run()'s thread only
+};
+
 bool isParameterServer(const std::string& kind)
 {
     return kind == "parameter-server" || kind == "parameter_server";
 }
-
-// The coordinator's view of a parameter-server run's weights: a one-device model that pulls the
-// ps tasks' current values and evaluates them on the test split.
-struct PsEvaluator {
-    std::unique_ptr<Trainer> trainer;
-    std::shared_ptr<RemoteParameterStore> store;
-    std::shared_ptr<InMemoryDataset> test;
-    std::unique_ptr<InMemoryBatchSource> validation;  // null: the run does not validate
-    bool begun = false;
-
-    static Result<std::unique_ptr<PsEvaluator>> create(const RunConfig& cfg, const ClusterSpec& spec, const std::string& runId,
-                                                       const std::string& token, const TlsFiles& tls)
-    {
-        auto e = std::make_unique<PsEvaluator>();
-        TrainConfig tc;
-        tc.optimizer = cfg.optimizer;
-        tc.loss = cfg.loss;
-        tc.strategy.kind = "one-device";
-        tc.strategy.threads = cfg.strategy.threads;
-        tc.strategy.backend = cfg.strategy.backend;
-        ModelSpec model = cfg.model;
-        if (!cfg.modelFile.empty()) {
-            TS_ASSIGN(model, loadModelFile(cfg.modelFile));
-        }
-        TS_ASSIGN(e->trainer, Trainer::create(model, tc));
-        PsClientOptions po;
-        po.spec = spec;
-        po.runId = runId;
-        po.token = token;
-        po.tls = tls;
-        po.partition = cfg.strategy.partition;
-        TS_ASSIGN(e->store, RemoteParameterStore::connect(po));
-        if (cfg.validate) {
-            std::string dir = cfg.dataDir.empty() ? defaultFashionMnistDir() : cfg.dataDir;
-            if (cfg.pipeline && cfg.pipeline->source.kind == SourceKind::Idx && !cfg.pipeline->source.dir.empty()) dir = cfg.pipeline->source.dir;
-            auto file = [&](const std::string& base) {
-                std::error_code ec;
-                const std::filesystem::path gz = std::filesystem::path(dir) / (base + ".gz");
-                return std::filesystem::is_regular_file(gz, ec) ? gz.string() : (std::filesystem::path(dir) / base).string();
-            };
-            TS_ASSIGN(InMemoryDataset test, loadIdxDataset(file("t10k-images-idx3-ubyte"), file("t10k-labels-idx1-ubyte"), /*flatten=*/true));
-            e->test = std::make_shared<InMemoryDataset>(std::move(test));
-            const GraphAnalysis& g = e->trainer->graph();
-            InMemoryBatchOptions vo;
-            vo.limit = cfg.validationLimit;
-            // Batches of up to 1000, never more than the (limited) test set holds.
-            const int64_t examples = vo.limit > 0 ? std::min<int64_t>(vo.limit, e->test->size()) : e->test->size();
-            vo.batchSize = std::max<int64_t>(1, std::min<int64_t>(1000, examples));
-            vo.shuffle = false;
-            vo.featureShape = g.nodes[static_cast<std::size_t>(g.inputNodes.at(0))].outputShape;
-            TS_ASSIGN(e->validation, InMemoryBatchSource::create(*e->test, vo));
-        }
-        return e;
-    }
-
-    // The ps tasks' current weights into this model.
-    Status pullWeights()
-    {
-        if (!begun) {
-            std::vector<StoreVariable> vars;
-            for (const ParamSlot& slot : trainer->strategy().primary().params()) {
-                if (!slot.grad.defined()) continue;
-                StoreVariable v;
-                v.info.name = slot.name;
-                for (int d = 0; d < slot.value.shape().rank(); ++d) v.info.shape.push_back(slot.value.shape()[d]);
-                v.values = slot.value.data<float>();
-                v.grads = slot.grad.data<float>();
-                vars.push_back(std::move(v));
-            }
-            TS_TRY(store->begin(vars, false, nullptr));
-            begun = true;
-        } else {
-            TS_TRY(store->pull());
-        }
-        return okStatus();
-    }
-
-    // The ps tasks' current weights on the test split.
-    Result<EvalResult> evaluate()
-    {
-        TS_TRY(pullWeights());
-        return trainer->evaluate(*validation);
-    }
-};
 
 } // namespace
 
@@ -185,7 +208,7 @@ Coordinator::Coordinator(CoordinatorOptions options, std::string strategy)
 
 Coordinator::~Coordinator()
 {
-    for (auto& t : m_tasks)
+    for (Task* t : everyTask())
         if (t->stream.joinable()) {
             t->client->cancelStream();
             t->stream.join();
@@ -208,6 +231,9 @@ Result<std::unique_ptr<Coordinator>> Coordinator::create(CoordinatorOptions opti
     } else {
         ids = c->m_options.spec.trainingTasks();
     }
+    // TF's side-car evaluator reads a parameter-server run's weights; a multi-worker-mirrored
+    // run's chief validates itself (the CLI says its evaluator is not started).
+    if (ps && c->m_options.spec.count("evaluator") > 0) ids.push_back({"evaluator", 0});
     for (const auto& id : ids) {
         auto t = std::make_unique<Task>();
         t->id = id;
@@ -217,19 +243,29 @@ Result<std::unique_ptr<Coordinator>> Coordinator::create(CoordinatorOptions opti
         auto client = WorkerClient::connect(t->label, t->address, c->m_options.token, c->m_options.tls);
         if (!client.ok()) return client.error();
         t->client = std::move(client).value();
-        c->m_tasks.push_back(std::move(t));
+        if (id.type == "evaluator") c->m_evaluator = std::move(t);
+        else c->m_tasks.push_back(std::move(t));
     }
     return c;
+}
+
+std::vector<Coordinator::Task*> Coordinator::everyTask() const
+{
+    std::vector<Task*> all;
+    for (const auto& t : m_tasks) all.push_back(t.get());
+    if (m_evaluator) all.push_back(m_evaluator.get());
+    return all;
 }
 
 std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience)
 {
     // Ask all tasks at once: a cluster of unreachable machines costs one timeout, not one each.
-    std::vector<TaskProbe> probes(m_tasks.size());
+    const std::vector<Task*> all = everyTask();
+    std::vector<TaskProbe> probes(all.size());
     std::vector<std::thread> threads;
-    for (std::size_t i = 0; i < m_tasks.size(); ++i)
+    for (std::size_t i = 0; i < all.size(); ++i)
         threads.emplace_back([&, i] {
-            const Task& t = *m_tasks[i];
+            const Task& t = *all[i];
             TaskProbe& p = probes[i];
             p.id = t.id;
             p.address = t.address;
@@ -383,7 +419,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
 {
     m_restartPending = false;
     bool started = false;
-    for (auto& t : m_tasks) {
+    for (Task* t : everyTask()) {
         // A restart: the last attempt's streams were cancelled and its states are stale.
         t->client->allowStreams();
         t->state.clear();
@@ -402,7 +438,12 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     while (primary < m_tasks.size() && m_tasks[primary]->ps) ++primary;
     std::unique_ptr<PsEvaluator> evaluator;
     if (psRun) {
-        auto ev = PsEvaluator::create(cfg, m_options.spec, taskRun, m_options.token, m_options.tls);
+        PsEvaluatorOptions eo;
+        eo.runId = taskRun;
+        eo.token = m_options.token;
+        eo.tls = m_options.tls;
+        eo.loadValidation = !m_evaluator;  // read only if the evaluator task is lost
+        auto ev = PsEvaluator::create(cfg, m_options.spec, eo);
         if (!ev.ok()) {
             bus.publish(tm::Event(tm::ErrorEvent{stamp("coordinator", "", 0), ev.error().message, ev.error().hint, "coordinator"}));
             bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Failed, ev.error().message}));
@@ -463,13 +504,12 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // its workers and the other is refused at the first shared one, instead of each holding a
     // worker the other needs and both failing. A refusal releases what was reserved.
     {
-        std::vector<std::size_t> order(m_tasks.size());
-        for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-        std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return m_tasks[a]->address < m_tasks[b]->address; });
+        std::vector<Task*> order = everyTask();
+        std::sort(order.begin(), order.end(), [&](const Task* a, const Task* b) { return a->address < b->address; });
         for (std::size_t k = 0; k < order.size(); ++k) {
-            Task& t = *m_tasks[order[k]];
+            Task& t = *order[k];
             if (Status st = t.client->reserve(taskRun, m_who, 30); !st.ok()) {
-                for (std::size_t j = 0; j < k; ++j) (void)m_tasks[order[j]]->client->cancel(taskRun, "failed");
+                for (std::size_t j = 0; j < k; ++j) (void)order[j]->client->cancel(taskRun, "failed");
                 bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
                 return finish(Result<FitResult>(st.error()), 0);
             }
@@ -492,20 +532,21 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         for (auto& s : senders) s.join();
         for (std::size_t i = 0; i < m_tasks.size(); ++i) {
             if (sent[i].ok()) continue;
-            for (auto& other : m_tasks) (void)other->client->cancel(taskRun, "failed");
+            for (Task* other : everyTask()) (void)other->client->cancel(taskRun, "failed");
             Error e = sent[i].takeError();
             bus.publish(tm::Event(tm::ErrorEvent{stamp(m_tasks[i]->id.toString(), "", 0), e.message, e.hint, m_tasks[i]->label}));
             return finish(Result<FitResult>(e), 0);
         }
     }
-    for (std::size_t i = 0; i < m_tasks.size(); ++i) {
-        Task& t = *m_tasks[i];
-        start.initialWeightsSent = !m_initialWeights.empty() && !t.ps;
+    // The evaluator last: it pulls from the ps tasks only when asked.
+    for (Task* task : everyTask()) {
+        Task& t = *task;
+        start.initialWeightsSent = !m_initialWeights.empty() && !t.ps && &t != m_evaluator.get();
         start.initialWeightsName = start.initialWeightsSent ? m_initialWeightsName : std::string();
         auto tf = m_options.spec.tfConfigFor(t.id);
         Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, start) : Status(tf.error());
         if (!st.ok()) {
-            for (auto& other : m_tasks) (void)other->client->cancel(taskRun, "failed");
+            for (Task* other : everyTask()) (void)other->client->cancel(taskRun, "failed");
             bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
             return finish(Result<FitResult>(st.error()), 0);
         }
@@ -515,6 +556,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         std::lock_guard lock(m_wakeMutex);
         m_taskRun = taskRun;
     }
+    std::unique_ptr<EvaluatorLink> remoteEvaluator;
+    if (m_evaluator) remoteEvaluator = std::make_unique<EvaluatorLink>(*m_evaluator->client, m_evaluator->label, taskRun, m_options.heartbeatTimeout);
     bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Running, {}}));
 
     // Task i's events, into the inbox until its stream ends (a rejoined worker's new task gets
@@ -595,10 +638,27 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     std::optional<tm::EpochMetricsEvent> lastEpoch;  // worker 0's, re-recorded with the final evaluation
     double workerSamplesPerSec = 0;
     int64_t workerSteps = 0;
-    // Worker 0's epoch, with the ps tasks' weights evaluated on the test split now.
+    // Worker 0's epoch, with the ps tasks' weights evaluated on the test split now: by the
+    // evaluator task while it is there, else here.
+    std::string evaluatedBy = "coordinator";
     auto evaluatedEpoch = [&](tm::EpochMetricsEvent& m) {
-        if (!evaluator || !evaluator->validation) return;
-        auto v = evaluator->evaluate();
+        if (!evaluator || !cfg.validate) return;
+        Result<EvalResult> v = makeError(ErrorCode::Internal, "not evaluated");
+        if (remoteEvaluator && !remoteEvaluator->lost()) {
+            v = remoteEvaluator->evaluate(m.epoch, m_cancel);
+            if (!v.ok() && m_cancel) return;
+            if (!v.ok()) {
+                bus.publish(tm::Event(tm::LogEvent{stamp(m_evaluator->id.toString(), "", m.stamp.step), tm::LogLevel::Warning,
+                                                   v.error().message + "; the coordinator evaluates the run from now on"}));
+                m_summary["evaluator_lost"] = {{"task", m_evaluator->id.toString()}, {"epoch", m.epoch}, {"why", v.error().message}};
+            }
+            evaluatedBy = m_evaluator->id.toString();
+        }
+        if (!v.ok()) {
+            evaluatedBy = "coordinator";
+            Status loaded = evaluator->loadValidation();
+            v = loaded.ok() ? evaluator->evaluate() : Result<EvalResult>(loaded.error());
+        }
         if (!v.ok()) {
             if (!failure && !m_cancel) failure = v.takeError();
             return;
@@ -632,7 +692,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     auto dropWorker = [&](std::size_t i, const Error& why) {
         if (!psRun || m_tasks[i]->ps || dropped[i] || m_cancel || liveWorkers() <= 1 || !evaluator) return false;
         Task& t = *m_tasks[i];
-        if (Status st = evaluator->store->release(t.id.toString(), why.message); !st.ok()) return false;
+        if (Status st = evaluator->store()->release(t.id.toString(), why.message); !st.ok()) return false;
         dropped[i] = true;
         staleness.erase(t.id.toString());  // no longer the run's
         lossScales.erase(t.id.toString());
@@ -662,7 +722,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         TS_ASSIGN(const WorkerPulse pulse, t.client->heartbeat(1s));
         if (pulse.state == "running") (void)t.client->cancel(taskRun, "failed");  // its old task, still there
         TS_TRY(t.client->reserve(taskRun, m_who, 30));
-        TS_TRY(evaluator->store->readmit(t.id.toString(), "its daemon answers again"));
+        TS_TRY(evaluator->store()->readmit(t.id.toString(), "its daemon answers again"));
         StartTaskOptions again = start;
         again.joinRunning = true;          // no initialising the ps tasks, no resuming: it joins
         again.initialWeightsSent = false;  // it pulls the ps tasks' values
@@ -670,7 +730,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         auto tf = m_options.spec.tfConfigFor(t.id);
         Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, again) : Status(tf.error());
         if (!st.ok()) {
-            (void)evaluator->store->release(t.id.toString(), "its new task did not start: " + st.error().message);
+            (void)evaluator->store()->release(t.id.toString(), "its new task did not start: " + st.error().message);
             (void)t.client->cancel(taskRun, "failed");
             return st;
         }
@@ -885,7 +945,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         // A stopped run keeps its weights so far too (pulled before the ps tasks are stopped).
         if (completed || m_cancel) {
             Status pulled = evaluator->pullWeights();
-            auto weights = pulled.ok() ? evaluator->trainer->strategy().exportParameters()
+            auto weights = pulled.ok() ? evaluator->trainer().strategy().exportParameters()
                                        : Result<std::vector<std::pair<std::string, Tensor>>>(pulled.error());
             if (weights.ok()) m_finalWeights = std::move(weights).value();
             else if (!m_cancel) failure = weights.takeError();
@@ -893,18 +953,23 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 bus.publish(tm::Event(tm::LogEvent{stamp(m_tasks[primary]->id.toString(), "", fit.steps), tm::LogLevel::Warning,
                                                    "the weights so far could not be pulled from the ps tasks: " + weights.error().message}));
         }
-        if (completed && !failure && lastEpoch && evaluator->validation) {
+        if (completed && !failure && lastEpoch && cfg.validate) {
             // The last epoch again, now with the weights after every worker's last push.
             tm::EpochMetricsEvent m = *lastEpoch;
             m.stamp = stamp(m_tasks[primary]->id.toString(), "", fit.steps);
             evaluatedEpoch(m);
             if (!failure) {
-                m_summary["evaluation"] = {{"val_loss", fit.last.valLoss}, {"val_accuracy", fit.last.valAccuracy}};
+                m_summary["evaluation"] = {{"val_loss", fit.last.valLoss}, {"val_accuracy", fit.last.valAccuracy}, {"by", evaluatedBy}};
                 bus.publish(tm::Event(std::move(m)));
             }
         }
+        const std::string reason = failure ? "failed" : m_cancel ? "" : "done";
+        if (remoteEvaluator) {
+            nlohmann::json final = remoteEvaluator->stop(reason);
+            if (!final.empty()) m_summary[m_evaluator->id.toString()] = std::move(final);
+        }
         for (auto& t : m_tasks)
-            if (t->ps) (void)t->client->cancel(taskRun, failure ? "failed" : m_cancel ? "" : "done");
+            if (t->ps) (void)t->client->cancel(taskRun, reason);
         // Wait for the ps tasks' ends (their final statistics), still watching for failures.
         lock.lock();
         inbox.cv.wait(lock, [&] { return inbox.allEnded() || !inbox.failures.empty(); });
@@ -926,7 +991,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     beats.join();
     // Stop the others: they would wait for the failed one until their collective timeout.
     if (failure) {
-        for (auto& t : m_tasks) (void)t->client->cancel(taskRun, "failed");
+        for (Task* t : everyTask()) (void)t->client->cancel(taskRun, "failed");
         // What the tasks measured up to the failure (their last breakdowns, samples and spans
         // leave in batches) is still on its way: let the streams end on their own for a moment
         // (not waiting for a silent task's, which a frozen machine never ends).
@@ -967,6 +1032,14 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                    "the weights could not be read: " + decoded.error().message}));
             }
         }
+    }
+    // The run's steps, as a local run counts them (resumed: from its start): ps:0's schedule
+    // counted every worker's, a lost worker's (which never reported its end), a rejoined
+    // worker's old task's and those before a resume. The throughput stays the reporting
+    // workers' sum.
+    if (psRun) {
+        const auto ps0 = m_summary.find("ps:0");
+        if (ps0 != m_summary.end() && ps0->value("steps_completed", int64_t{0}) > 0) fit.steps = (*ps0)["steps_completed"].get<int64_t>();
     }
     if (fit.steps == 0) {
         // Stopped before the "final" events (Stop, Ctrl-C): the steps the tasks reported, counted

@@ -11,6 +11,9 @@
 // weights after each epoch and at the end (pulled from every ps), records the run, then stops
 // the ps tasks. A worker that dies or goes silent does not end the run while another trains:
 // ps:0 hands its steps to the others, and the coordinator warns, naming it, and stops its task.
+// A cluster's "evaluator" task (parameter-server only: TF's side-car evaluator) evaluates
+// instead, on its own machine, when the coordinator asks after each epoch and at the end; an
+// evaluator that fails or goes silent is named in a warning and the coordinator evaluates again.
 // A "chief" entry of the cluster only says where the coordinator runs: it is not contacted.
 // Contract:
 //  - Threading: probe/preflight/run are called from one thread (run blocks it until the run
@@ -109,7 +112,8 @@ public:
 
     std::size_t numTasks() const { return m_tasks.size(); }
     // What the tasks of the last run() reported at their end, by task ("worker:1": its steps,
-    // pushes and staleness; "ps:0": updates applied, steps completed), plus "evaluation" and
+    // pushes and staleness; "ps:0": updates applied, steps completed; "evaluator:0": its
+    // evaluations), plus "evaluation" (with "by": who evaluated the final weights) and
     // "lost" (parameter-server: the workers the run went on without, why, and after which step)
     // and "rejoined" (those that came back with a new task, and the run's step then).
     nlohmann::json summary() const { return m_summary; }
@@ -142,6 +146,8 @@ private:
     std::string m_strategy;
     std::string m_who;  // "trainstudio-cli on host (pid 12)": how busy workers name this coordinator
     std::vector<std::unique_ptr<Task>> m_tasks;   // parameter-server: the ps tasks first
+    std::unique_ptr<Task> m_evaluator;            // parameter-server: the cluster's evaluator task, if any
+    std::vector<Task*> everyTask() const;         // m_tasks, then the evaluator
     nlohmann::json m_summary = nlohmann::json::object();
     nlohmann::json m_devices = nlohmann::json::array();
     std::vector<std::pair<std::string, Tensor>> m_finalWeights;

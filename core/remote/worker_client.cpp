@@ -60,7 +60,10 @@ public:
         default:
             break;
         }
-        return makeError(ErrorCode::IoError, label + ": " + what + ": " + st.error_message(), hint);
+        // gRPC says only "Deadline Exceeded": say what it means here.
+        const std::string why = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "no answer in time (a stopped or overloaded machine?)"
+                                                                                       : st.error_message();
+        return makeError(ErrorCode::IoError, label + ": " + what + ": " + why, hint);
     }
 };
 
@@ -188,6 +191,20 @@ Result<bool> WorkerClient::captureTrace(const std::string& runId, int64_t steps,
     if (!st.ok()) return m_impl->fail(st, "refused the capture");
     if (why) *why = reply.reason();
     return reply.started();
+}
+
+Status WorkerClient::requestEvaluation(const std::string& runId, int64_t epoch, int64_t seq)
+{
+    grpc::ClientContext ctx;
+    m_impl->prepare(ctx, std::chrono::seconds(5));
+    EvaluateRequest req;
+    req.set_run_id(runId);
+    req.set_epoch(epoch);
+    req.set_seq(seq);
+    EvaluateReply reply;
+    const grpc::Status st = m_impl->stub->Evaluate(&ctx, req, &reply);
+    if (!st.ok()) return m_impl->fail(st, "could not ask for an evaluation");
+    return okStatus();
 }
 
 Status WorkerClient::streamEvents(const std::string& runId, const std::function<void(const WorkerEvent&)>& onEvent)

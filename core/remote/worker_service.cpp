@@ -27,6 +27,7 @@
 #include "remote/cluster.h"
 #include "remote/parameter_service.h"
 #include "remote/ps_client.h"
+#include "remote/ps_evaluator.h"
 #include "remote/rendezvous.h"
 #include "telemetry/bus.h"
 #include "telemetry/sampler.h"
@@ -167,12 +168,13 @@ public:
         if (auto v = withTask->validateFor(ps ? "parameter-server" : "multi-worker-mirrored"); !v.ok())
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, v.error().toString());
         const std::string& type = withTask->task().type;
-        if (ps ? (type != "ps" && type != "worker") : (type != "chief" && type != "worker"))
+        if (ps ? (type != "ps" && type != "worker" && type != "evaluator") : (type != "chief" && type != "worker"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": a " + (ps ? "parameter-server" : "multi-worker-mirrored") + " run has no " + type + " tasks to start");
         // worker 0 initialises the ps tasks from its imported weights
-        if (req->initial_weights_sent() && type == "ps")
-            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, source + ": a ps task takes no initial weights; send them to the workers");
+        if (req->initial_weights_sent() && (type == "ps" || type == "evaluator"))
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          source + ": a " + type + " task takes no initial weights; send them to the workers");
         if (req->join_running() && (!ps || type != "worker"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": only a parameter-server worker joins a run in progress (join_running)");
@@ -212,6 +214,8 @@ public:
         m_cancelReason.clear();
         m_task = withTask->task().toString();
         m_psTask = type == "ps";
+        m_evaluatorTask = type == "evaluator";
+        m_evalRequests.clear();
         logLine("starting " + m_task + " of run " + m_runId + " for " + ctx->peer());
         m_thread = std::thread([this, c = std::move(cfg).value(), s = std::move(withTask).value(), initial, initialName]() mutable {
             runTask(std::move(c), std::move(s), initial.get(), initialName);
@@ -368,11 +372,28 @@ public:
         };
         if (m_state != "running") return decline("the task is " + m_state);
         if (m_psTask) return decline("a ps task has no steps to trace (its spans come with a traced run)");
+        if (m_evaluatorTask) return decline("an evaluator task has no steps to trace");
         if (!m_trainer) return decline("the task is not training yet");
         if (m_trace) return decline("the task traces every step already");
         if (!m_trainer->requestTrace(req->steps(), req->layers())) return decline("another trace is in progress in this daemon");
         logLine(m_task + " of run " + m_runId + ": tracing the next " + std::to_string(req->steps()) + " step(s) for " + ctx->peer());
         reply->set_started(true);
+        return grpc::Status::OK;
+    }
+
+    grpc::Status Evaluate(grpc::ServerContext* ctx, const EvaluateRequest* req, EvaluateReply*) override
+    {
+        const char* call = "Worker.Evaluate";
+        if (auto st = checkToken(*ctx, m_token, call); !st.ok()) return st;
+        std::lock_guard lock(m_mutex);
+        if (req->run_id() != m_runId || m_runId.empty())
+            return refuse(*ctx, grpc::StatusCode::NOT_FOUND, call, "no run " + req->run_id() + " on this worker");
+        if (!m_evaluatorTask) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, m_task + " is not an evaluator task");
+        if (m_state != "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, m_task + " is " + m_state);
+        if (m_evalRequests.size() >= 16)
+            return refuse(*ctx, grpc::StatusCode::RESOURCE_EXHAUSTED, call, m_task + " has 16 evaluations waiting already");
+        m_evalRequests.push_back({req->epoch(), req->seq()});
+        m_cv.notify_all();
         return grpc::Status::OK;
     }
 
@@ -630,10 +651,73 @@ private:
         finish(reason == "done" ? "completed" : "cancelled", {});
     }
 
+    // An evaluator task (TF's side-car evaluator): evaluates the ps tasks' weights on this
+    // machine's test split whenever the coordinator asks (Evaluate), until it is stopped.
+    void runEvaluator(const RunConfig& cfg, const ClusterSpec& spec)
+    {
+        PsEvaluatorOptions eo;
+        eo.runId = m_runId;
+        eo.token = m_token;
+        eo.tls = m_tls;
+        eo.who = m_task;
+        auto created = PsEvaluator::create(cfg, spec, eo);
+        if (!created.ok()) return finish("failed", created.error().message, created.error().hint);
+        std::unique_ptr<PsEvaluator> evaluator = std::move(created).value();
+        if (!evaluator->validates())
+            return finish("failed", m_task + ": the run does not validate, so there is nothing to evaluate",
+                          "set \"validate\": true, or leave the evaluator out of the cluster");
+        {
+            std::lock_guard lock(m_mutex);
+            m_store = evaluator->store();  // a Cancel ends a pull in progress
+            if (m_cancelRequested) m_store->cancel();
+        }
+        publish("state", 0, {{"state", "running"}, {"role", "evaluator"}});
+        int64_t evaluations = 0;
+        double seconds = 0;
+        std::unique_lock lock(m_mutex);
+        while (!m_cancelRequested && !m_shutdown) {
+            if (m_evalRequests.empty()) {
+                m_cv.wait_for(lock, std::chrono::milliseconds(500));
+                continue;
+            }
+            const EvalRequest r = m_evalRequests.front();
+            m_evalRequests.pop_front();
+            lock.unlock();
+            const auto began = std::chrono::steady_clock::now();
+            auto v = evaluator->evaluate();
+            const double took = secondsSince(began);
+            nlohmann::json j = {{"seq", r.seq}, {"epoch", r.epoch}};
+            if (v.ok()) {
+                j.update({{"val_loss", v->loss}, {"val_accuracy", v->accuracy}, {"examples", v->examples}, {"seconds", took}});
+                ++evaluations;
+                seconds += took;
+                logLine(m_task + " of run " + m_runId + ": epoch " + std::to_string(r.epoch) + ": val_accuracy " + std::to_string(v->accuracy) +
+                        " (" + std::to_string(v->examples) + " examples)");
+            } else {
+                j.update({{"error", v.error().message}, {"hint", v.error().hint}});
+                logLine(m_task + " of run " + m_runId + ": epoch " + std::to_string(r.epoch) + ": " + v.error().message);
+            }
+            publish("evaluation", r.epoch, j);
+            lock.lock();
+            m_step = r.epoch;
+        }
+        m_store = nullptr;
+        const std::string reason = m_shutdown && !m_cancelRequested ? "shutdown" : m_cancelReason;
+        lock.unlock();
+        publish("final", m_step, {{"evaluations", evaluations}, {"seconds", seconds}});
+        finish(reason == "done" ? "completed" : "cancelled", {});
+    }
+
     // `initial`: weights every training task starts from (the coordinator's --load-weights), or null.
     void runTask(RunConfig cfg, ClusterSpec spec, const SafetensorsFile* initial, const std::string& initialName)
     {
         m_device = "host";
+        if (spec.task().type == "evaluator") {
+            // Evaluations are occasional: beside training tasks it takes no more than their share.
+            if (cfg.strategy.threads == 0) cfg.strategy.threads = spec.sharedHostThreads(spec.task(), defaultCpuBudget());
+            publish("state", 0, {{"state", "connecting"}});
+            return runEvaluator(cfg, spec);
+        }
         if (cfg.strategy.threads == 0 && spec.task().type != "ps") {
             if (const int t = spec.sharedHostThreads(spec.task(), defaultCpuBudget()); t > 0) {
                 cfg.strategy.threads = t;
@@ -810,6 +894,11 @@ private:
     int m_streams = 0;             // open StreamEvents calls
     bool m_trace = false, m_traceLayers = false;  // StartTaskRequest's
     bool m_psTask = false;
+    bool m_evaluatorTask = false;
+    struct EvalRequest {
+        int64_t epoch = 0, seq = 0;
+    };
+    std::deque<EvalRequest> m_evalRequests;  // an evaluator task's, oldest first
     int64_t m_step = 0;
     Trainer* m_trainer = nullptr;
     std::atomic<bool> m_cancelRequested{false};

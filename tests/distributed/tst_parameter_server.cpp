@@ -127,6 +127,30 @@ QStringList trainArgs(const QString& cluster, int epochs)
             "--batch-size", "64", "--threads", "1"};
 }
 
+// The seed's MLP with the weights in `weights` scores `accuracy` on the whole test split here.
+void checkScoresLocally(const QString& weights, double accuracy)
+{
+    auto model = loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    QVERIFY(model.ok());
+    TrainConfig tc;
+    tc.strategy.threads = 1;
+    auto trainer = Trainer::create(*model, tc);
+    QVERIFY(trainer.ok());
+    Status loaded = (*trainer)->loadWeights(weights.toStdString());
+    QVERIFY2(loaded.ok(), loaded.ok() ? "" : loaded.error().toString().c_str());
+    auto data = loadIdxFolder(defaultFashionMnistDir(), true);
+    QVERIFY(data.ok());
+    InMemoryBatchOptions bo;
+    bo.batchSize = 1000;
+    bo.shuffle = false;
+    auto test = InMemoryBatchSource::create(data->test, bo);
+    QVERIFY(test.ok());
+    auto local = (*trainer)->evaluate(**test);
+    QVERIFY(local.ok());
+    QCOMPARE(local->examples, int64_t(10000));
+    QVERIFY2(std::abs(local->accuracy - accuracy) < 1e-9, qPrintable(QString("%1 vs %2").arg(local->accuracy).arg(accuracy)));
+}
+
 } // namespace
 
 class TestParameterServer : public QObject {
@@ -154,6 +178,8 @@ private slots:
     void interruptedRunKeepsWeights();
     void pipelineShardsByFile();
     void mixedPrecisionWorkers();
+    void evaluatorTask_data();
+    void evaluatorTask();
 
 private:
     void trainEndToEnd(int ps, const QStringList& extra, const QStringList& psExtra = {});
@@ -411,25 +437,8 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra, const 
     QCOMPARE(kept->front().path, weights.toStdString());
 
     // The saved weights are the ones evaluated: loaded into a local model they score the same.
-    auto model = loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
-    QVERIFY(model.ok());
-    TrainConfig tc;
-    tc.strategy.threads = 1;
-    auto trainer = Trainer::create(*model, tc);
-    QVERIFY(trainer.ok());
-    Status loaded = (*trainer)->loadWeights(weights.toStdString());
-    QVERIFY2(loaded.ok(), loaded.ok() ? "" : loaded.error().toString().c_str());
-    auto data = loadIdxFolder(defaultFashionMnistDir(), true);
-    QVERIFY(data.ok());
-    InMemoryBatchOptions bo;
-    bo.batchSize = 1000;
-    bo.shuffle = false;
-    auto test = InMemoryBatchSource::create(data->test, bo);
-    QVERIFY(test.ok());
-    auto local = (*trainer)->evaluate(**test);
-    QVERIFY(local.ok());
-    QCOMPARE(local->examples, int64_t(10000));
-    QVERIFY2(std::abs(local->accuracy - acc) < 1e-9, qPrintable(QString("%1 vs %2").arg(local->accuracy).arg(acc)));
+    checkScoresLocally(weights, acc);
+    if (QTest::currentTestFailed()) return;
 }
 
 // mixed_float16 on parameter-server workers: each worker scales its own loss and pushes unscaled
@@ -449,8 +458,14 @@ void TestParameterServer::mixedPrecisionWorkers()
     QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
     QVERIFY2(j.value("val_accuracy", 0.0) > 0.7, qPrintable(out));
     const auto& tasks = j["tasks"];
-    // Nothing overflowed at Keras' 2^15: every step pushed.
-    QCOMPARE(tasks["worker:0"].value("pushes", int64_t{-1}), tasks["worker:0"].value("steps", int64_t{0}));
+    // A step whose gradients overflow pushes nothing. At Keras' 2^15 that is rare for this MLP
+    // but not impossible with stale weights (one run in 18 saw a skip): a few, not none.
+    int64_t skipped = 0;
+    for (const char* w : {"worker:0", "worker:1"}) {
+        const int64_t steps = tasks[w].value("steps", int64_t{0}), pushes = tasks[w].value("pushes", int64_t{-1});
+        QVERIFY2(steps > 0 && pushes <= steps && pushes >= steps - steps / 50, qPrintable(QString("%1: %2 pushes for %3 steps").arg(w).arg(pushes).arg(steps)));
+        skipped += steps - pushes;
+    }
     auto store = store::RunStore::open(db.toStdString());
     QVERIFY(store.ok());
     const std::string runId = j["run_id"].get<std::string>();
@@ -461,7 +476,83 @@ void TestParameterServer::mixedPrecisionWorkers()
     all.buckets = 0;
     auto scale = store->series(runId, "loss_scale", all);
     QVERIFY2(scale.ok() && !scale->points.empty(), scale.ok() ? "no loss_scale points" : scale.error().toString().c_str());
-    for (const auto& p : scale->points) QCOMPARE(p.value, 32768.0);
+    // Each skip halves the skipping worker's scale, and 2000 good steps would be needed to
+    // double it: every recorded scale is 2^15 down to 2^(15 - skips), and 2^15 when none skipped.
+    for (const auto& p : scale->points) {
+        int exponent = 0;
+        QVERIFY2(std::frexp(p.value, &exponent) == 0.5 && exponent - 1 <= 15 && exponent - 1 >= 15 - skipped,
+                 qPrintable(QString("loss scale %1 with %2 skipped steps").arg(p.value).arg(skipped)));
+    }
+}
+
+// TF's side-car evaluator: the cluster's evaluator task evaluates the ps tasks' weights on its
+// own machine after each epoch and at the end. Killed or silent, it is named and the coordinator
+// takes over, and the run goes on.
+void TestParameterServer::evaluatorTask_data()
+{
+    QTest::addColumn<int>("signal");  // sent to the evaluator's daemon after epoch 1 (0: none)
+    QTest::newRow("evaluates every epoch") << 0;
+    QTest::newRow("killed after epoch 1") << int(SIGKILL);
+    QTest::newRow("stopped after epoch 1") << int(SIGSTOP);
+}
+
+void TestParameterServer::evaluatorTask()
+{
+    QFETCH(int, signal);
+    const bool kill = signal != 0;
+    QTemporaryDir dir;
+    Cluster c = startCluster(dir.path(), 2, 1);
+    auto ev = spawnWorker(dir.path(), "evaluator0");
+    QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0 && ev->port > 0);
+    {
+        QFile f(c.file);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"], "evaluator": ["127.0.0.1:%4"]}})")
+                    .arg(c.workers[0]->port).arg(c.workers[1]->port).arg(c.ps[0]->port).arg(ev->port).toUtf8());
+    }
+    constexpr int epochs = 3;
+    const QString weights = dir.filePath("final.safetensors");
+    auto coord = startCoordinator(trainArgs(c.file, epochs) + QStringList{"--limit", "12800", "--db", dir.filePath("runs.db"), "--json",
+                                                                          "--save-weights", weights});
+    QString out;
+    if (kill) {
+        QVERIFY2(tstest::readUntil(*coord, out, "\"epoch\":1"), qPrintable(out + coord->readAllStandardError()));
+        ::kill(static_cast<pid_t>(ev->process->processId()), signal);
+    }
+    const bool finished = coord->waitForFinished(120000);
+    if (signal == SIGSTOP) ::kill(static_cast<pid_t>(ev->process->processId()), SIGCONT);  // so it can be shut down
+    QVERIFY(finished);
+    out += QString::fromUtf8(coord->readAllStandardOutput());
+    const QString err = QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
+    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    const auto& tasks = j["tasks"];
+    // Every epoch was evaluated (by one or the other).
+    int evaluated = 0;
+    for (const QString& line : out.trimmed().split('\n')) {
+        const auto e = nlohmann::json::parse(line.toStdString(), nullptr, false);
+        if (!e.is_discarded() && e.is_object() && e.contains("val_accuracy") && !e.value("final", false)) ++evaluated;
+    }
+    QCOMPARE(evaluated, epochs);
+    const double acc = j.value("val_accuracy", 0.0);
+    QVERIFY2(acc > 0.7, qPrintable(out));
+    if (!kill) {
+        QCOMPARE(tasks["evaluation"].value("by", ""), std::string("evaluator:0"));
+        // Each epoch and the final weights.
+        QCOMPARE(tasks["evaluator:0"].value("evaluations", int64_t{0}), int64_t(epochs + 1));
+        QVERIFY2(!tasks.contains("evaluator_lost"), qPrintable(out));
+        QVERIFY2(!err.contains("evaluator"), qPrintable(err));
+    } else {
+        QCOMPARE(tasks["evaluation"].value("by", ""), std::string("coordinator"));
+        QCOMPARE(tasks["evaluator_lost"].value("task", ""), std::string("evaluator:0"));
+        const QString named = QString("evaluator:0 at 127.0.0.1:%1").arg(ev->port);
+        QVERIFY2(err.contains(named) && err.contains("the coordinator evaluates the run from now on"), qPrintable(err));
+        for (const QString& line : err.split('\n'))
+            if (line.contains("evaluator:0")) qInfo("%s", qPrintable(line));
+    }
+    // The final evaluation is of the final weights (after every worker's last push).
+    checkScoresLocally(weights, acc);
 }
 
 void TestParameterServer::trainsWithOnePs()
@@ -900,10 +991,12 @@ void TestParameterServer::restartedRunResumesFromBackup()
     qInfo("restarted parameter-server run: %s", final.dump().c_str());
     QCOMPARE(final["restarts"].get<int>(), 1);
     // ps:0 handed out all 300 steps (2 x 50 a pass, 3 epochs); the last attempt's workers
-    // trained those after the backup (the run's steps are their sum).
+    // trained those after the backup. The run's steps count from its start, as a resumed local
+    // run's do.
     const int after0 = final["tasks"]["worker:0"]["steps"].get<int>(), after1 = final["tasks"]["worker:1"]["steps"].get<int>();
     QCOMPARE(final["tasks"]["ps:0"]["steps_completed"].get<int>(), 300);
-    QCOMPARE(final["steps"].get<int>(), after0 + after1);
+    QVERIFY2(after0 + after1 < 300, qPrintable(QString::number(after0 + after1)));
+    QCOMPARE(final["steps"].get<int>(), 300);
     QVERIFY2(final["val_accuracy"].get<double>() > 0.7, qPrintable(out));
     // The completed run deleted worker 0's backup.
     QVERIFY(!QFile::exists(root + "/run-p/backup.safetensors"));
@@ -1012,6 +1105,7 @@ void TestParameterServer::lostWorkerIsReplaced(int signal)
     QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
     const auto& tasks = j["tasks"];
     QCOMPARE(tasks["ps:0"].value("steps_completed", int64_t{0}), int64_t(1200));
+    QCOMPARE(j["steps"].get<int64_t>(), int64_t(1200));  // the lost worker's steps too
     QCOMPARE(j["epochs"].get<int64_t>(), int64_t(6));
     QVERIFY2(tasks.contains("lost") && tasks["lost"].size() == 1 && tasks["lost"][0].value("task", "") == "worker:1", qPrintable(out));
     QVERIFY(!tasks.contains("worker:1"));  // it never reported an end
@@ -1096,6 +1190,7 @@ void TestParameterServer::lostWorkerRejoins()
     QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
     const auto& tasks = j["tasks"];
     QCOMPARE(tasks["ps:0"].value("steps_completed", int64_t{0}), int64_t(1000 * epochs));
+    QCOMPARE(j["steps"].get<int64_t>(), int64_t(1000 * epochs));  // the old task's steps too
     const std::string who = name.toStdString(), other = victim == 0 ? "worker:1" : "worker:0";
     QVERIFY2(tasks.contains("lost") && tasks["lost"].size() == 1 && tasks["lost"][0].value("task", "") == who, qPrintable(out));
     QVERIFY2(tasks.contains("rejoined") && tasks["rejoined"].size() == 1 && tasks["rejoined"][0].value("task", "") == who, qPrintable(out));

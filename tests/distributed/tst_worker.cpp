@@ -220,6 +220,13 @@ void TestWorker::refusesUnauthenticated()
         ts::remote::HeartbeatPong pong;
         QCOMPARE(stub->Heartbeat(&ctx, ts::remote::HeartbeatPing(), &pong).error_code(), grpc::StatusCode::UNAUTHENTICATED);
     }
+    {
+        grpc::ClientContext ctx;
+        ts::remote::EvaluateRequest req;
+        req.set_run_id("r");
+        ts::remote::EvaluateReply reply;
+        QCOMPARE(stub->Evaluate(&ctx, req, &reply).error_code(), grpc::StatusCode::UNAUTHENTICATED);
+    }
     // With the token: who it is, its devices, idle.
     grpc::ClientContext ctx;
     withToken(ctx, kToken);
@@ -271,6 +278,25 @@ void TestWorker::refusesOversizedAndMalformed()
     st = start("{}", cluster, "worker", 3);
     QCOMPARE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     QVERIFY2(st.error_message().find("task.index 3 is out of range") != std::string::npos, st.error_message().c_str());
+    // An evaluator task serves parameter-server runs only.
+    RunConfig mwm;
+    mwm.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    mwm.strategy.kind = "multi-worker-mirrored";
+    st = start(mwm.toJson().dump(), R"({"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}})", "evaluator", 0);
+    QCOMPARE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    QVERIFY2(st.error_message().find("a multi-worker-mirrored run has no evaluator tasks to start") != std::string::npos, st.error_message().c_str());
+    // Evaluate names what is wrong: no such run here (this daemon runs none).
+    {
+        grpc::ClientContext ctx;
+        withToken(ctx, kToken);
+        ts::remote::EvaluateRequest req;
+        req.set_run_id("run-1");
+        req.set_epoch(1);
+        ts::remote::EvaluateReply reply;
+        st = stub->Evaluate(&ctx, req, &reply);
+        QCOMPARE(st.error_code(), grpc::StatusCode::NOT_FOUND);
+        QVERIFY2(st.error_message().find("no run run-1 on this worker") != std::string::npos, st.error_message().c_str());
+    }
     // Still serving, still idle.
     grpc::ClientContext ctx;
     withToken(ctx, kToken);

@@ -1,0 +1,65 @@
+#pragma once
+// PsEvaluator: a parameter-server run's weights seen from outside the training: a one-device
+// copy of the model that pulls the ps tasks' current values and evaluates them on the test
+// split. The coordinator uses one for the run's final weights (and evaluates with it when the
+// cluster has no evaluator task); an evaluator task (TF's side-car evaluator) uses one on its
+// own machine.
+// Contract:
+//  - Threading: one thread at a time (the caller serialises); cancel() of the store from any.
+//  - Ownership: owns its model, its link to the ps tasks and its copy of the test split.
+//  - Errors: Result errors from the ps tasks (unreachable, not initialised) or the data files
+//    (named), with their hints.
+
+#include <memory>
+#include <string>
+
+#include "common/result.h"
+#include "distribute/cluster_spec.h"
+#include "remote/auth.h"
+#include "train/trainer.h"
+
+namespace ts {
+struct RunConfig;
+struct InMemoryDataset;
+class InMemoryBatchSource;
+}
+
+namespace ts::remote {
+
+class RemoteParameterStore;
+
+struct PsEvaluatorOptions {
+    std::string runId;           // the attempt whose ps tasks hold the weights
+    std::string token;
+    TlsFiles tls;
+    std::string who = "coordinator";  // for the ps tasks' logs ("evaluator:0")
+    bool loadValidation = true;  // read the test split now (when the run validates)
+};
+
+class PsEvaluator {
+public:
+    static Result<std::unique_ptr<PsEvaluator>> create(const RunConfig& config, const ClusterSpec& spec, const PsEvaluatorOptions& options);
+    ~PsEvaluator();
+
+    // The ps tasks' current weights into this model.
+    Status pullWeights();
+    // The ps tasks' current weights on the test split (an error when the run does not validate).
+    Result<EvalResult> evaluate();
+    // Whether evaluate() has a test split: the run validates and it was loaded.
+    bool validates() const { return m_validation != nullptr; }
+    // Reads the test split now (one created without it that must evaluate after all).
+    Status loadValidation();
+    Trainer& trainer() { return *m_trainer; }
+    const std::shared_ptr<RemoteParameterStore>& store() const { return m_store; }
+
+private:
+    PsEvaluator() = default;
+    std::unique_ptr<Trainer> m_trainer;
+    std::shared_ptr<RemoteParameterStore> m_store;
+    std::shared_ptr<InMemoryDataset> m_test;
+    std::unique_ptr<InMemoryBatchSource> m_validation;  // null: not loaded, or the run does not validate
+    std::unique_ptr<RunConfig> m_config;
+    bool m_begun = false;
+};
+
+} // namespace ts::remote
