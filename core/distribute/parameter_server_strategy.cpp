@@ -44,16 +44,7 @@ public:
     Status initialise(uint64_t seed) override
     {
         TS_TRY(m_program->initialiseParameters(seed));
-        m_variables.clear();
-        for (const ParamSlot& slot : m_program->params()) {
-            if (!slot.grad.defined()) continue;  // non-trainable: refused in create()
-            StoreVariable v;
-            v.info.name = slot.name;
-            for (int d = 0; d < slot.value.shape().rank(); ++d) v.info.shape.push_back(slot.value.shape()[d]);
-            v.values = slot.value.data<float>();
-            v.grads = slot.grad.data<float>();
-            m_variables.push_back(std::move(v));
-        }
+        m_variables = trainableStoreVariables(m_program->params());  // non-trainable ones are refused in create()
         m_begun = false;
         m_resume = {};
         return okStatus();
@@ -236,6 +227,21 @@ public:
 };
 
 } // namespace
+
+std::vector<StoreVariable> trainableStoreVariables(const std::vector<ParamSlot>& params)
+{
+    std::vector<StoreVariable> vars;
+    for (const ParamSlot& slot : params) {
+        if (!slot.grad.defined()) continue;
+        StoreVariable v;
+        v.info.name = slot.name;
+        for (int d = 0; d < slot.value.shape().rank(); ++d) v.info.shape.push_back(slot.value.shape()[d]);
+        v.values = slot.value.data<float>();
+        v.grads = slot.grad.data<float>();
+        vars.push_back(std::move(v));
+    }
+    return vars;
+}
 
 Result<std::unique_ptr<Strategy>> makeParameterServerStrategy(const StrategyConfig& config, std::shared_ptr<const GraphAnalysis> graph,
                                                               const LossSpec& loss)

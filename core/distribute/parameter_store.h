@@ -31,6 +31,11 @@ struct StoreVariable {
     const float* grads = nullptr;  // host memory: push() reads here
 };
 
+struct ParamSlot;
+// The trainable parameters among `params` (those with a gradient), as a store's variables over
+// the slots' own buffers.
+std::vector<StoreVariable> trainableStoreVariables(const std::vector<ParamSlot>& params);
+
 struct StalenessStats {
     int64_t pushes = 0;            // pushes acknowledged so far
     int64_t last = -1;             // staleness of the latest acknowledged push (-1: none yet)

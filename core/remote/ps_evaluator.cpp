@@ -67,17 +67,7 @@ Status PsEvaluator::loadValidation()
 Status PsEvaluator::pullWeights()
 {
     if (!m_begun) {
-        std::vector<StoreVariable> vars;
-        for (const ParamSlot& slot : m_trainer->strategy().primary().params()) {
-            if (!slot.grad.defined()) continue;
-            StoreVariable v;
-            v.info.name = slot.name;
-            for (int d = 0; d < slot.value.shape().rank(); ++d) v.info.shape.push_back(slot.value.shape()[d]);
-            v.values = slot.value.data<float>();
-            v.grads = slot.grad.data<float>();
-            vars.push_back(std::move(v));
-        }
-        TS_TRY(m_store->begin(vars, false, nullptr));
+        TS_TRY(m_store->begin(trainableStoreVariables(m_trainer->strategy().primary().params()), false, nullptr));
         m_begun = true;
     } else {
         TS_TRY(m_store->pull());
