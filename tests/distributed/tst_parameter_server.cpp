@@ -180,6 +180,7 @@ private slots:
     void mixedPrecisionWorkers();
     void evaluatorTask_data();
     void evaluatorTask();
+    void separateNetworkNamespaces();
 
 private:
     void trainEndToEnd(int ps, const QStringList& extra, const QStringList& psExtra = {});
@@ -553,6 +554,31 @@ void TestParameterServer::evaluatorTask()
     }
     // The final evaluation is of the final weights (after every worker's last push).
     checkScoresLocally(weights, acc);
+}
+
+// The ps task, both workers and the evaluator as daemons in their own network namespaces, the
+// coordinator in another, joined by a bridge: every pull, push, claim and control call crosses a
+// link with its own addresses, as between machines.
+void TestParameterServer::separateNetworkNamespaces()
+{
+    QTemporaryDir dir;
+    const auto r = tstest::runInNetworkNamespaces(dir.path(), {"ps", "worker", "worker", "evaluator"},
+                                                  trainArgs("", 3).mid(3) + QStringList{"--limit", "12800", "--no-record", "--json"}, kToken);
+    if (!r.available) QSKIP("no unprivileged user and network namespaces with bridges and veth links here (unshare -rn, iproute2)");
+    QVERIFY2(r.rc == 0, qPrintable(r.logs));
+    const auto j = nlohmann::json::parse(r.out.split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(r.logs));
+    const auto& tasks = j["tasks"];
+    QCOMPARE(tasks["ps:0"].value("steps_completed", int64_t{0}), int64_t(3 * 400));
+    QVERIFY2(tasks["worker:0"].value("steps", int64_t{0}) > 0 && tasks["worker:1"].value("steps", int64_t{0}) > 0, qPrintable(r.logs));
+    QCOMPARE(tasks["evaluation"].value("by", ""), std::string("evaluator:0"));
+    QVERIFY2(j.value("val_accuracy", 0.0) > 0.7, qPrintable(r.logs));
+    // Who talked to whom, as each daemon saw it: the coordinator from 10.77.0.1, worker 0 (10.77.0.3) initialised ps:0.
+    QFile ps(dir.filePath("ps0.log"));
+    QVERIFY(ps.open(QIODevice::ReadOnly));
+    const QString psLog = QString::fromUtf8(ps.readAll());
+    QVERIFY2(psLog.contains("starting ps:0 of run") && psLog.contains("for ipv4:10.77.0.1:"), qPrintable(psLog));
+    QVERIFY2(psLog.contains("by ipv4:10.77.0.3:"), qPrintable(psLog));
 }
 
 void TestParameterServer::trainsWithOnePs()

@@ -127,6 +127,7 @@ private slots:
     void bindsLoopbackUnlessAllowed();
     void servesTls();
     void coordinatedRunIsRecorded();
+    void daemonsInSeparateNetworkNamespaces();
     void coordinatedRunStartsFromWeights();
     void initialWeightsArriveInParts();
     void reservationHoldsTheWorker();
@@ -384,6 +385,38 @@ void TestWorker::servesTls()
     auto folder = WorkerClient::connect("worker:0 at " + addr, addr, kToken, badCa);
     QVERIFY(!folder.ok());
     QVERIFY2(folder.error().message.find("is a folder, not a TLS CA certificate") != std::string::npos, folder.error().message.c_str());
+}
+
+// The chief and worker daemons in their own network namespaces, the coordinator in another,
+// joined by a bridge: control, rendezvous and Gloo's pairs cross a link with their own
+// addresses, as between machines, and the run still equals one process with the same global batch.
+void TestWorker::daemonsInSeparateNetworkNamespaces()
+{
+    QTemporaryDir dir;
+    const QString weights = dir.filePath("remote.safetensors");
+    QStringList args = coordinatorArgs("", 200).mid(3);  // after "train --cluster FILE"
+    const auto r = tstest::runInNetworkNamespaces(dir.path(), {"chief", "worker"},
+                                                  args + QStringList{"--no-record", "--json", "--save-weights", weights}, kToken);
+    if (!r.available) QSKIP("no unprivileged user and network namespaces with bridges and veth links here (unshare -rn, iproute2)");
+    QVERIFY2(r.rc == 0, qPrintable(r.logs));
+    const auto j = nlohmann::json::parse(r.out.split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false) && j.value("steps", 0) == 200, qPrintable(r.logs));
+    // The coordinator reached each daemon from its own address.
+    for (const char* name : {"chief0.log", "worker0.log"}) {
+        QFile f(dir.filePath(name));
+        QVERIFY(f.open(QIODevice::ReadOnly));
+        const QString log = QString::fromUtf8(f.readAll());
+        QVERIFY2(log.contains("for ipv4:10.77.0.1:"), qPrintable(log));
+    }
+    const QString local = dir.filePath("local.safetensors");
+    QProcess one;
+    one.start(QStringLiteral(TS_CLI_PATH), QStringList{"train"} + args +
+                                               QStringList{"--strategy", "mirrored", "--devices", "cpu:0,cpu:1", "--no-record", "--save-weights", local});
+    QVERIFY(one.waitForFinished(120000));
+    QVERIFY2(one.exitCode() == 0, one.readAllStandardError().constData());
+    const double diff = maxDiff(weights, local);
+    qInfo("daemons in separate network namespaces vs one process: max |w - w'| = %g", diff);
+    QVERIFY2(diff < 1e-5, qPrintable(QString("coordinated vs one process: %1").arg(diff)));
 }
 
 void TestWorker::coordinatedRunIsRecorded()

@@ -3,6 +3,7 @@
 // --port-file), for the tests that need real processes (kill -9, SIGSTOP, several tasks).
 // TS_WORKER_PATH is the daemon's path (tests/CMakeLists.txt defines it for distributed and ui).
 
+#include <QDir>
 #include <QElapsedTimer>
 #include <QFile>
 #include <QJsonArray>
@@ -79,6 +80,48 @@ inline QJsonArray recordedRuns(const QString& db)
     list.start(QStringLiteral(TS_CLI_PATH), {"runs", "list", "--json", "--db", db});
     if (!list.waitForFinished(30000)) return {};
     return QJsonDocument::fromJson(list.readAllStandardOutput()).array();
+}
+
+// A cluster of worker daemons, each in its own network namespace, and its coordinator, joined by
+// a bridge (netns_cluster.sh): `roles` in cluster order ("ps", "worker", "evaluator"), then
+// `CLI train --cluster ... trainArgs`, the token being `token`. available: false where
+// unprivileged user and network namespaces (or iproute2's bridges and veth links) are not.
+struct NetnsCluster {
+    bool available = false;
+    int rc = -1;                 // the coordinator's exit code
+    QString out, err, logs;      // its stdout and stderr; everything, for failure messages
+    QString dir;                 // where the script wrote its files (cluster.json, <name>.log)
+};
+
+inline NetnsCluster runInNetworkNamespaces(const QString& dir, const QStringList& roles, const QStringList& trainArgs, const std::string& token)
+{
+    NetnsCluster r;
+    r.dir = dir;
+    QProcess probe;
+    probe.start("unshare", {"-rn", "sh", "-c", "ip link add ts-probe type bridge && ip link add ts-a type veth peer name ts-b && nsenter --help >/dev/null"});
+    if (!probe.waitForFinished(10000) || probe.exitStatus() != QProcess::NormalExit || probe.exitCode() != 0) return r;
+    r.available = true;
+    QProcess p;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("TRAINSTUDIO_TOKEN", QString::fromStdString(token));
+    env.insert("OMP_NUM_THREADS", "1");
+    env.remove("TF_CONFIG");
+    p.setProcessEnvironment(env);
+    p.setProcessChannelMode(QProcess::MergedChannels);
+    p.start("unshare", QStringList{"-rn", "bash", QStringLiteral(TS_FIXTURES_DIR "/../distributed/netns_cluster.sh"), QStringLiteral(TS_WORKER_PATH),
+                                   QStringLiteral(TS_CLI_PATH), dir} +
+                           roles + QStringList{"--"} + trainArgs);
+    const bool finished = p.waitForFinished(180000);
+    auto read = [&](const QString& name) {
+        QFile f(dir + "/" + name);
+        return f.open(QIODevice::ReadOnly) ? QString::fromUtf8(f.readAll()).trimmed() : QString();
+    };
+    r.out = read("coordinator.out");
+    r.err = read("coordinator.err");
+    r.rc = finished && p.exitCode() == 0 && !read("coordinator.rc").isEmpty() ? read("coordinator.rc").toInt() : -1;
+    r.logs = "script: " + QString::fromUtf8(p.readAll()) + "\ncluster: " + read("cluster.json") + "\ncoordinator: " + r.out + "\n" + r.err;
+    for (const QString& log : QDir(dir).entryList({"*.log"}, QDir::Files, QDir::Name)) r.logs += "\n" + log + ": " + read(log);
+    return r;
 }
 
 } // namespace tstest
