@@ -215,6 +215,15 @@ void TestRemoteUi::clusterEditorEnablesStrategies()
     const RunConfig c = setup.config();
     QCOMPARE(c.strategy.kind, std::string("multi-worker-mirrored"));
     QVERIFY(c.strategy.devices.empty());
+    // An evaluator: a chief validates itself, so it would not be started, and the form says so;
+    // a parameter-server cluster's evaluator evaluates.
+    auto* clusterState = setup.findChild<QLabel*>("clusterState");
+    r.tfConfig = R"({"cluster": {"worker": ["127.0.0.1:7001"], "evaluator": ["127.0.0.1:7004"]}})";
+    setup.setRemoteSettings(r);
+    QVERIFY2(clusterState->text().contains("its evaluator is not started: the chief validates"), qPrintable(clusterState->text()));
+    r.tfConfig = R"({"cluster": {"worker": ["127.0.0.1:7001"], "ps": ["127.0.0.1:7003"], "evaluator": ["127.0.0.1:7004"]}})";
+    setup.setRemoteSettings(r);
+    QVERIFY2(clusterState->text().contains("1 ps task(s), an evaluator task"), qPrintable(clusterState->text()));
     // ps tasks in the cluster: MultiWorkerMirrored does not use them, and says so.
     r.tfConfig = R"({"cluster": {"worker": ["127.0.0.1:7001"], "ps": ["127.0.0.1:7003"]}})";
     setup.setRemoteSettings(r);

@@ -762,7 +762,11 @@ void RunSetupPanel::updateCluster()
     m_checkWorkers->setEnabled(m_cluster.valid && !m_probe->isRunning());
     m_clusterState->setText(r.isEmpty() ? tr("no cluster configured")
                             : m_cluster.valid ? tr("%n training task(s)", nullptr, static_cast<int>(m_cluster.trainingTasks.size())) +
-                                                    (m_cluster.ps ? tr(", %n ps task(s)", nullptr, m_cluster.ps) : QString())
+                                                    (m_cluster.ps ? tr(", %n ps task(s)", nullptr, m_cluster.ps) : QString()) +
+                                                    // TF's side-car evaluator serves parameter-server runs; a chief validates itself.
+                                                    (m_cluster.evaluators == 0 ? QString()
+                                                     : m_cluster.ps ? tr(", an evaluator task")
+                                                                    : tr(" (its evaluator is not started: the chief validates)"))
                                               : m_cluster.error);
     updateDerived();
 }
