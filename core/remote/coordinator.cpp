@@ -144,7 +144,8 @@ public:
                 return lose(m_label + ": " + (m_problem.empty() ? "its task ended (" + m_state + ")" : m_problem),
                             m_hint.empty() ? "see that worker's log" : m_hint);
             if (cancelled) return makeError(ErrorCode::Cancelled, "stopped");
-            m_cv.wait_for(lock, std::chrono::milliseconds(500));
+            if (m_cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return m_results.count(seq) || !m_problem.empty() || m_ended; }))
+                continue;
             // Still there? A machine that vanished closes no stream.
             lock.unlock();
             const auto pulse = m_client.heartbeat(std::chrono::seconds(1));
