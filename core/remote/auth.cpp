@@ -244,4 +244,15 @@ Result<std::shared_ptr<grpc::ChannelCredentials>> channelCredentials(const TlsFi
     return grpc::SslCredentials(opts);
 }
 
+grpc::ChannelArguments channelArguments(int maxReceiveBytes, std::chrono::milliseconds maxBackoff)
+{
+    grpc::ChannelArguments args;
+    args.SetMaxReceiveMessageSize(maxReceiveBytes);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, static_cast<int>(maxBackoff.count()));
+    // Despite its name, the shortest time a connect attempt is given (gRPC's default is 20 s).
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 10000);
+    return args;
+}
+
 } // namespace ts::remote

@@ -5,6 +5,7 @@
 // time and refuse (and log) calls without it. TLS, when configured, protects it on the wire.
 // Contract: free functions, thread-safe; loadToken returns errors naming the file or variable.
 
+#include <chrono>
 #include <memory>
 #include <optional>
 #include <string>
@@ -59,5 +60,11 @@ struct TlsFiles {
 };
 Result<std::shared_ptr<grpc::ServerCredentials>> serverCredentials(const TlsFiles& tls);
 Result<std::shared_ptr<grpc::ChannelCredentials>> channelCredentials(const TlsFiles& tls);
+
+// Arguments for every channel between our processes: replies up to maxReceiveBytes, and a peer
+// that was down (not started yet, restarted, dropped) is tried again within maxBackoff instead of
+// gRPC's default of up to two minutes, during which every call fails at once with the last
+// connect error. A connect attempt itself may take 10 s (a TLS handshake over a slow link).
+grpc::ChannelArguments channelArguments(int maxReceiveBytes, std::chrono::milliseconds maxBackoff = std::chrono::milliseconds(1000));
 
 } // namespace ts::remote

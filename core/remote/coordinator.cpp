@@ -266,16 +266,19 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
     std::vector<std::thread> threads;
     for (std::size_t i = 0; i < all.size(); ++i)
         threads.emplace_back([&, i] {
-            const Task& t = *all[i];
+            Task& t = *all[i];
             TaskProbe& p = probes[i];
             p.id = t.id;
             p.address = t.address;
             p.label = t.label;
             // gRPC's catch-all "failed to connect to all addresses" (ours: "cannot connect to")
-            // has come back, on a loaded machine, from a daemon that was already listening, once
-            // for a whole 3 s probe ("No such file or directory"): ask again until connectPatience
-            // rather than fail a run on it. A refused connection or an unknown host is a definite
-            // answer and is reported at once.
+            // has come back, on a loaded machine, from a daemon that was already listening, for
+            // 10 s of retries ("No such file or directory": gRPC 1.51 reads connect()'s errno
+            // after other calls, grpc/grpc#35064, so a connect in progress can be taken for a
+            // failure). Ask again on a fresh channel (the old one may wait out a reconnect
+            // backoff, failing every call with the old error) until connectPatience rather than
+            // fail a run on it. A refused connection or an unknown host is a definite answer and
+            // is reported at once.
             const auto deadline = std::chrono::steady_clock::now() + std::max(timeout, connectPatience);
             auto who = t.client->identify(timeout);
             for (;;) {
@@ -285,6 +288,8 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
                 const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
                 if (left < std::chrono::milliseconds(300)) break;
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
+                if (auto fresh = WorkerClient::connect(t.label, t.address, m_options.token, m_options.tls); fresh.ok())
+                    t.client = std::move(fresh).value();
                 who = t.client->identify(std::min(timeout, left - std::chrono::milliseconds(200)));
             }
             if (!who.ok()) {

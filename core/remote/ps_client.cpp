@@ -290,8 +290,7 @@ Result<std::shared_ptr<RemoteParameterStore>> RemoteParameterStore::connect(cons
         auto lane = std::make_unique<Lane>();
         lane->address = options.spec.addresses("ps")[static_cast<std::size_t>(i)];
         lane->label = "ps:" + std::to_string(i) + " at " + lane->address;
-        grpc::ChannelArguments args;
-        args.SetMaxReceiveMessageSize(options.maxMessageBytes);
+        grpc::ChannelArguments args = channelArguments(options.maxMessageBytes);
         // A channel per ps and per store: the pushes of one worker never queue behind another's.
         args.SetInt("grpc.use_local_subchannel_pool", 1);
         lane->stub = ParameterServer::NewStub(grpc::CreateCustomChannel(lane->address, creds, args));

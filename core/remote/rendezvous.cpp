@@ -242,13 +242,8 @@ Result<std::unique_ptr<RendezvousClient>> RendezvousClient::connect(const std::s
     impl->address = address;
     impl->token = token;
     impl->tls = !tls.rootCa.empty();
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(2 << 20);
-    // Retry a coordinator that is not up yet every few hundred ms, not gRPC's default of up to
-    // two minutes between attempts.
-    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 500);
+    // A coordinator that is not up yet is tried again every few hundred ms.
+    grpc::ChannelArguments args = channelArguments(2 << 20, std::chrono::milliseconds(500));
     impl->stub = Rendezvous::NewStub(grpc::CreateCustomChannel(address, creds, args));
     return std::unique_ptr<RendezvousClient>(new RendezvousClient(std::move(impl)));
 }

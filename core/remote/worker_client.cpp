@@ -80,8 +80,7 @@ Result<std::unique_ptr<WorkerClient>> WorkerClient::connect(const std::string& l
     impl->address = address;
     impl->token = token;
     impl->tls = !tls.rootCa.empty();
-    grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(4 << 20);
+    grpc::ChannelArguments args = channelArguments(4 << 20);
     impl->stub = Worker::NewStub(grpc::CreateCustomChannel(address, creds, args));
     return std::unique_ptr<WorkerClient>(new WorkerClient(std::move(impl)));
 }
