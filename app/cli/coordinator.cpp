@@ -55,6 +55,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
                      "note: %s: the evaluator task is not started: in a multi-worker-mirrored run the chief validates each epoch "
                      "(evaluator tasks serve parameter-server runs)\n",
                      o.cluster.c_str());
+    else if (!spec->addresses("evaluator").empty() && !cfg.validate && !o.quiet)
+        std::fprintf(stderr, "note: %s: the evaluator task is not started: the run does not validate\n", o.cluster.c_str());
     if (!cfg.modelFile.empty()) {
         auto m = ts::loadModelFile(cfg.modelFile);
         if (!m.ok()) {
@@ -129,7 +131,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
                                   ? recording->runId()
                                   : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
     const std::string where = ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)" +
-                                       (c.spec().count("evaluator") > 0 ? " (evaluator:0 evaluates)" : "")
+                                       (c.spec().count("evaluator") > 0 && cfg.validate ? " (evaluator:0 evaluates)" : "")
                                  : std::to_string(c.numTasks()) + " worker(s)";
     if (!o.quiet && !o.json) std::printf("Starting run %s on %s\n", runId.c_str(), where.c_str());
     std::fflush(stdout);

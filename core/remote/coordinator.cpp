@@ -125,7 +125,23 @@ public:
             m_lost = true;
             return makeError(ErrorCode::IoError, std::move(why), std::move(hint));
         };
-        if (Status st = m_client.requestEvaluation(m_taskRun, epoch, seq); !st.ok()) return lose(st.error().message, st.error().hint);
+        // A task that failed (no test split on its machine, say) is named by its own error.
+        auto ended = [&]() -> std::optional<Result<EvalResult>> {
+            if (m_problem.empty() && !m_ended) return std::nullopt;
+            // A broken stream's error names the evaluator already; its task's own error does not.
+            const bool named = m_problem.rfind(m_label, 0) == 0;
+            return lose(named ? m_problem : m_label + ": " + (m_problem.empty() ? "its task ended (" + m_state + ")" : m_problem),
+                        m_hint.empty() ? "see that worker's log" : m_hint);
+        };
+        {
+            std::lock_guard lock(m_mutex);
+            if (auto e = ended()) return *e;
+        }
+        if (Status st = m_client.requestEvaluation(m_taskRun, epoch, seq); !st.ok()) {
+            std::lock_guard lock(m_mutex);  // its stream may have said why meanwhile
+            if (auto e = ended()) return *e;
+            return lose(st.error().message, st.error().hint);
+        }
         auto lastAnswer = std::chrono::steady_clock::now();
         std::unique_lock lock(m_mutex);
         for (;;) {
@@ -140,9 +156,7 @@ public:
                 v.examples = r.value("examples", int64_t{0});
                 return v;
             }
-            if (!m_problem.empty() || m_ended)
-                return lose(m_label + ": " + (m_problem.empty() ? "its task ended (" + m_state + ")" : m_problem),
-                            m_hint.empty() ? "see that worker's log" : m_hint);
+            if (auto e = ended()) return *e;
             if (cancelled) return makeError(ErrorCode::Cancelled, "stopped");
             if (m_cv.wait_for(lock, std::chrono::milliseconds(500), [&] { return m_results.count(seq) || !m_problem.empty() || m_ended; }))
                 continue;
@@ -158,12 +172,17 @@ public:
         }
     }
 
-    // Stops the task (`reason` as Cancel's) and waits a moment for its end; its "final" fields.
+    // Stops the task (`reason` as Cancel's) and waits a moment for its end (not for a lost
+    // one's); its "final" fields.
     nlohmann::json stop(const std::string& reason)
     {
+        {
+            std::lock_guard lock(m_mutex);
+            if (m_ended) return m_final;
+        }
         (void)m_client.cancel(m_taskRun, reason);
         std::unique_lock lock(m_mutex);
-        m_cv.wait_for(lock, std::chrono::seconds(5), [&] { return m_ended; });
+        if (!m_lost) m_cv.wait_for(lock, std::chrono::seconds(5), [&] { return m_ended; });
         return m_final;
     }
 
@@ -266,7 +285,7 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
     std::vector<std::thread> threads;
     for (std::size_t i = 0; i < all.size(); ++i)
         threads.emplace_back([&, i] {
-            Task& t = *all[i];
+            const Task& t = *all[i];
             TaskProbe& p = probes[i];
             p.id = t.id;
             p.address = t.address;
@@ -275,12 +294,14 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
             // has come back, on a loaded machine, from a daemon that was already listening, for
             // 10 s of retries ("No such file or directory": gRPC 1.51 reads connect()'s errno
             // after other calls, grpc/grpc#35064, so a connect in progress can be taken for a
-            // failure). Ask again on a fresh channel (the old one may wait out a reconnect
-            // backoff, failing every call with the old error) until connectPatience rather than
-            // fail a run on it. A refused connection or an unknown host is a definite answer and
-            // is reported at once.
+            // failure). Ask again on a connection of the probe's own (the shared one may wait out
+            // a reconnect backoff, failing every call with the old error) until connectPatience
+            // rather than fail a run on it. A refused connection or an unknown host is a definite
+            // answer and is reported at once. The task's own client is left alone: another
+            // thread may use it (captureTrace).
             const auto deadline = std::chrono::steady_clock::now() + std::max(timeout, connectPatience);
             auto who = t.client->identify(timeout);
+            std::unique_ptr<WorkerClient> own;
             for (;;) {
                 if (who.ok() || who.error().code != ErrorCode::IoError ||
                     who.error().message.find("cannot connect to") == std::string::npos)
@@ -288,9 +309,10 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
                 const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
                 if (left < std::chrono::milliseconds(300)) break;
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
-                if (auto fresh = WorkerClient::connect(t.label, t.address, m_options.token, m_options.tls); fresh.ok())
-                    t.client = std::move(fresh).value();
-                who = t.client->identify(std::min(timeout, left - std::chrono::milliseconds(200)));
+                if (!own)
+                    if (auto fresh = WorkerClient::connect(t.label, t.address, m_options.token, m_options.tls, /*ownConnection=*/true); fresh.ok())
+                        own = std::move(fresh).value();
+                who = (own ? own : t.client)->identify(std::min(timeout, left - std::chrono::milliseconds(200)));
             }
             if (!who.ok()) {
                 p.problem = who.error().message;
@@ -318,8 +340,14 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
 
 Status Coordinator::preflight(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience)
 {
+    return checkTasks(timeout, connectPatience, false);
+}
+
+Status Coordinator::checkTasks(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience, bool evaluatorOptional)
+{
     for (const auto& p : probe(timeout, connectPatience))
-        if (!p.ok) return makeError(ErrorCode::InvalidArgument, "pre-flight: " + p.problem, p.hint);
+        if (!p.ok && !(evaluatorOptional && p.id.type == "evaluator"))
+            return makeError(ErrorCode::InvalidArgument, "pre-flight: " + p.problem, p.hint);
     return {};
 }
 
@@ -398,10 +426,10 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
         ++m_restarts;
         const auto deadline = std::chrono::steady_clock::now() + m_options.restartWait;
         // Asked again and again anyway: each round is short.
-        Status ready = preflight(1s, 1s);
+        Status ready = checkTasks(1s, 1s, true);
         while (!ready.ok() && !m_cancel && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(250ms);
-            ready = preflight(1s, 1s);
+            ready = checkTasks(1s, 1s, true);
         }
         if (m_cancel) ready = makeError(ErrorCode::Cancelled, "the run was cancelled while waiting to restart");
         if (!ready.ok()) {
@@ -442,13 +470,27 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // The task whose metrics are the run's: the chief (rank 0), or worker 0 after the ps tasks.
     std::size_t primary = 0;
     while (primary < m_tasks.size() && m_tasks[primary]->ps) ++primary;
+    // The cluster's evaluator, if the run validates. It is not needed to train: one that cannot
+    // be reserved or started is named in a warning, and the coordinator evaluates.
+    Task* evaluatorTask = psRun && cfg.validate ? m_evaluator.get() : nullptr;
+    auto attemptTasks = [&] {
+        std::vector<Task*> all;
+        for (const auto& t : m_tasks) all.push_back(t.get());
+        if (evaluatorTask) all.push_back(evaluatorTask);
+        return all;
+    };
+    auto evaluatorUnavailable = [&](const Error& why, int64_t epoch) {
+        bus.publish(tm::Event(tm::LogEvent{stamp(m_evaluator->id.toString(), "", 0), tm::LogLevel::Warning,
+                                           why.message + "; the coordinator evaluates the run" + (epoch > 0 ? " from now on" : "")}));
+        m_summary["evaluator_lost"] = {{"task", m_evaluator->id.toString()}, {"epoch", epoch}, {"why", why.message}};
+    };
     std::unique_ptr<PsEvaluator> evaluator;
     if (psRun) {
         PsEvaluatorOptions eo;
         eo.runId = taskRun;
         eo.token = m_options.token;
         eo.tls = m_options.tls;
-        eo.loadValidation = !m_evaluator;  // read only if the evaluator task is lost
+        eo.loadValidation = !evaluatorTask;  // else read only if the evaluator task is lost
         auto ev = PsEvaluator::create(cfg, m_options.spec, eo);
         if (!ev.ok()) {
             bus.publish(tm::Event(tm::ErrorEvent{stamp("coordinator", "", 0), ev.error().message, ev.error().hint, "coordinator"}));
@@ -510,11 +552,16 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // its workers and the other is refused at the first shared one, instead of each holding a
     // worker the other needs and both failing. A refusal releases what was reserved.
     {
-        std::vector<Task*> order = everyTask();
+        std::vector<Task*> order = attemptTasks();
         std::sort(order.begin(), order.end(), [&](const Task* a, const Task* b) { return a->address < b->address; });
         for (std::size_t k = 0; k < order.size(); ++k) {
             Task& t = *order[k];
             if (Status st = t.client->reserve(taskRun, m_who, 30); !st.ok()) {
+                if (&t == evaluatorTask) {
+                    evaluatorUnavailable(st.error(), 0);
+                    evaluatorTask = nullptr;
+                    continue;
+                }
                 for (std::size_t j = 0; j < k; ++j) (void)order[j]->client->cancel(taskRun, "failed");
                 bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
                 return finish(Result<FitResult>(st.error()), 0);
@@ -538,21 +585,27 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         for (auto& s : senders) s.join();
         for (std::size_t i = 0; i < m_tasks.size(); ++i) {
             if (sent[i].ok()) continue;
-            for (Task* other : everyTask()) (void)other->client->cancel(taskRun, "failed");
+            for (Task* other : attemptTasks()) (void)other->client->cancel(taskRun, "failed");
             Error e = sent[i].takeError();
             bus.publish(tm::Event(tm::ErrorEvent{stamp(m_tasks[i]->id.toString(), "", 0), e.message, e.hint, m_tasks[i]->label}));
             return finish(Result<FitResult>(e), 0);
         }
     }
     // The evaluator last: it pulls from the ps tasks only when asked.
-    for (Task* task : everyTask()) {
+    for (Task* task : attemptTasks()) {
         Task& t = *task;
-        start.initialWeightsSent = !m_initialWeights.empty() && !t.ps && &t != m_evaluator.get();
+        start.initialWeightsSent = !m_initialWeights.empty() && !t.ps && &t != evaluatorTask;
         start.initialWeightsName = start.initialWeightsSent ? m_initialWeightsName : std::string();
         auto tf = m_options.spec.tfConfigFor(t.id);
         Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, start) : Status(tf.error());
+        if (!st.ok() && &t == evaluatorTask) {
+            (void)t.client->cancel(taskRun, "failed");  // its reservation
+            evaluatorUnavailable(st.error(), 0);
+            evaluatorTask = nullptr;
+            continue;
+        }
         if (!st.ok()) {
-            for (Task* other : everyTask()) (void)other->client->cancel(taskRun, "failed");
+            for (Task* other : attemptTasks()) (void)other->client->cancel(taskRun, "failed");
             bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
             return finish(Result<FitResult>(st.error()), 0);
         }
@@ -563,7 +616,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         m_taskRun = taskRun;
     }
     std::unique_ptr<EvaluatorLink> remoteEvaluator;
-    if (m_evaluator) remoteEvaluator = std::make_unique<EvaluatorLink>(*m_evaluator->client, m_evaluator->label, taskRun, m_options.heartbeatTimeout);
+    if (evaluatorTask) remoteEvaluator = std::make_unique<EvaluatorLink>(*evaluatorTask->client, evaluatorTask->label, taskRun, m_options.heartbeatTimeout);
     bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Running, {}}));
 
     // Task i's events, into the inbox until its stream ends (a rejoined worker's new task gets
@@ -647,23 +700,28 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // Worker 0's epoch, with the ps tasks' weights evaluated on the test split now: by the
     // evaluator task while it is there, else here.
     std::string evaluatedBy = "coordinator";
+    bool validationLost = false;  // the evaluator was lost and this machine cannot read the test split
     auto evaluatedEpoch = [&](tm::EpochMetricsEvent& m) {
-        if (!evaluator || !cfg.validate) return;
+        if (!evaluator || !cfg.validate || failure || validationLost) return;
         Result<EvalResult> v = makeError(ErrorCode::Internal, "not evaluated");
         if (remoteEvaluator && !remoteEvaluator->lost()) {
             v = remoteEvaluator->evaluate(m.epoch, m_cancel);
             if (!v.ok() && m_cancel) return;
-            if (!v.ok()) {
-                bus.publish(tm::Event(tm::LogEvent{stamp(m_evaluator->id.toString(), "", m.stamp.step), tm::LogLevel::Warning,
-                                                   v.error().message + "; the coordinator evaluates the run from now on"}));
-                m_summary["evaluator_lost"] = {{"task", m_evaluator->id.toString()}, {"epoch", m.epoch}, {"why", v.error().message}};
-            }
+            if (!v.ok()) evaluatorUnavailable(v.error(), m.epoch);
             evaluatedBy = m_evaluator->id.toString();
         }
         if (!v.ok()) {
             evaluatedBy = "coordinator";
-            Status loaded = evaluator->loadValidation();
-            v = loaded.ok() ? evaluator->evaluate() : Result<EvalResult>(loaded.error());
+            if (Status loaded = evaluator->loadValidation(); !loaded.ok()) {
+                // Training does not need it: the run goes on without validation rather than
+                // fail on the evaluator's account.
+                validationLost = true;
+                bus.publish(tm::Event(tm::LogEvent{stamp("coordinator", "", m.stamp.step), tm::LogLevel::Warning,
+                                                   "the coordinator cannot evaluate either (" + loaded.error().message +
+                                                       "): the run goes on without validation"}));
+                return;
+            }
+            v = evaluator->evaluate();
         }
         if (!v.ok()) {
             if (!failure && !m_cancel) failure = v.takeError();
@@ -964,10 +1022,15 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             tm::EpochMetricsEvent m = *lastEpoch;
             m.stamp = stamp(m_tasks[primary]->id.toString(), "", fit.steps);
             evaluatedEpoch(m);
-            if (!failure) {
+            if (!failure && !validationLost) {
                 m_summary["evaluation"] = {{"val_loss", fit.last.valLoss}, {"val_accuracy", fit.last.valAccuracy}, {"by", evaluatedBy}};
                 bus.publish(tm::Event(std::move(m)));
             }
+        }
+        if (validationLost) {
+            // An earlier epoch's test accuracy is not the final weights'.
+            fit.last.valLoss = std::numeric_limits<double>::quiet_NaN();
+            fit.last.valAccuracy = std::numeric_limits<double>::quiet_NaN();
         }
         const std::string reason = failure ? "failed" : m_cancel ? "" : "done";
         if (remoteEvaluator) {

@@ -72,7 +72,7 @@ WorkerClient::~WorkerClient() = default;
 const std::string& WorkerClient::label() const { return m_impl->label; }
 
 Result<std::unique_ptr<WorkerClient>> WorkerClient::connect(const std::string& label, const std::string& address,
-                                                          const std::string& token, const TlsFiles& tls)
+                                                          const std::string& token, const TlsFiles& tls, bool ownConnection)
 {
     TS_ASSIGN(auto creds, channelCredentials(tls));
     auto impl = std::make_unique<Impl>();
@@ -81,6 +81,7 @@ Result<std::unique_ptr<WorkerClient>> WorkerClient::connect(const std::string& l
     impl->token = token;
     impl->tls = !tls.rootCa.empty();
     grpc::ChannelArguments args = channelArguments(4 << 20);
+    if (ownConnection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     impl->stub = Worker::NewStub(grpc::CreateCustomChannel(address, creds, args));
     return std::unique_ptr<WorkerClient>(new WorkerClient(std::move(impl)));
 }

@@ -61,8 +61,10 @@ struct StartTaskOptions {
 
 class WorkerClient {
 public:
+    // ownConnection: a connection of its own, not shared with other channels to the same
+    // address in this process (gRPC shares them, with their reconnect backoff).
     static Result<std::unique_ptr<WorkerClient>> connect(const std::string& label, const std::string& address,
-                                                       const std::string& token, const TlsFiles& tls = {});
+                                                       const std::string& token, const TlsFiles& tls = {}, bool ownConnection = false);
     ~WorkerClient();
     const std::string& label() const;
 

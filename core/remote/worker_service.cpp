@@ -974,6 +974,14 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
     // gRPC turns SO_REUSEPORT on by default: a second server on a taken port then "listens" too
     // and the kernel splits connections between the two at random.
     builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+    // A coordinator whose machine vanished or was cut off closes no socket: without pings its
+    // event stream would wait out TCP's retransmissions (many minutes) while the task trains for
+    // nobody. An open stream is pinged after 10 s without traffic from the coordinator, and a
+    // ping unanswered for 5 s ends the stream (the task is then cancelled, as when its
+    // coordinator leaves).
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+    builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+    builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
     builder.AddListeningPort(options.listen, creds, &impl->port);
     builder.RegisterService(impl->worker.get());
     builder.RegisterService(impl->rendezvous.get());

@@ -10,6 +10,11 @@
 # --allow-remote). The coordinator runs `CLI train --cluster OUTDIR/cluster.json TRAIN-ARGS`.
 # Writes OUTDIR/cluster.json, coordinator.out (stdout), coordinator.err, coordinator.rc and
 # <role><index>.log for each daemon.
+# With TS_CUT_AFTER=TEXT: once the coordinator's stdout holds TEXT, its address goes away (packets
+# to and from it vanish, nobody sends a reset, as when its machine is cut off) while the daemons
+# still reach each other; then each daemon has 60 s to end its task (its log says the run was
+# cancelled or failed: a worker whose ps task went first fails), and OUTDIR/<name>.noticed holds
+# the seconds it took (or "never").
 set -u
 daemon=$1 cli=$2 out=$3
 shift 3
@@ -55,8 +60,38 @@ for f in "$out"/*.log; do
     for _ in $(seq 400); do [ -s "$port" ] && break; sleep 0.05; done
     [ -s "$port" ] || { echo "no port file $port"; cat "$f"; exit 93; }
 done
-"$cli" train --cluster "$out/cluster.json" "$@" >"$out/coordinator.out" 2>"$out/coordinator.err"
-echo $? >"$out/coordinator.rc"
+if [ -z "${TS_CUT_AFTER:-}" ]; then
+    "$cli" train --cluster "$out/cluster.json" "$@" >"$out/coordinator.out" 2>"$out/coordinator.err"
+    echo $? >"$out/coordinator.rc"
+else
+    "$cli" train --cluster "$out/cluster.json" "$@" >"$out/coordinator.out" 2>"$out/coordinator.err" &
+    coordinator=$!
+    for _ in $(seq 1200); do
+        grep -qF "$TS_CUT_AFTER" "$out/coordinator.out" && break
+        kill -0 "$coordinator" 2>/dev/null || break
+        sleep 0.05
+    done
+    cut=$(date +%s.%N)
+    ip addr del 10.77.0.1/24 dev ts-br
+    for f in "$out"/*.log; do echo never >"${f%.log}.noticed"; done
+    for _ in $(seq 600); do
+        pending=0
+        for f in "$out"/*.log; do
+            noticed="${f%.log}.noticed"
+            if [ "$(cat "$noticed")" = never ]; then
+                if grep -qE "run [^ ]+ (cancelled|failed)" "$f"; then
+                    awk "BEGIN { print $(date +%s.%N) - $cut }" >"$noticed"
+                else
+                    pending=1
+                fi
+            fi
+        done
+        [ $pending = 0 ] && break
+        sleep 0.1
+    done
+    wait "$coordinator"
+    echo $? >"$out/coordinator.rc"
+fi
 kill "${daemons[@]}" 2>/dev/null
 wait "${daemons[@]}" 2>/dev/null
 kill "${holders[@]}" 2>/dev/null

@@ -181,6 +181,7 @@ private slots:
     void evaluatorTask_data();
     void evaluatorTask();
     void separateNetworkNamespaces();
+    void cutOffCoordinatorStopsTheTasks();
 
 private:
     void trainEndToEnd(int ps, const QStringList& extra, const QStringList& psExtra = {});
@@ -579,6 +580,31 @@ void TestParameterServer::separateNetworkNamespaces()
     const QString psLog = QString::fromUtf8(ps.readAll());
     QVERIFY2(psLog.contains("starting ps:0 of run") && psLog.contains("for ipv4:10.77.0.1:"), qPrintable(psLog));
     QVERIFY2(psLog.contains("by ipv4:10.77.0.3:"), qPrintable(psLog));
+}
+
+// The coordinator's machine cut off mid-run (its address gone: no reset, no closed socket) while
+// the daemons still reach each other: every task notices that nobody follows it any more (its
+// event stream's pings or data go unanswered) and is cancelled, the idle evaluator too, instead
+// of training for nobody until TCP gives up many minutes later. (A worker may fail first when its
+// ps task was cancelled before it noticed: stopped either way.)
+void TestParameterServer::cutOffCoordinatorStopsTheTasks()
+{
+    QTemporaryDir dir;
+    const auto r = tstest::runInNetworkNamespaces(dir.path(), {"ps", "worker", "worker", "evaluator"},
+                                                  trainArgs("", 1000).mid(3) + QStringList{"--limit", "6400", "--no-record", "--json"}, kToken,
+                                                  "\"epoch\":1");
+    if (!r.available) QSKIP("no unprivileged user and network namespaces with bridges and veth links here (unshare -rn, iproute2)");
+    QVERIFY2(r.rc == 1, qPrintable(r.logs));  // the coordinator lost every task
+    for (const char* name : {"ps0", "worker0", "worker1", "evaluator0"}) {
+        QFile f(dir.filePath(QString(name) + ".noticed"));
+        QVERIFY2(f.open(QIODevice::ReadOnly), qPrintable(r.logs));
+        const QString secs = QString::fromUtf8(f.readAll()).trimmed();
+        qInfo("%s ended its task %s s after its coordinator was cut off", name, qPrintable(secs));
+        // Pinged after 10 s without traffic, 5 s to answer; the poll adds a moment.
+        QFile log(dir.filePath(QString(name) + ".log"));
+        QVERIFY(log.open(QIODevice::ReadOnly));
+        QVERIFY2(secs != "never" && secs.toDouble() < 25.0, qPrintable(QString(name) + ": " + secs + "\n" + QString::fromUtf8(log.readAll())));
+    }
 }
 
 void TestParameterServer::trainsWithOnePs()

@@ -86,6 +86,8 @@ inline QJsonArray recordedRuns(const QString& db)
 // a bridge (netns_cluster.sh): `roles` in cluster order ("ps", "worker", "evaluator"), then
 // `CLI train --cluster ... trainArgs`, the token being `token`. available: false where
 // unprivileged user and network namespaces (or iproute2's bridges and veth links) are not.
+// cutAfter: once the coordinator prints it, its address goes away (netns_cluster.sh's
+// TS_CUT_AFTER) and each daemon's "<name>.noticed" file says how many seconds it took to notice.
 struct NetnsCluster {
     bool available = false;
     int rc = -1;                 // the coordinator's exit code
@@ -93,7 +95,8 @@ struct NetnsCluster {
     QString dir;                 // where the script wrote its files (cluster.json, <name>.log)
 };
 
-inline NetnsCluster runInNetworkNamespaces(const QString& dir, const QStringList& roles, const QStringList& trainArgs, const std::string& token)
+inline NetnsCluster runInNetworkNamespaces(const QString& dir, const QStringList& roles, const QStringList& trainArgs, const std::string& token,
+                                           const QString& cutAfter = {})
 {
     NetnsCluster r;
     r.dir = dir;
@@ -106,6 +109,7 @@ inline NetnsCluster runInNetworkNamespaces(const QString& dir, const QStringList
     env.insert("TRAINSTUDIO_TOKEN", QString::fromStdString(token));
     env.insert("OMP_NUM_THREADS", "1");
     env.remove("TF_CONFIG");
+    if (!cutAfter.isEmpty()) env.insert("TS_CUT_AFTER", cutAfter);
     p.setProcessEnvironment(env);
     p.setProcessChannelMode(QProcess::MergedChannels);
     p.start("unshare", QStringList{"-rn", "bash", QStringLiteral(TS_FIXTURES_DIR "/../distributed/netns_cluster.sh"), QStringLiteral(TS_WORKER_PATH),
