@@ -32,6 +32,7 @@
 #include "data/dataset.h"
 #include "io/safetensors.h"
 #include "mainwindow.h"
+#include "remote/worker_client.h"
 #include "session/trainingsession.h"
 #include "setup/runsetuppanel.h"
 #include "store/run_store.h"
@@ -407,15 +408,18 @@ void TestRemoteUi::trainsWithParameterServerFromTheGui()
 {
     if (!QFileInfo(QString::fromStdString(defaultFashionMnistDir())).isDir())
         QSKIP("Fashion-MNIST is not installed (dataset-fashion-mnist)");
-    // One ps task and two workers, each its own trainstudio-worker process.
+    // One ps task, two workers and an evaluator, each its own trainstudio-worker process.
     auto ps = spawnWorker(m_dir.path(), "ps0");
     auto w0 = spawnWorker(m_dir.path(), "w0");
     auto w1 = spawnWorker(m_dir.path(), "w1");
-    QVERIFY(ps->port > 0 && w0->port > 0 && w1->port > 0);
-    const QString tfConfig = QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"]}})")
-                                 .arg(w0->port)
-                                 .arg(w1->port)
-                                 .arg(ps->port);
+    auto ev = spawnWorker(m_dir.path(), "ev0");
+    QVERIFY(ps->port > 0 && w0->port > 0 && w1->port > 0 && ev->port > 0);
+    const QString tfConfig =
+        QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"], "evaluator": ["127.0.0.1:%4"]}})")
+            .arg(w0->port)
+            .arg(w1->port)
+            .arg(ps->port)
+            .arg(ev->port);
     auto w = remoteWindow(1, 4096, tfConfig, "parameter-server");
     TrainPage* page = w->trainPage();
     RunSetupPanel* setup = page->setup();
@@ -449,6 +453,15 @@ void TestRemoteUi::trainsWithParameterServerFromTheGui()
     QVERIFY(metrics.ok());
     QVERIFY2(std::find(metrics->begin(), metrics->end(), "staleness") != metrics->end(), "no staleness metric");
     QVERIFY(hasFinalWeights(*store, id, -1));  // pulled from the ps task
+    // The evaluator task evaluated the epoch and was stopped with the run ("completed"), and the
+    // run's epoch has its test accuracy.
+    auto epochs = store->epochMetrics(id);
+    QVERIFY(epochs.ok() && !epochs->empty());
+    QVERIFY(epochs->back().metrics.count("val_accuracy"));
+    auto evaluator = remote::WorkerClient::connect("evaluator:0", "127.0.0.1:" + std::to_string(ev->port), kToken);
+    QVERIFY(evaluator.ok());
+    auto pulse = (*evaluator)->heartbeat(std::chrono::seconds(5));
+    QVERIFY2(pulse.ok() && pulse->state == "completed", pulse.ok() ? pulse->state.c_str() : pulse.error().message.c_str());
 }
 
 QTEST_MAIN(TestRemoteUi)
