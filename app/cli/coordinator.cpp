@@ -99,6 +99,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     copts.name = "trainstudio-cli";
     copts.trace = !o.trace.empty();
     copts.traceLayers = o.traceLayers;
+    copts.useEvaluator = cfg.validate;
     auto coordinator = ts::remote::Coordinator::create(std::move(copts), strategy);
     if (!coordinator.ok()) {
         printError(coordinator.error());

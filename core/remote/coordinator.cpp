@@ -253,7 +253,7 @@ Result<std::unique_ptr<Coordinator>> Coordinator::create(CoordinatorOptions opti
     }
     // TF's side-car evaluator reads a parameter-server run's weights; a multi-worker-mirrored
     // run's chief validates itself (the CLI says its evaluator is not started).
-    if (ps && c->m_options.spec.count("evaluator") > 0) ids.push_back({"evaluator", 0});
+    if (ps && c->m_options.useEvaluator && c->m_options.spec.count("evaluator") > 0) ids.push_back({"evaluator", 0});
     for (const auto& id : ids) {
         auto t = std::make_unique<Task>();
         t->id = id;

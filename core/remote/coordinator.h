@@ -57,6 +57,9 @@ struct CoordinatorOptions {
     // Every training task traces every step (traceLayers: a span per layer too); ps tasks
     // publish a span per update applied and pull served. The spans arrive on run()'s bus.
     bool trace = false, traceLayers = false;
+    // parameter-server: contact the cluster's evaluator task (false: a run that does not
+    // validate, which has nothing for it to do; it is then neither probed nor started).
+    bool useEvaluator = true;
     // Who coordinates, as a busy worker names it to other coordinators ("trainstudio-cli"); the
     // host and pid are added.
     std::string name = "a TrainStudio coordinator";

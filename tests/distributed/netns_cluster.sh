@@ -36,10 +36,11 @@ for role in "${roles[@]}"; do
     unshare -n sleep 600 &
     holder=$!
     holders+=("$holder")
-    for _ in $(seq 100); do
+    for _ in $(seq 200); do
         [ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] && break
         sleep 0.05
     done
+    [ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] || { echo "no network namespace for $name"; exit 95; }
     ip link add "ts-v$host" type veth peer name "ts-p$host" || exit 91
     ip link set "ts-p$host" netns "$holder" || exit 91
     ip link set "ts-v$host" master ts-br
@@ -59,6 +60,15 @@ for f in "$out"/*.log; do
     port="${f%.log}.port"
     for _ in $(seq 400); do [ -s "$port" ] && break; sleep 0.05; done
     [ -s "$port" ] || { echo "no port file $port"; cat "$f"; exit 93; }
+done
+# ... and is reachable from here over its link (a TCP connect from the coordinator's namespace):
+# a failure later is then the coordinator's, not the test network's.
+for ((h = 2; h < host; ++h)); do
+    for _ in $(seq 200); do
+        (exec 3<>"/dev/tcp/10.77.0.$h/7070") 2>/dev/null && break
+        sleep 0.05
+    done
+    (exec 3<>"/dev/tcp/10.77.0.$h/7070") 2>/dev/null || { echo "10.77.0.$h:7070 is not reachable"; ip addr; ip link; exit 94; }
 done
 if [ -z "${TS_CUT_AFTER:-}" ]; then
     "$cli" train --cluster "$out/cluster.json" "$@" >"$out/coordinator.out" 2>"$out/coordinator.err"

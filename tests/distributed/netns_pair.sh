@@ -14,10 +14,11 @@ ip link set lo up
 # The worker's namespace lives as long as this holder process.
 unshare -n sleep 600 &
 holder=$!
-for _ in $(seq 100); do
+for _ in $(seq 200); do
     [ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] && break
     sleep 0.05
 done
+[ "$(readlink /proc/$holder/ns/net)" != "$(readlink /proc/self/ns/net)" ] || { echo "no network namespace for the worker"; exit 95; }
 ip link add va type veth peer name vb || exit 90
 ip link set vb netns "$holder" || exit 91
 ip addr add 10.77.0.1/24 dev va

@@ -181,6 +181,7 @@ private slots:
     void evaluatorTask_data();
     void evaluatorTask();
     void separateNetworkNamespaces();
+    void evaluatorNotNeededWithoutValidation();
     void cutOffCoordinatorStopsTheTasks();
 
 private:
@@ -605,6 +606,34 @@ void TestParameterServer::cutOffCoordinatorStopsTheTasks()
         QVERIFY(log.open(QIODevice::ReadOnly));
         QVERIFY2(secs != "never" && secs.toDouble() < 25.0, qPrintable(QString(name) + ": " + secs + "\n" + QString::fromUtf8(log.readAll())));
     }
+}
+
+// A run that does not validate has nothing for an evaluator to do: it is neither probed nor
+// started (here nothing listens at its address), and the CLI says so.
+void TestParameterServer::evaluatorNotNeededWithoutValidation()
+{
+    QTemporaryDir dir;
+    Cluster c = startCluster(dir.path(), 2, 1);
+    QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0);
+    int unused = 0;
+    {
+        auto gone = spawnWorker(dir.path(), "gone");  // a port nobody listens at once it exits
+        unused = gone->port;
+    }
+    QVERIFY(unused > 0);
+    {
+        QFile f(c.file);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"], "evaluator": ["127.0.0.1:%4"]}})")
+                    .arg(c.workers[0]->port).arg(c.workers[1]->port).arg(c.ps[0]->port).arg(unused).toUtf8());
+    }
+    auto coord = startCoordinator(trainArgs(c.file, 1) + QStringList{"--limit", "3200", "--no-validation", "--no-record", "--json"});
+    QVERIFY(coord->waitForFinished(120000));
+    const QString out = QString::fromUtf8(coord->readAllStandardOutput()), err = QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
+    QVERIFY2(err.contains("the evaluator task is not started: the run does not validate"), qPrintable(err));
+    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false) && !j["tasks"].contains("evaluation"), qPrintable(out));
 }
 
 void TestParameterServer::trainsWithOnePs()

@@ -88,6 +88,7 @@ bool TrainingSession::start(const RunConfig& config, const QString& runName, QSt
         o.token = *remote::loadToken(remoteSettings.tokenFile.trimmed().toStdString());
         o.tls.rootCa = remoteSettings.tlsCa.trimmed().toStdString();
         o.name = "TrainStudio";
+        o.useEvaluator = config.validate;
         auto c = remote::Coordinator::create(std::move(o), config.strategy.kind);
         if (!c.ok()) return fail(QString::fromStdString(c.error().toString()));
         coordinator = std::move(c).value();
