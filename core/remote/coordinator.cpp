@@ -296,17 +296,23 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
             // after other calls, grpc/grpc#35064, so a connect in progress can be taken for a
             // failure). Ask again on a connection of the probe's own (the shared one may wait out
             // a reconnect backoff, failing every call with the old error) until connectPatience
-            // rather than fail a run on it. A refused connection or an unknown host is a definite
-            // answer and is reported at once. The task's own client is left alone: another
-            // thread may use it (captureTrace).
-            const auto deadline = std::chrono::steady_clock::now() + std::max(timeout, connectPatience);
+            // rather than fail a run on it. The same late errno can read as a refused connection
+            // (a full ctest saw one from a daemon listening on another network namespace's
+            // address): that is asked again within `timeout` only, so a daemon that is really
+            // down is still reported within it. An unknown host is a definite answer, reported
+            // at once. The task's own client is left alone: another thread may use it
+            // (captureTrace).
+            const auto start = std::chrono::steady_clock::now();
+            const auto deadline = start + std::max(timeout, connectPatience);
             auto who = t.client->identify(timeout);
             std::unique_ptr<WorkerClient> own;
             for (;;) {
-                if (who.ok() || who.error().code != ErrorCode::IoError ||
-                    who.error().message.find("cannot connect to") == std::string::npos)
-                    break;
-                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+                if (who.ok() || who.error().code != ErrorCode::IoError) break;
+                const bool catchAll = who.error().message.find("cannot connect to") != std::string::npos;
+                const bool refused = who.error().message.find("nothing listens at") != std::string::npos;
+                if (!catchAll && !(refused && std::chrono::steady_clock::now() < start + timeout - std::chrono::milliseconds(300))) break;
+                const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                    (catchAll ? deadline : start + timeout) - std::chrono::steady_clock::now());
                 if (left < std::chrono::milliseconds(300)) break;
                 std::this_thread::sleep_for(std::chrono::milliseconds(200));
                 if (!own)

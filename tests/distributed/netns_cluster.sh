@@ -64,10 +64,11 @@ done
 # ... and is reachable from here over its link (a TCP connect from the coordinator's namespace):
 # a failure later is then the coordinator's, not the test network's.
 for ((h = 2; h < host; ++h)); do
-    for _ in $(seq 200); do
+    for try in $(seq 200); do
         (exec 3<>"/dev/tcp/10.77.0.$h/7070") 2>/dev/null && break
         sleep 0.05
     done
+    echo "10.77.0.$h reachable at try $try" >>"$out/reach.txt"
     (exec 3<>"/dev/tcp/10.77.0.$h/7070") 2>/dev/null || { echo "10.77.0.$h:7070 is not reachable"; ip addr; ip link; exit 94; }
 done
 if [ -z "${TS_CUT_AFTER:-}" ]; then
