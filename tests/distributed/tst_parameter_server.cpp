@@ -127,6 +127,15 @@ QStringList trainArgs(const QString& cluster, int epochs)
             "--batch-size", "64", "--threads", "1"};
 }
 
+// A finished coordinator's --json summary (its last line; discarded JSON when it printed none),
+// with its stdout appended to `out` and its stderr in `err`.
+nlohmann::json finishedSummary(QProcess& coord, QString& out, QString& err)
+{
+    out += QString::fromUtf8(coord.readAllStandardOutput());
+    err = QString::fromUtf8(coord.readAllStandardError());
+    return nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
+}
+
 // The seed's MLP with the weights in `weights` scores `accuracy` on the whole test split here.
 void checkScoresLocally(const QString& weights, double accuracy)
 {
@@ -525,11 +534,9 @@ void TestParameterServer::evaluatorTask()
     const bool finished = coord->waitForFinished(120000);
     if (signal == SIGSTOP) ::kill(static_cast<pid_t>(ev->process->processId()), SIGCONT);  // so it can be shut down
     QVERIFY(finished);
-    out += QString::fromUtf8(coord->readAllStandardOutput());
-    const QString err = QString::fromUtf8(coord->readAllStandardError());
-    QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
-    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
-    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    QString err;
+    const auto j = finishedSummary(*coord, out, err);
+    QVERIFY2(coord->exitCode() == 0 && !j.is_discarded() && j.value("final", false), qPrintable(out + err));
     const auto& tasks = j["tasks"];
     // Every epoch was evaluated (by one or the other).
     int evaluated = 0;
@@ -1064,11 +1071,9 @@ void TestParameterServer::restartedRunResumesFromBackup()
     ps = tstest::spawnWorker(dir.path(), "ps0", kToken, {}, port);
     QCOMPARE(ps->port, port);
     QVERIFY(coord->waitForFinished(120000));
-    out += QString::fromUtf8(coord->readAllStandardOutput());
-    const QString err = QString::fromUtf8(coord->readAllStandardError());
-    QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
-    const auto final = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
-    QVERIFY2(!final.is_discarded() && final.value("final", false), qPrintable(out));
+    QString err;
+    const auto final = finishedSummary(*coord, out, err);
+    QVERIFY2(coord->exitCode() == 0 && !final.is_discarded() && final.value("final", false), qPrintable(out + err));
     qInfo("restarted parameter-server run: %s", final.dump().c_str());
     QCOMPARE(final["restarts"].get<int>(), 1);
     // ps:0 handed out all 300 steps (2 x 50 a pass, 3 epochs); the last attempt's workers
@@ -1141,11 +1146,9 @@ void TestParameterServer::slowWorkerTakesFewerSteps()
     QTest::qWait(1500);
     ::kill(pid, SIGCONT);
     QVERIFY(coord->waitForFinished(120000));
-    out += QString::fromUtf8(coord->readAllStandardOutput());
-    const QString err = QString::fromUtf8(coord->readAllStandardError());
-    QVERIFY2(coord->exitCode() == 0, qPrintable(out + err));
-    const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
-    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    QString err;
+    const auto j = finishedSummary(*coord, out, err);
+    QVERIFY2(coord->exitCode() == 0 && !j.is_discarded() && j.value("final", false), qPrintable(out + err));
     const auto& tasks = j["tasks"];
     QVERIFY2(!tasks.contains("lost"), qPrintable(out + err));
     QCOMPARE(tasks["ps:0"].value("steps_completed", int64_t{0}), int64_t(1200));
