@@ -269,11 +269,11 @@ Result<std::unique_ptr<Coordinator>> Coordinator::create(CoordinatorOptions opti
     return c;
 }
 
-std::vector<Coordinator::Task*> Coordinator::everyTask() const
+std::vector<Coordinator::Task*> Coordinator::tasksWith(Task* evaluator) const
 {
     std::vector<Task*> all;
     for (const auto& t : m_tasks) all.push_back(t.get());
-    if (m_evaluator) all.push_back(m_evaluator.get());
+    if (evaluator) all.push_back(evaluator);
     return all;
 }
 
@@ -479,12 +479,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // The cluster's evaluator, if the run validates. It is not needed to train: one that cannot
     // be reserved or started is named in a warning, and the coordinator evaluates.
     Task* evaluatorTask = psRun && cfg.validate ? m_evaluator.get() : nullptr;
-    auto attemptTasks = [&] {
-        std::vector<Task*> all;
-        for (const auto& t : m_tasks) all.push_back(t.get());
-        if (evaluatorTask) all.push_back(evaluatorTask);
-        return all;
-    };
+    auto attemptTasks = [&] { return tasksWith(evaluatorTask); };
     auto evaluatorUnavailable = [&](const Error& why, int64_t epoch) {
         bus.publish(tm::Event(tm::LogEvent{stamp(m_evaluator->id.toString(), "", 0), tm::LogLevel::Warning,
                                            why.message + "; the coordinator evaluates the run" + (epoch > 0 ? " from now on" : "")}));

@@ -153,7 +153,9 @@ private:
     std::string m_who;  // "trainstudio-cli on host (pid 12)": how busy workers name this coordinator
     std::vector<std::unique_ptr<Task>> m_tasks;   // parameter-server: the ps tasks first
     std::unique_ptr<Task> m_evaluator;            // parameter-server: the cluster's evaluator task, if any
-    std::vector<Task*> everyTask() const;         // m_tasks, then the evaluator
+    // m_tasks, then `evaluator` if not null (everyTask: the cluster's evaluator, if any).
+    std::vector<Task*> tasksWith(Task* evaluator) const;
+    std::vector<Task*> everyTask() const { return tasksWith(m_evaluator.get()); }
     nlohmann::json m_summary = nlohmann::json::object();
     nlohmann::json m_devices = nlohmann::json::array();
     std::vector<std::pair<std::string, Tensor>> m_finalWeights;

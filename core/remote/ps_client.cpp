@@ -292,7 +292,7 @@ Result<std::shared_ptr<RemoteParameterStore>> RemoteParameterStore::connect(cons
         lane->label = "ps:" + std::to_string(i) + " at " + lane->address;
         grpc::ChannelArguments args = channelArguments(options.maxMessageBytes);
         // A channel per ps and per store: the pushes of one worker never queue behind another's.
-        args.SetInt("grpc.use_local_subchannel_pool", 1);
+        args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
         lane->stub = ParameterServer::NewStub(grpc::CreateCustomChannel(lane->address, creds, args));
         impl->lanes.push_back(std::move(lane));
     }

@@ -574,6 +574,19 @@ private:
         logLine("run " + m_runId + " " + state + (message.empty() ? "" : ": " + message));
     }
 
+    // The end of a task that serves until it is stopped (a ps task, an evaluator): only the
+    // coordinator's "the run is over" is its completion; a failure elsewhere, the user's cancel
+    // or this daemon shutting down is not.
+    void finishServing()
+    {
+        std::string reason;
+        {
+            std::lock_guard lock(m_mutex);
+            reason = m_shutdown && !m_cancelRequested ? "shutdown" : m_cancelReason;
+        }
+        finish(reason == "done" ? "completed" : "cancelled", {});
+    }
+
     // A ps task: host this run's shard until the coordinator stops the task (Cancel), which is
     // how a ps task ends: it has no steps of its own.
     void runParameterServer(const RunConfig& cfg)
@@ -641,14 +654,7 @@ private:
                                 {"staleness_mean", st.version > 0 ? st.sumStaleness / static_cast<double>(st.version) : 0.0}};
         if (st.stepsCompleted >= 0) final["steps_completed"] = st.stepsCompleted;  // ps:0: the run's steps with an outcome
         publish("final", st.version, final);
-        // Only the coordinator's "the run is over" is a ps task's completion; a failure elsewhere,
-        // the user's cancel or this daemon shutting down is not.
-        std::string reason;
-        {
-            std::lock_guard lock(m_mutex);
-            reason = m_shutdown && !m_cancelRequested ? "shutdown" : m_cancelReason;
-        }
-        finish(reason == "done" ? "completed" : "cancelled", {});
+        finishServing();
     }
 
     // An evaluator task (TF's side-car evaluator): evaluates the ps tasks' weights on this
@@ -702,10 +708,9 @@ private:
             m_step = r.epoch;
         }
         m_store = nullptr;
-        const std::string reason = m_shutdown && !m_cancelRequested ? "shutdown" : m_cancelReason;
         lock.unlock();
         publish("final", m_step, {{"evaluations", evaluations}, {"seconds", seconds}});
-        finish(reason == "done" ? "completed" : "cancelled", {});
+        finishServing();
     }
 
     // `initial`: weights every training task starts from (the coordinator's --load-weights), or null.
