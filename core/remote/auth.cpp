@@ -176,6 +176,13 @@ Error troubleError(const ConnectTrouble& trouble, const std::string& prefix)
                      trouble.hint);
 }
 
+std::string callFailure(const grpc::Status& status)
+{
+    if (status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED && status.error_message() == "Deadline Exceeded")
+        return "no answer in time (a stopped or overloaded machine?)";
+    return status.error_message();
+}
+
 std::optional<ConnectTrouble> connectTrouble(const grpc::Status& status, const std::string& address, bool tls)
 {
     if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return std::nullopt;

@@ -51,6 +51,9 @@ struct ConnectTrouble {
 std::optional<ConnectTrouble> connectTrouble(const grpc::Status& status, const std::string& address, bool tls);
 // "<prefix>: <what>" with its hint; InvalidArgument when waiting cannot help, else IoError.
 Error troubleError(const ConnectTrouble& trouble, const std::string& prefix);
+// A failed call's reason for a message: gRPC's own, except its bare "Deadline Exceeded", which
+// reads as what it means between our processes (our services' own deadline texts stay).
+std::string callFailure(const grpc::Status& status);
 
 // TLS: credentials from PEM files; empty paths give insecure (loopback/testing) credentials.
 struct TlsFiles {

@@ -97,7 +97,7 @@ public:
         default:
             break;
         }
-        return makeError(ErrorCode::IoError, lane.label + ": " + what + ": " + st.error_message(), hint);
+        return makeError(ErrorCode::IoError, lane.label + ": " + what + ": " + callFailure(st), hint);
     }
 
     // For each slice overlapping [a, b) of the lane's flat shard, calls f(slice, inSlice, atRange,

@@ -219,7 +219,7 @@ public:
                              ? "the coordinator (the chief, or worker 0 without one) serves the rendezvous at " + address +
                                    ": is it running, with the same TF_CONFIG and token, and reachable from here?"
                              : "";
-        return makeError(code, "rendezvous at " + address + ": " + what + ": " + st.error_message(), hint);
+        return makeError(code, "rendezvous at " + address + ": " + what + ": " + callFailure(st), hint);
     }
     void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const
     {

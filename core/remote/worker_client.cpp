@@ -60,10 +60,7 @@ public:
         default:
             break;
         }
-        // gRPC says only "Deadline Exceeded": say what it means here.
-        const std::string why = st.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? "no answer in time (a stopped or overloaded machine?)"
-                                                                                       : st.error_message();
-        return makeError(ErrorCode::IoError, label + ": " + what + ": " + why, hint);
+        return makeError(ErrorCode::IoError, label + ": " + what + ": " + callFailure(st), hint);
     }
 };
 

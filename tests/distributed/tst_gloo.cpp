@@ -6,6 +6,9 @@
 
 #include <csignal>
 #include <cstdlib>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <future>
 #include <thread>
 
@@ -150,6 +153,7 @@ private slots:
     void connectTroubleIsNamed_data();
     void connectTroubleIsNamed();
     void unreachableRendezvousIsExplained();
+    void silentPeerIsNoAnswerInTime();
     void twoProcessLoopback();
     void killedProcessIsDetected();
 };
@@ -609,6 +613,34 @@ void TestGloo::unreachableRendezvousIsExplained()
     QVERIFY(!wrongCa.ok());
     QVERIFY2(wrongCa.error().message.find("is not signed by the CA this side trusts") != std::string::npos, wrongCa.error().message.c_str());
     QVERIFY2(timer.elapsed() < 10000, std::to_string(timer.elapsed()).c_str());
+}
+
+// A peer that accepts connections and never answers (a stopped machine's kernel still completes
+// the TCP handshake): the client's deadline passes. gRPC says only "Deadline Exceeded"; the
+// error says what that means instead. Our services' own deadline texts stay as they are.
+void TestGloo::silentPeerIsNoAnswerInTime()
+{
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    QVERIFY(fd >= 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    QVERIFY(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+    QVERIFY(::listen(fd, 8) == 0);
+    QVERIFY(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
+    const std::string where = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    auto client = RendezvousClient::connect(where, kToken);
+    QVERIFY(client.ok());
+    auto v = (*client)->get("k", 300ms);
+    ::close(fd);
+    QVERIFY(!v.ok());
+    QVERIFY2(v.error().message == "rendezvous at " + where + ": get k: no answer in time (a stopped or overloaded machine?)", v.error().message.c_str());
+
+    QCOMPARE(callFailure(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "Deadline Exceeded")),
+             std::string("no answer in time (a stopped or overloaded machine?)"));
+    QCOMPARE(callFailure(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "key k was not set in time")), std::string("key k was not set in time"));
+    QCOMPARE(callFailure(grpc::Status(grpc::StatusCode::UNAUTHENTICATED, "wrong token")), std::string("wrong token"));
 }
 
 void TestGloo::badOptions()
