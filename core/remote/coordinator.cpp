@@ -698,6 +698,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     std::optional<tm::EpochMetricsEvent> lastEpoch;  // worker 0's, re-recorded with the final evaluation
     double workerSamplesPerSec = 0;
     int64_t workerSteps = 0;
+    // parameter-server: the samples and seconds of ps:0's epochs, which count every worker's
+    // steps (a lost worker's too), for the run's throughput.
+    double psEpochSamples = 0, psEpochSeconds = 0;
     // Worker 0's epoch, with the ps tasks' weights evaluated on the test split now: by the
     // evaluator task while it is there, else here.
     std::string evaluatedBy = "coordinator";
@@ -908,6 +911,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 fit.last.loss = f.value("loss", 0.0);
                 fit.last.accuracy = f.value("accuracy", 0.0);
                 if (psRun) {
+                    psEpochSamples += m.samplesPerSec * m.seconds;
+                    psEpochSeconds += m.seconds;
                     evaluatedEpoch(m);  // the streams queue meanwhile (the inbox is unlocked)
                     lastEpoch = m;
                 }
@@ -1105,11 +1110,13 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     }
     // The run's steps, as a local run counts them (resumed: from its start): ps:0's schedule
     // counted every worker's, a lost worker's (which never reported its end), a rejoined
-    // worker's old task's and those before a resume. The throughput stays the reporting
-    // workers' sum.
+    // worker's old task's and those before a resume. Its throughput, likewise, is that of ps:0's
+    // epochs; the reporting workers' sum, which leaves a lost worker out, only when no epoch
+    // ended (a run stopped in its first).
     if (psRun) {
         const auto ps0 = m_summary.find("ps:0");
         if (ps0 != m_summary.end() && ps0->value("steps_completed", int64_t{0}) > 0) fit.steps = (*ps0)["steps_completed"].get<int64_t>();
+        if (psEpochSeconds > 0) fit.samplesPerSec = psEpochSamples / psEpochSeconds;
     }
     if (fit.steps == 0) {
         // Stopped before the "final" events (Stop, Ctrl-C): the steps the tasks reported, counted

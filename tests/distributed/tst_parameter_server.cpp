@@ -1206,6 +1206,17 @@ void TestParameterServer::lostWorkerIsReplaced(int signal)
     auto epochs = store->epochMetrics(runId);
     QVERIFY(epochs.ok());
     QCOMPARE(epochs->size(), std::size_t(6));
+    // The run's throughput is that of its epochs, which count the lost worker's steps too (not
+    // worker:0's alone, the only worker that reported an end).
+    double samples = 0, seconds = 0;
+    for (const auto& row : *epochs) {
+        samples += row.metrics.at("samples_per_sec") * row.metrics.at("seconds");
+        seconds += row.metrics.at("seconds");
+    }
+    QVERIFY(seconds > 0);
+    const double runRate = j.value("samples_per_sec", 0.0);
+    QVERIFY2(std::abs(runRate - samples / seconds) <= 1e-6 * runRate, qPrintable(QString("%1 against %2").arg(runRate).arg(samples / seconds)));
+    QVERIFY2(std::abs(runRate - tasks["worker:0"].value("samples_per_sec", 0.0)) > 1e-6 * runRate, qPrintable(out));
     auto logs = store->logs(runId);
     QVERIFY(logs.ok());
     int64_t noticedUs = -1;
