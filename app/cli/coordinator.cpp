@@ -217,14 +217,19 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
             for (const auto& l : summary["lost"])
                 std::printf("Went on without %s after its step %lld (%s): the other workers trained its steps\n",
                             l.value("task", "").c_str(), static_cast<long long>(l.value("after_step", int64_t{0})), l.value("reason", "").c_str());
-        if (summary.contains("rejoined"))
-            for (const auto& r : summary["rejoined"])
-                std::printf("%s rejoined at step %lld with a new task\n", r.value("task", "").c_str(),
-                            static_cast<long long>(r.value("at_step", int64_t{0})));
         if (summary.contains("evaluator_lost"))
-            std::printf("Evaluated here from epoch %lld on: %s was lost\n",
-                        static_cast<long long>(summary["evaluator_lost"].value("epoch", int64_t{0})),
-                        summary["evaluator_lost"].value("task", "").c_str());
+            std::printf("%s was lost at epoch %lld: the coordinator evaluated the run from then\n",
+                        summary["evaluator_lost"].value("task", "").c_str(),
+                        static_cast<long long>(summary["evaluator_lost"].value("epoch", int64_t{0})));
+        if (summary.contains("rejoined"))
+            for (const auto& r : summary["rejoined"]) {
+                if (r.contains("at_epoch"))  // the evaluator
+                    std::printf("%s rejoined at epoch %lld with a new task and evaluated again from then\n", r.value("task", "").c_str(),
+                                static_cast<long long>(r.value("at_epoch", int64_t{0})));
+                else
+                    std::printf("%s rejoined at step %lld with a new task\n", r.value("task", "").c_str(),
+                                static_cast<long long>(r.value("at_step", int64_t{0})));
+            }
         if (std::isfinite(fit.last.valAccuracy)) {
             const std::string by = summary.contains("evaluation") ? summary["evaluation"].value("by", "") : "";
             std::printf("Test accuracy of the final weights: %.4f (loss %.4f)%s\n", fit.last.valAccuracy, fit.last.valLoss,

@@ -241,7 +241,8 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
         ->check(CLI::NonNegativeNumber);
     c->add_option("--restarts", o.restarts,
                   "with --backup-dir: when the run fails (e.g. a multi-worker peer died), start it again from its backup up to N "
-                  "times; multi-worker tasks re-join the cluster and wait for the restarted peer")
+                  "times; multi-worker tasks re-join the cluster and wait for the restarted peer. In a parameter-server run a lost "
+                  "worker or evaluator rejoins with a new task once its daemon answers again; each rejoin counts as a restart")
         ->check(CLI::Range(0, 100));
 }
 

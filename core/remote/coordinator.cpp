@@ -479,11 +479,16 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // The cluster's evaluator, if the run validates. It is not needed to train: one that cannot
     // be reserved or started is named in a warning, and the coordinator evaluates.
     Task* evaluatorTask = psRun && cfg.validate ? m_evaluator.get() : nullptr;
+    Task* const evaluatorSlot = evaluatorTask;  // stays when the evaluator is lost (it may rejoin)
     auto attemptTasks = [&] { return tasksWith(evaluatorTask); };
+    // With --restarts, the heartbeats probe a lost evaluator's daemon (probeEvaluator); once it
+    // answers (evaluatorBack), the next evaluation starts a new task on it first.
+    std::atomic<bool> probeEvaluator{false}, evaluatorBack{false};
     auto evaluatorUnavailable = [&](const Error& why, int64_t epoch) {
         bus.publish(tm::Event(tm::LogEvent{stamp(m_evaluator->id.toString(), "", 0), tm::LogLevel::Warning,
                                            why.message + "; the coordinator evaluates the run" + (epoch > 0 ? " from now on" : "")}));
         m_summary["evaluator_lost"] = {{"task", m_evaluator->id.toString()}, {"epoch", epoch}, {"why", why.message}};
+        if (m_restarts + m_rejoins < allowedRestarts) probeEvaluator = true;
     };
     std::unique_ptr<PsEvaluator> evaluator;
     if (psRun) {
@@ -682,6 +687,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                       "check that machine and its trainstudio-worker; then start the run again"));
                 }
             }
+            if (probeEvaluator && !evaluatorBack && evaluatorSlot->client->heartbeat(1s).ok()) evaluatorBack = true;
             for (int k = 0; k < 5 && !stopBeats; ++k) std::this_thread::sleep_for(100ms);
         }
     });
@@ -705,7 +711,45 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // evaluator task while it is there, else here.
     std::string evaluatedBy = "coordinator";
     bool validationLost = false;  // the evaluator was lost and this machine cannot read the test split
+    // A lost evaluator whose daemon answers again gets a new task (its old one, if still there,
+    // is stopped first), as a lost worker does, from the same --restarts budget. An error leaves
+    // it lost; the heartbeats probe it again.
+    auto rejoinEvaluator = [&](const tm::EpochMetricsEvent& m) {
+        Task& t = *evaluatorSlot;
+        auto again = [&]() -> Status {
+            TS_ASSIGN(const WorkerPulse pulse, t.client->heartbeat(1s));
+            remoteEvaluator.reset();  // ends the old task's stream
+            t.client->allowStreams();
+            if (pulse.state == "running") (void)t.client->cancel(taskRun, "failed");
+            TS_TRY(t.client->reserve(taskRun, m_who, 30));
+            StartTaskOptions fresh = start;
+            fresh.initialWeightsSent = false;
+            fresh.initialWeightsName.clear();
+            auto tf = m_options.spec.tfConfigFor(t.id);
+            Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, fresh) : Status(tf.error());
+            if (!st.ok()) (void)t.client->cancel(taskRun, "failed");  // its reservation
+            return st;
+        };
+        if (Status st = again(); !st.ok()) {
+            bus.publish(tm::Event(tm::LogEvent{stamp(t.id.toString(), "", m.stamp.step), tm::LogLevel::Info,
+                                               t.label + " answers again but cannot rejoin yet: " + st.error().message}));
+            probeEvaluator = true;
+            return;
+        }
+        remoteEvaluator = std::make_unique<EvaluatorLink>(*t.client, t.label, taskRun, m_options.heartbeatTimeout);
+        evaluatorTask = &t;
+        validationLost = false;
+        ++m_rejoins;
+        bus.publish(tm::Event(tm::LogEvent{stamp(t.id.toString(), "", m.stamp.step), tm::LogLevel::Warning,
+                                           t.label + " answers again: " + t.id.toString() + " evaluates the run again with a new task (restart " +
+                                               std::to_string(m_restarts + m_rejoins) + " of " + std::to_string(allowedRestarts) + ")"}));
+        m_summary["rejoined"].push_back({{"task", t.id.toString()}, {"at_epoch", m.epoch}});
+    };
     auto evaluatedEpoch = [&](tm::EpochMetricsEvent& m) {
+        if (evaluatorBack.exchange(false) && !failure && !m_cancel && (!remoteEvaluator || remoteEvaluator->lost())) {
+            probeEvaluator = false;
+            if (m_restarts + m_rejoins < allowedRestarts) rejoinEvaluator(m);
+        }
         if (!evaluator || !cfg.validate || failure || validationLost) return;
         Result<EvalResult> v = makeError(ErrorCode::Internal, "not evaluated");
         if (remoteEvaluator && !remoteEvaluator->lost()) {

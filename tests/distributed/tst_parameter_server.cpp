@@ -503,33 +503,55 @@ void TestParameterServer::mixedPrecisionWorkers()
 void TestParameterServer::evaluatorTask_data()
 {
     QTest::addColumn<int>("signal");  // sent to the evaluator's daemon after epoch 1 (0: none)
-    QTest::newRow("evaluates every epoch") << 0;
-    QTest::newRow("killed after epoch 1") << int(SIGKILL);
-    QTest::newRow("stopped after epoch 1") << int(SIGSTOP);
+    // With --restarts 1, the killed daemon started again on its port (as a supervisor would).
+    QTest::addColumn<bool>("restartDaemon");
+    QTest::newRow("evaluates every epoch") << 0 << false;
+    QTest::newRow("killed after epoch 1") << int(SIGKILL) << false;
+    QTest::newRow("stopped after epoch 1") << int(SIGSTOP) << false;
+    QTest::newRow("killed after epoch 1, its daemon restarted: rejoins") << int(SIGKILL) << true;
 }
 
 void TestParameterServer::evaluatorTask()
 {
     QFETCH(int, signal);
+    QFETCH(bool, restartDaemon);
     const bool kill = signal != 0;
     QTemporaryDir dir;
-    Cluster c = startCluster(dir.path(), 2, 1);
+    // Backups (worker 0's daemon keeps them) make --restarts possible.
+    Cluster c;
+    BackedUpCluster b;
+    int ports[3];  // worker 0, worker 1, ps 0
+    if (restartDaemon) {
+        b = startBackedUpCluster(dir.path(), dir.filePath("w0-backups"));
+        ports[0] = b.w0->port, ports[1] = b.w1->port, ports[2] = b.ps->port;
+    } else {
+        c = startCluster(dir.path(), 2, 1);
+        ports[0] = c.workers[0]->port, ports[1] = c.workers[1]->port, ports[2] = c.ps[0]->port;
+    }
     auto ev = spawnWorker(dir.path(), "evaluator0");
-    QVERIFY(c.ps[0]->port > 0 && c.workers[0]->port > 0 && c.workers[1]->port > 0 && ev->port > 0);
+    QVERIFY(ports[0] > 0 && ports[1] > 0 && ports[2] > 0 && ev->port > 0);
+    const QString cluster = dir.filePath("cluster.json");
     {
-        QFile f(c.file);
+        QFile f(cluster);
         QVERIFY(f.open(QIODevice::WriteOnly));
         f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"], "evaluator": ["127.0.0.1:%4"]}})")
-                    .arg(c.workers[0]->port).arg(c.workers[1]->port).arg(c.ps[0]->port).arg(ev->port).toUtf8());
+                    .arg(ports[0]).arg(ports[1]).arg(ports[2]).arg(ev->port).toUtf8());
     }
-    constexpr int epochs = 3;
+    const int epochs = restartDaemon ? 4 : 3;
     const QString weights = dir.filePath("final.safetensors");
-    auto coord = startCoordinator(trainArgs(c.file, epochs) + QStringList{"--limit", "12800", "--db", dir.filePath("runs.db"), "--json",
-                                                                          "--save-weights", weights});
+    QStringList args = trainArgs(cluster, epochs) + QStringList{"--limit", "12800", "--db", dir.filePath("runs.db"), "--json", "--save-weights", weights};
+    if (restartDaemon) args += QStringList{"--backup-dir", "run-r", "--backup-every-steps", "500", "--restarts", "1"};
+    auto coord = startCoordinator(args);
     QString out;
     if (kill) {
         QVERIFY2(tstest::readUntil(*coord, out, "\"epoch\":1"), qPrintable(out + coord->readAllStandardError()));
         ::kill(static_cast<pid_t>(ev->process->processId()), signal);
+    }
+    if (restartDaemon) {
+        const int port = ev->port;
+        ev->process->waitForFinished();
+        ev = tstest::spawnWorker(dir.path(), "evaluator0", kToken, {}, port);
+        QCOMPARE(ev->port, port);
     }
     const bool finished = coord->waitForFinished(120000);
     if (signal == SIGSTOP) ::kill(static_cast<pid_t>(ev->process->processId()), SIGCONT);  // so it can be shut down
@@ -547,7 +569,21 @@ void TestParameterServer::evaluatorTask()
     QCOMPARE(evaluated, epochs);
     const double acc = j.value("val_accuracy", 0.0);
     QVERIFY2(acc > 0.7, qPrintable(out));
-    if (!kill) {
+    if (restartDaemon) {
+        // Lost at epoch 2 (the coordinator evaluated it), back with a new task for a later epoch
+        // or the final weights, which it evaluated.
+        QCOMPARE(tasks["evaluator_lost"].value("task", ""), std::string("evaluator:0"));
+        QVERIFY2(tasks.contains("rejoined") && tasks["rejoined"].size() == 1 && tasks["rejoined"][0].value("task", "") == "evaluator:0",
+                 qPrintable(out));
+        QVERIFY2(tasks["rejoined"][0].value("at_epoch", int64_t{0}) >= 2, qPrintable(out));
+        QCOMPARE(tasks["evaluation"].value("by", ""), std::string("evaluator:0"));
+        QVERIFY(tasks["evaluator:0"].value("evaluations", int64_t{0}) >= 1);
+        QCOMPARE(j.value("rejoins", 0), 1);
+        QVERIFY2(err.contains("answers again: evaluator:0 evaluates the run again with a new task (restart 1 of 1)"), qPrintable(err));
+        for (const QString& line : err.split('\n'))
+            if (line.contains("evaluator:0")) qInfo("%s", qPrintable(line));
+        qInfo("rejoined at epoch %lld of %d", static_cast<long long>(tasks["rejoined"][0].value("at_epoch", int64_t{0})), epochs);
+    } else if (!kill) {
         QCOMPARE(tasks["evaluation"].value("by", ""), std::string("evaluator:0"));
         // Each epoch and the final weights.
         QCOMPARE(tasks["evaluator:0"].value("evaluations", int64_t{0}), int64_t(epochs + 1));

@@ -509,7 +509,8 @@ void RunSetupPanel::updateDerived()
     // Local runs resume when started again; restarting on failure is the coordinator's job.
     m_restarts->setEnabled(backup && remote);
     m_restarts->setToolTip(remote ? tr("when a worker dies or is cut off, wait for every worker to answer again and restart the run "
-                                       "from its backup")
+                                       "from its backup; a parameter-server run goes on without a lost worker or evaluator, which "
+                                       "rejoins once its daemon answers again (each rejoin counts as a restart)")
                                   : tr("automatic restarts are for remote workers; start a local run again to resume it"));
     m_backupDir->setToolTip(remote ? tr("a folder name, kept under each worker's --backup-root (only the chief writes it)")
                                    : tr("a folder on this machine"));
