@@ -47,15 +47,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         printError(token.error());
         return 2;
     }
-    // TensorFlow's side-car evaluator serves parameter-server training; a multi-worker-mirrored
-    // run's chief validates each epoch itself, so its evaluator is not started. Say so rather
-    // than skip it quietly.
-    if (strategy != "parameter-server" && !spec->addresses("evaluator").empty() && !o.quiet)
-        std::fprintf(stderr,
-                     "note: %s: the evaluator task is not started: in a multi-worker-mirrored run the chief validates each epoch "
-                     "(evaluator tasks serve parameter-server runs)\n",
-                     o.cluster.c_str());
-    else if (!spec->addresses("evaluator").empty() && !cfg.validate && !o.quiet)
+    // Say so rather than skip it quietly.
+    if (!spec->addresses("evaluator").empty() && !cfg.validate && !o.quiet)
         std::fprintf(stderr, "note: %s: the evaluator task is not started: the run does not validate\n", o.cluster.c_str());
     if (!cfg.modelFile.empty()) {
         auto m = ts::loadModelFile(cfg.modelFile);
@@ -131,9 +124,9 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()
                                   : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
-    const std::string where = ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)" +
-                                       (c.spec().count("evaluator") > 0 && cfg.validate ? " (evaluator:0 evaluates)" : "")
-                                 : std::to_string(c.numTasks()) + " worker(s)";
+    const std::string where = (ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)"
+                                  : std::to_string(c.numTasks()) + " worker(s)") +
+                              (c.spec().count("evaluator") > 0 && cfg.validate ? " (evaluator:0 evaluates)" : "");
     if (!o.quiet && !o.json) std::printf("Starting run %s on %s\n", runId.c_str(), where.c_str());
     std::fflush(stdout);
     const std::string modelName = cfg.model.name;
@@ -205,8 +198,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         if (ps) {
             j["workers"] = c.spec().count("worker");
             j["ps"] = c.spec().count("ps");
-            j["tasks"] = c.summary();
         }
+        if (!c.summary().empty()) j["tasks"] = c.summary();  // per task, the evaluator's, losses, rejoins
         std::cout << j.dump() << "\n";
     } else if (!o.quiet) {
         std::printf("Trained %lld step(s) on %s in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), where.c_str(), fit.seconds,

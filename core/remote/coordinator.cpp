@@ -20,7 +20,7 @@
 #include "data/dataset.h"
 #include "io/safetensors.h"
 #include "remote/ps_client.h"
-#include "remote/ps_evaluator.h"
+#include "remote/run_evaluator.h"
 #include "remote/task_telemetry.h"
 #include "telemetry/bus.h"
 #include "telemetry/events.h"
@@ -76,9 +76,10 @@ struct Inbox {
 };
 
 // One attempt's evaluator task (TF's side-car evaluator): asked to evaluate, it pulls the ps
-// tasks' weights on its own machine; the result comes back on its event stream, which a thread
-// of this link reads. Lost (its stream broke, it failed, it went silent, or it refused) it stays
-// lost for the attempt: the coordinator evaluates again.
+// tasks' weights on its own machine (parameter-server), or evaluates the weights sent with the
+// request (multi-worker-mirrored: the chief's after an epoch); the result comes back on its
+// event stream, which a thread of this link reads. Lost (its stream broke, it failed, it went
+// silent, or it refused) it stays lost for the attempt: the coordinator evaluates again.
 class EvaluatorLink {
 public:
     EvaluatorLink(WorkerClient& client, std::string label, std::string taskRun, std::chrono::milliseconds heartbeatTimeout)
@@ -115,9 +116,10 @@ public:
     }
     bool lost() const { return m_lost; }
 
-    // Evaluates the ps tasks' weights now (the run's epoch `epoch`). Waits for the result while
-    // the evaluator answers heartbeats; an error (the link is lost then) names the evaluator.
-    Result<EvalResult> evaluate(int64_t epoch, const std::atomic<bool>& cancelled)
+    // Evaluates the ps tasks' weights now, or `weights` (safetensors bytes) when given: the
+    // run's epoch `epoch`. Waits for the result while the evaluator answers heartbeats; an error
+    // (the link is lost then) names the evaluator.
+    Result<EvalResult> evaluate(int64_t epoch, const std::atomic<bool>& cancelled, const std::string* weights = nullptr)
     {
         if (m_lost) return makeError(ErrorCode::Internal, m_label + " was lost");
         const int64_t seq = ++m_seq;
@@ -137,7 +139,10 @@ public:
             std::lock_guard lock(m_mutex);
             if (auto e = ended()) return *e;
         }
-        if (Status st = m_client.requestEvaluation(m_taskRun, epoch, seq); !st.ok()) {
+        Status asked = weights ? m_client.sendWeights(m_taskRun, "the chief's weights after epoch " + std::to_string(epoch), *weights)
+                               : okStatus();
+        if (asked.ok()) asked = m_client.requestEvaluation(m_taskRun, epoch, seq, weights != nullptr);
+        if (Status st = std::move(asked); !st.ok()) {
             std::lock_guard lock(m_mutex);  // its stream may have said why meanwhile
             if (auto e = ended()) return *e;
             return lose(st.error().message, st.error().hint);
@@ -251,9 +256,10 @@ Result<std::unique_ptr<Coordinator>> Coordinator::create(CoordinatorOptions opti
     } else {
         ids = c->m_options.spec.trainingTasks();
     }
-    // TF's side-car evaluator reads a parameter-server run's weights; a multi-worker-mirrored
-    // run's chief validates itself (the CLI says its evaluator is not started).
-    if (ps && c->m_options.useEvaluator && c->m_options.spec.count("evaluator") > 0) ids.push_back({"evaluator", 0});
+    // TF's side-car evaluator: it evaluates a parameter-server run's weights (pulled from the ps
+    // tasks) or a multi-worker-mirrored chief's after each epoch (sent through here), off the
+    // training tasks' path.
+    if (c->m_options.useEvaluator && c->m_options.spec.count("evaluator") > 0) ids.push_back({"evaluator", 0});
     for (const auto& id : ids) {
         auto t = std::make_unique<Task>();
         t->id = id;
@@ -478,26 +484,32 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     while (primary < m_tasks.size() && m_tasks[primary]->ps) ++primary;
     // The cluster's evaluator, if the run validates. It is not needed to train: one that cannot
     // be reserved or started is named in a warning, and the coordinator evaluates.
-    Task* evaluatorTask = psRun && cfg.validate ? m_evaluator.get() : nullptr;
+    // multi-worker-mirrored: while it is there, the training tasks do not validate and the chief
+    // sends its weights after each epoch, which go to the evaluator.
+    Task* evaluatorTask = cfg.validate ? m_evaluator.get() : nullptr;
     Task* const evaluatorSlot = evaluatorTask;  // stays when the evaluator is lost (it may rejoin)
     auto attemptTasks = [&] { return tasksWith(evaluatorTask); };
     // With --restarts, the heartbeats probe a lost evaluator's daemon (probeEvaluator); once it
     // answers (evaluatorBack), the next evaluation starts a new task on it first.
     std::atomic<bool> probeEvaluator{false}, evaluatorBack{false};
     auto evaluatorUnavailable = [&](const Error& why, int64_t epoch) {
-        bus.publish(tm::Event(tm::LogEvent{stamp(m_evaluator->id.toString(), "", 0), tm::LogLevel::Warning,
-                                           why.message + "; the coordinator evaluates the run" + (epoch > 0 ? " from now on" : "")}));
+        // A multi-worker-mirrored run's training tasks validate themselves when it is not there
+        // at their start.
+        const std::string instead = psRun || epoch > 0 ? "the coordinator evaluates the run" + std::string(epoch > 0 ? " from now on" : "")
+                                                       : "the chief and the workers validate the run themselves";
+        bus.publish(tm::Event(tm::LogEvent{stamp(m_evaluator->id.toString(), "", 0), tm::LogLevel::Warning, why.message + "; " + instead}));
         m_summary["evaluator_lost"] = {{"task", m_evaluator->id.toString()}, {"epoch", epoch}, {"why", why.message}};
         if (m_restarts + m_rejoins < allowedRestarts) probeEvaluator = true;
     };
-    std::unique_ptr<PsEvaluator> evaluator;
-    if (psRun) {
-        PsEvaluatorOptions eo;
+    std::unique_ptr<RunEvaluator> evaluator;
+    if (psRun || evaluatorTask) {
+        RunEvaluatorOptions eo;
         eo.runId = taskRun;
         eo.token = m_options.token;
         eo.tls = m_options.tls;
         eo.loadValidation = !evaluatorTask;  // else read only if the evaluator task is lost
-        auto ev = PsEvaluator::create(cfg, m_options.spec, eo);
+        eo.pullFromPs = psRun;
+        auto ev = RunEvaluator::create(cfg, m_options.spec, eo);
         if (!ev.ok()) {
             bus.publish(tm::Event(tm::ErrorEvent{stamp("coordinator", "", 0), ev.error().message, ev.error().hint, "coordinator"}));
             bus.publish(tm::Event(tm::RunStateEvent{stamp("coordinator", "", 0), tm::RunState::Failed, ev.error().message}));
@@ -506,6 +518,12 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         evaluator = std::move(ev).value();
     }
     const nlohmann::json runConfig = cfg.toJson();
+    const nlohmann::json withoutValidation = [&] {
+        RunConfig c = cfg;
+        c.validate = false;
+        return c.toJson();
+    }();
+    bool chiefSendsWeights = false;  // multi-worker-mirrored with its evaluator started
     Inbox inbox;
     inbox.ended.assign(m_tasks.size(), false);
     inbox.silent.assign(m_tasks.size(), false);
@@ -597,13 +615,20 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             return finish(Result<FitResult>(e), 0);
         }
     }
-    // The evaluator last: it pulls from the ps tasks only when asked.
-    for (Task* task : attemptTasks()) {
+    // A parameter-server run's evaluator last: it pulls from the ps tasks only when asked. A
+    // multi-worker-mirrored run's first: whether it started decides whether the others validate.
+    std::vector<Task*> startOrder = attemptTasks();
+    if (!psRun && evaluatorTask) std::rotate(startOrder.begin(), startOrder.end() - 1, startOrder.end());
+    for (Task* task : startOrder) {
         Task& t = *task;
         start.initialWeightsSent = !m_initialWeights.empty() && !t.ps && &t != evaluatorTask;
         start.initialWeightsName = start.initialWeightsSent ? m_initialWeightsName : std::string();
+        const bool sidecar = !psRun && evaluatorTask && &t != evaluatorTask;
+        start.sendEpochWeights = sidecar && &t == m_tasks[primary].get();
+        chiefSendsWeights |= start.sendEpochWeights;
         auto tf = m_options.spec.tfConfigFor(t.id);
-        Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, start) : Status(tf.error());
+        Status st = tf.ok() ? t.client->startTask(taskRun, sidecar ? withoutValidation : runConfig, *tf, t.id.type, t.id.index, start)
+                            : Status(tf.error());
         if (!st.ok() && &t == evaluatorTask) {
             (void)t.client->cancel(taskRun, "failed");  // its reservation
             evaluatorUnavailable(st.error(), 0);
@@ -723,6 +748,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             if (pulse.state == "running") (void)t.client->cancel(taskRun, "failed");
             TS_TRY(t.client->reserve(taskRun, m_who, 30));
             StartTaskOptions fresh = start;
+            fresh.sendEpochWeights = false;
             fresh.initialWeightsSent = false;
             fresh.initialWeightsName.clear();
             auto tf = m_options.spec.tfConfigFor(t.id);
@@ -745,7 +771,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                std::to_string(m_restarts + m_rejoins) + " of " + std::to_string(allowedRestarts) + ")"}));
         m_summary["rejoined"].push_back({{"task", t.id.toString()}, {"at_epoch", m.epoch}});
     };
-    auto evaluatedEpoch = [&](tm::EpochMetricsEvent& m) {
+    // `weights`: a multi-worker-mirrored chief's after the epoch (safetensors bytes); null: the
+    // ps tasks' now.
+    auto evaluatedEpoch = [&](tm::EpochMetricsEvent& m, const std::string* weights = nullptr) {
         if (evaluatorBack.exchange(false) && !failure && !m_cancel && (!remoteEvaluator || remoteEvaluator->lost())) {
             probeEvaluator = false;
             if (m_restarts + m_rejoins < allowedRestarts) rejoinEvaluator(m);
@@ -753,7 +781,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         if (!evaluator || !cfg.validate || failure || validationLost) return;
         Result<EvalResult> v = makeError(ErrorCode::Internal, "not evaluated");
         if (remoteEvaluator && !remoteEvaluator->lost()) {
-            v = remoteEvaluator->evaluate(m.epoch, m_cancel);
+            v = remoteEvaluator->evaluate(m.epoch, m_cancel, weights);
             if (!v.ok() && m_cancel) return;
             if (!v.ok()) evaluatorUnavailable(v.error(), m.epoch);
             evaluatedBy = m_evaluator->id.toString();
@@ -769,7 +797,13 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                        "): the run goes on without validation"}));
                 return;
             }
-            v = evaluator->evaluate();
+            if (weights) {
+                const std::string name = "the chief's weights after epoch " + std::to_string(m.epoch);
+                auto decoded = decodeSafetensors(*weights, name);
+                v = decoded.ok() ? evaluator->evaluate(*decoded, name) : Result<EvalResult>(decoded.error());
+            } else {
+                v = evaluator->evaluate();
+            }
         }
         if (!v.ok()) {
             if (!failure && !m_cancel) failure = v.takeError();
@@ -848,9 +882,11 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         }
         return okStatus();
     };
-    // multi-worker-mirrored: the chief's weights at its end, as its "weights" parts arrive.
-    std::string chiefWeights;
+    // multi-worker-mirrored: the chief's weights at its end, as its "weights" parts arrive; and,
+    // for the evaluator, after the epoch in progress.
+    std::string chiefWeights, epochWeights;
     int64_t weightParts = 0, weightPartsExpected = -1;
+    int64_t epochWeightParts = 0, epochWeightPartsExpected = -1, epochWeightsEpoch = 0;
     std::vector<PsLoad> psLoad(m_tasks.size());
     std::unique_lock lock(inbox.mutex);
     for (;;) {
@@ -959,6 +995,16 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     psEpochSeconds += m.seconds;
                     evaluatedEpoch(m);  // the streams queue meanwhile (the inbox is unlocked)
                     lastEpoch = m;
+                } else if (chiefSendsWeights) {
+                    // The chief trains on meanwhile: its events queue in the inbox.
+                    if (epochWeightsEpoch == m.epoch && epochWeightParts > 0 && epochWeightParts == epochWeightPartsExpected)
+                        evaluatedEpoch(m, &epochWeights);
+                    else
+                        bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Warning,
+                                                           t.label + " sent no complete weights for epoch " + std::to_string(m.epoch) +
+                                                               ": that epoch is not evaluated"}));
+                    epochWeightParts = 0;
+                    epochWeightPartsExpected = -1;
                 }
                 if (onEpoch) onEpoch(m);
                 bus.publish(tm::Event(std::move(m)));
@@ -971,6 +1017,21 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     fit.seconds = std::max(fit.seconds, f.value("seconds", 0.0));
                     fit.steps = workerSteps;
                     fit.samplesPerSec = workerSamplesPerSec;
+                }
+            } else if (e.kind == "weights" && chief && !psRun && f.contains("epoch")) {
+                // An epoch's weights for the evaluator, in order on the one stream; part 0 starts anew.
+                const int64_t part = f.value("part", int64_t{-1}), parts = f.value("parts", int64_t{0});
+                if (part == 0) {
+                    epochWeights.clear();
+                    epochWeightParts = 0;
+                    epochWeightPartsExpected = parts;
+                    epochWeightsEpoch = f.value("epoch", int64_t{0});
+                }
+                if (part == epochWeightParts && parts == epochWeightPartsExpected && f.value("epoch", int64_t{0}) == epochWeightsEpoch) {
+                    epochWeights += e.payload;
+                    ++epochWeightParts;
+                } else {
+                    epochWeightParts = -1;
                 }
             } else if (e.kind == "weights" && chief && !psRun) {
                 // Parts arrive in order on the one stream; anything else is a broken sender and
@@ -1105,6 +1166,19 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         }
         if (!inbox.failures.empty() && !failure) failure = inbox.failures.front().second;
         lock.unlock();
+    }
+    if (!psRun && chiefSendsWeights) {
+        // The last epoch's weights are the final ones: its evaluation is the run's.
+        if (std::isfinite(fit.last.valAccuracy) && !validationLost)
+            m_summary["evaluation"] = {{"val_loss", fit.last.valLoss}, {"val_accuracy", fit.last.valAccuracy}, {"by", evaluatedBy}};
+        if (validationLost) {
+            fit.last.valLoss = std::numeric_limits<double>::quiet_NaN();
+            fit.last.valAccuracy = std::numeric_limits<double>::quiet_NaN();
+        }
+        if (remoteEvaluator) {
+            nlohmann::json final = remoteEvaluator->stop(failure ? "failed" : m_cancel ? "" : "done");
+            if (!final.empty()) m_summary[m_evaluator->id.toString()] = std::move(final);
+        }
     }
     stopBeats = true;
     beats.join();

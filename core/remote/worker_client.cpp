@@ -120,6 +120,7 @@ Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& r
     req.set_coordinator(options.coordinator);
     req.set_initial_weights_sent(options.initialWeightsSent);
     req.set_join_running(options.joinRunning);
+    req.set_send_epoch_weights(options.sendEpochWeights);
     req.set_initial_weights_name(options.initialWeightsName);
     StartTaskReply reply;
     const grpc::Status st = m_impl->stub->StartTask(&ctx, req, &reply);
@@ -190,7 +191,7 @@ Result<bool> WorkerClient::captureTrace(const std::string& runId, int64_t steps,
     return reply.started();
 }
 
-Status WorkerClient::requestEvaluation(const std::string& runId, int64_t epoch, int64_t seq)
+Status WorkerClient::requestEvaluation(const std::string& runId, int64_t epoch, int64_t seq, bool weightsSent)
 {
     grpc::ClientContext ctx;
     m_impl->prepare(ctx, std::chrono::seconds(5));
@@ -198,6 +199,7 @@ Status WorkerClient::requestEvaluation(const std::string& runId, int64_t epoch, 
     req.set_run_id(runId);
     req.set_epoch(epoch);
     req.set_seq(seq);
+    req.set_weights_sent(weightsSent);
     EvaluateReply reply;
     const grpc::Status st = m_impl->stub->Evaluate(&ctx, req, &reply);
     if (!st.ok()) return m_impl->fail(st, "could not ask for an evaluation");

@@ -57,6 +57,7 @@ struct StartTaskOptions {
     bool initialWeightsSent = false;          // sendWeights() delivered its initial weights
     std::string initialWeightsName;           // the file they came from, for messages
     bool joinRunning = false;                 // a parameter-server worker rejoining a run in progress
+    bool sendEpochWeights = false;            // a multi-worker chief: its weights after each epoch, for the evaluator
 };
 
 class WorkerClient {
@@ -81,9 +82,10 @@ public:
     // Asks the running task to trace its next `steps` steps. OK(true) started; OK(false) the task
     // cannot now, `why` says so ("worker:1: the task traces every step already").
     Result<bool> captureTrace(const std::string& runId, int64_t steps, bool layers, std::string* why = nullptr);
-    // Asks a parameter-server run's evaluator task to evaluate the ps tasks' weights now; its
-    // result arrives on the event stream ("evaluation" with this seq).
-    Status requestEvaluation(const std::string& runId, int64_t epoch, int64_t seq);
+    // Asks the run's evaluator task to evaluate: the ps tasks' weights now, or (weightsSent) those
+    // sendWeights() just delivered; its result arrives on the event stream ("evaluation" with
+    // this seq).
+    Status requestEvaluation(const std::string& runId, int64_t epoch, int64_t seq, bool weightsSent = false);
     // Calls onEvent for every event until the task ends (OK) or the stream breaks (error).
     Status streamEvents(const std::string& runId, const std::function<void(const WorkerEvent&)>& onEvent);
     // Ends the open stream and refuses later ones (the run is over) until allowStreams().

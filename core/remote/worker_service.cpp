@@ -27,7 +27,7 @@
 #include "remote/cluster.h"
 #include "remote/parameter_service.h"
 #include "remote/ps_client.h"
-#include "remote/ps_evaluator.h"
+#include "remote/run_evaluator.h"
 #include "remote/rendezvous.h"
 #include "telemetry/bus.h"
 #include "telemetry/sampler.h"
@@ -168,7 +168,7 @@ public:
         if (auto v = withTask->validateFor(ps ? "parameter-server" : "multi-worker-mirrored"); !v.ok())
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, v.error().toString());
         const std::string& type = withTask->task().type;
-        if (ps ? (type != "ps" && type != "worker" && type != "evaluator") : (type != "chief" && type != "worker"))
+        if (ps ? (type != "ps" && type != "worker" && type != "evaluator") : (type != "chief" && type != "worker" && type != "evaluator"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": a " + (ps ? "parameter-server" : "multi-worker-mirrored") + " run has no " + type + " tasks to start");
         // worker 0 initialises the ps tasks from its imported weights
@@ -178,6 +178,9 @@ public:
         if (req->join_running() && (!ps || type != "worker"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": only a parameter-server worker joins a run in progress (join_running)");
+        if (req->send_epoch_weights() && (ps || withTask->task() != withTask->coordinator()))
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          source + ": only the chief of a multi-worker-mirrored run sends its weights after each epoch (send_epoch_weights)");
         cfg->strategy.joinRunning = req->join_running();
         std::lock_guard starting(m_startMutex);  // one StartTask at a time past this point
         std::unique_lock lock(m_mutex);
@@ -215,6 +218,8 @@ public:
         m_task = withTask->task().toString();
         m_psTask = type == "ps";
         m_evaluatorTask = type == "evaluator";
+        m_sendEpochWeights = req->send_epoch_weights();
+        m_evaluatorPulls = ps;
         m_evalRequests.clear();
         logLine("starting " + m_task + " of run " + m_runId + " for " + ctx->peer());
         m_thread = std::thread([this, c = std::move(cfg).value(), s = std::move(withTask).value(), initial, initialName]() mutable {
@@ -324,7 +329,7 @@ public:
                               std::to_string(m_maxWeightsBytes) + ")");
         {
             std::lock_guard lock(m_mutex);
-            if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
+            if (m_state == "running" && !evaluatesRun(runId)) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
             if (reservedByOther(runId)) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, reservedText());
             m_sentWeights = nullptr;  // the next SendWeights replaces what was kept
             m_sentWeightsRun.clear();
@@ -346,7 +351,7 @@ public:
         if (!decoded.ok()) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, decoded.error().toString());
         bytes = std::string();
         std::lock_guard lock(m_mutex);
-        if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
+        if (m_state == "running" && !evaluatesRun(runId)) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
         if (reservedByOther(runId)) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, reservedText());
         m_sentWeights = std::make_shared<const SafetensorsFile>(std::move(decoded).value());
         m_sentWeightsRun = runId;
@@ -392,7 +397,19 @@ public:
         if (m_state != "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, m_task + " is " + m_state);
         if (m_evalRequests.size() >= 16)
             return refuse(*ctx, grpc::StatusCode::RESOURCE_EXHAUSTED, call, m_task + " has 16 evaluations waiting already");
-        m_evalRequests.push_back({req->epoch(), req->seq()});
+        EvalRequest r{req->epoch(), req->seq(), nullptr, {}};
+        if (req->weights_sent()) {
+            if (!m_sentWeights || m_sentWeightsRun != req->run_id())
+                return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call,
+                              "no weights were sent for run " + req->run_id() + " (SendWeights comes before Evaluate)");
+            r.weights = std::move(m_sentWeights);
+            r.weightsName = m_sentWeightsName;
+            m_sentWeightsRun.clear();
+        } else if (!m_evaluatorPulls) {
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          m_task + " evaluates a multi-worker-mirrored run: it has no ps tasks to pull from; send the weights (weights_sent)");
+        }
+        m_evalRequests.push_back(std::move(r));
         m_cv.notify_all();
         return grpc::Status::OK;
     }
@@ -412,6 +429,8 @@ private:
     {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     }
+    // With m_mutex held: this worker runs `runId`'s evaluator task (it takes weights to evaluate).
+    bool evaluatesRun(const std::string& runId) const { return m_evaluatorTask && m_state == "running" && m_runId == runId; }
     // With m_mutex held: another run than `runId` holds an unexpired reservation.
     bool reservedByOther(const std::string& runId) const
     {
@@ -448,8 +467,9 @@ private:
     }
 
     // The trainer's weights as "weights" events (safetensors bytes in parts that fit any message
-    // limit). A failure to export is logged and sent as a note; the run itself has trained.
-    void publishWeights(Trainer& trainer, int64_t step)
+    // limit); after epoch `epoch` (> 0) or at the end. A failure to export is logged and sent as
+    // a note; the run itself has trained.
+    void publishWeights(Trainer& trainer, int64_t step, int64_t epoch = 0)
     {
         auto params = trainer.strategy().exportParameters();
         auto bytes = params.ok() ? encodeSafetensors(*params, weightsMetadata(trainer.modelName(), step), m_task + "'s weights")
@@ -462,8 +482,11 @@ private:
         constexpr std::size_t kPart = 1 << 20;
         const std::size_t total = bytes->size();
         const std::size_t parts = std::max<std::size_t>(1, (total + kPart - 1) / kPart);
-        for (std::size_t i = 0; i < parts; ++i)
-            publish("weights", step, {{"part", i}, {"parts", parts}, {"bytes", total}}, {}, bytes->substr(i * kPart, kPart));
+        for (std::size_t i = 0; i < parts; ++i) {
+            nlohmann::json j = {{"part", i}, {"parts", parts}, {"bytes", total}};
+            if (epoch > 0) j["epoch"] = epoch;
+            publish("weights", step, j, {}, bytes->substr(i * kPart, kPart));
+        }
     }
 
     // Spans of one drain go as one "spans" event, at most kSpansPerEvent each (a traced step of a
@@ -552,6 +575,9 @@ private:
         void onResume(const TrainingPosition& at, const std::string&) override { m_s.publish("resumed", at.step, {{"after_step", at.step}}); }
         void onEpoch(const EpochEvent& e) override
         {
+            // For the run's evaluator task (through the coordinator); on the training thread, so
+            // the weights are this epoch's.
+            if (m_s.m_sendEpochWeights && m_s.m_trainer) m_s.publishWeights(*m_s.m_trainer, m_s.m_step, e.epoch);
             nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", e.loss}, {"accuracy", e.accuracy},
                                 {"samples_per_sec", e.samplesPerSec}, {"seconds", e.seconds}};
             if (std::isfinite(e.valLoss)) j["val_loss"] = e.valLoss;
@@ -657,22 +683,24 @@ private:
         finishServing();
     }
 
-    // An evaluator task (TF's side-car evaluator): evaluates the ps tasks' weights on this
-    // machine's test split whenever the coordinator asks (Evaluate), until it is stopped.
+    // An evaluator task (TF's side-car evaluator): evaluates weights on this machine's test split
+    // whenever the coordinator asks (Evaluate), until it is stopped: the ps tasks' (pulled), or a
+    // multi-worker-mirrored chief's after an epoch (sent with the request).
     void runEvaluator(const RunConfig& cfg, const ClusterSpec& spec)
     {
-        PsEvaluatorOptions eo;
+        RunEvaluatorOptions eo;
         eo.runId = m_runId;
         eo.token = m_token;
         eo.tls = m_tls;
         eo.who = m_task;
-        auto created = PsEvaluator::create(cfg, spec, eo);
+        eo.pullFromPs = isParameterServer(cfg.strategy.kind);
+        auto created = RunEvaluator::create(cfg, spec, eo);
         if (!created.ok()) return finish("failed", created.error().message, created.error().hint);
-        std::unique_ptr<PsEvaluator> evaluator = std::move(created).value();
+        std::unique_ptr<RunEvaluator> evaluator = std::move(created).value();
         if (!evaluator->validates())
             return finish("failed", m_task + ": the run does not validate, so there is nothing to evaluate",
                           "set \"validate\": true, or leave the evaluator out of the cluster");
-        {
+        if (evaluator->store()) {
             std::lock_guard lock(m_mutex);
             m_store = evaluator->store();  // a Cancel ends a pull in progress
             if (m_cancelRequested) m_store->cancel();
@@ -686,11 +714,11 @@ private:
                 m_cv.wait_for(lock, std::chrono::milliseconds(500));
                 continue;
             }
-            const EvalRequest r = m_evalRequests.front();
+            const EvalRequest r = std::move(m_evalRequests.front());
             m_evalRequests.pop_front();
             lock.unlock();
             const auto began = std::chrono::steady_clock::now();
-            auto v = evaluator->evaluate();
+            auto v = r.weights ? evaluator->evaluate(*r.weights, r.weightsName) : evaluator->evaluate();
             const double took = secondsSince(began);
             nlohmann::json j = {{"seq", r.seq}, {"epoch", r.epoch}};
             if (v.ok()) {
@@ -900,8 +928,12 @@ private:
     bool m_trace = false, m_traceLayers = false;  // StartTaskRequest's
     bool m_psTask = false;
     bool m_evaluatorTask = false;
+    bool m_evaluatorPulls = false;     // the evaluator task's run has ps tasks to pull weights from
+    bool m_sendEpochWeights = false;   // StartTaskRequest's send_epoch_weights
     struct EvalRequest {
         int64_t epoch = 0, seq = 0;
+        std::shared_ptr<const SafetensorsFile> weights;  // sent (multi-worker-mirrored); null: pull the ps tasks'
+        std::string weightsName;
     };
     std::deque<EvalRequest> m_evalRequests;  // an evaluator task's, oldest first
     int64_t m_step = 0;

@@ -6,6 +6,8 @@
 #include <QtTest>
 
 #include <atomic>
+#include <cmath>
+#include <mutex>
 #include <csignal>
 #include <fstream>
 #include <set>
@@ -130,6 +132,9 @@ private slots:
     void daemonsInSeparateNetworkNamespaces();
     void coordinatedRunStartsFromWeights();
     void initialWeightsArriveInParts();
+    void multiWorkerEvaluatorEvaluatesSentWeights();
+    void multiWorkerRunWithEvaluator_data();
+    void multiWorkerRunWithEvaluator();
     void reservationHoldsTheWorker();
     void crossedCoordinatorsOneWins();
     void taskTelemetryIsPublished();
@@ -279,13 +284,12 @@ void TestWorker::refusesOversizedAndMalformed()
     st = start("{}", cluster, "worker", 3);
     QCOMPARE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     QVERIFY2(st.error_message().find("task.index 3 is out of range") != std::string::npos, st.error_message().c_str());
-    // An evaluator task serves parameter-server runs only.
+    // A multi-worker-mirrored run has no ps tasks.
     RunConfig mwm;
     mwm.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
     mwm.strategy.kind = "multi-worker-mirrored";
-    st = start(mwm.toJson().dump(), R"({"cluster": {"worker": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}})", "evaluator", 0);
+    st = start(mwm.toJson().dump(), R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}})", "ps", 0);
     QCOMPARE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
-    QVERIFY2(st.error_message().find("a multi-worker-mirrored run has no evaluator tasks to start") != std::string::npos, st.error_message().c_str());
     // Evaluate names what is wrong: no such run here (this daemon runs none).
     {
         grpc::ClientContext ctx;
@@ -637,6 +641,173 @@ void TestWorker::initialWeightsArriveInParts()
     st = c.startTask("r3", cfg.toJson(), cluster, "worker", 0, join);
     QVERIFY(!st.ok());
     QVERIFY2(st.error().message.find("only a parameter-server worker joins a run in progress") != std::string::npos, st.error().message.c_str());
+}
+
+// A multi-worker-mirrored run's evaluator task evaluates the weights sent to it (the chief's after
+// an epoch, which the coordinator forwards) and nothing else: it has no ps tasks to pull from.
+void TestWorker::multiWorkerEvaluatorEvaluatesSentWeights()
+{
+    auto daemon = startDaemon();
+    const std::string here = "127.0.0.1:" + std::to_string(daemon->port());
+    auto client = WorkerClient::connect("evaluator:0 at " + here, here, kToken);
+    QVERIFY(client.ok());
+    WorkerClient& c = **client;
+    RunConfig cfg;
+    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    cfg.strategy.kind = "multi-worker-mirrored";
+    cfg.strategy.threads = 1;
+    cfg.validationLimit = 2000;
+    const std::string cluster = R"({"cluster": {"chief": ["127.0.0.1:1"], "evaluator": [")" + here + R"("]}})";
+    // Only the chief sends its weights after each epoch.
+    StartTaskOptions sends;
+    sends.sendEpochWeights = true;
+    Status st = c.startTask("e1", cfg.toJson(), cluster, "evaluator", 0, sends);
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("only the chief of a multi-worker-mirrored run sends its weights after each epoch") != std::string::npos,
+             st.error().message.c_str());
+    st = c.startTask("e1", cfg.toJson(), cluster, "evaluator", 0);
+    QVERIFY2(st.ok(), st.ok() ? "" : st.error().toString().c_str());
+    std::mutex mutex;
+    std::vector<WorkerEvent> events;
+    std::thread reader([&] {
+        (void)c.streamEvents("e1", [&](const WorkerEvent& e) {
+            std::lock_guard lock(mutex);
+            events.push_back(e);
+        });
+    });
+    // Nothing to pull, and no weights sent yet.
+    st = c.requestEvaluation("e1", 1, 1);
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("it has no ps tasks to pull from") != std::string::npos, st.error().message.c_str());
+    st = c.requestEvaluation("e1", 1, 2, true);
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("no weights were sent for run e1") != std::string::npos, st.error().message.c_str());
+    // A model's initial weights: its evaluation equals a local one of the same weights.
+    TrainConfig tc;
+    tc.strategy.threads = 1;
+    auto local = Trainer::create(cfg.model, tc);
+    QVERIFY(local.ok());
+    QVERIFY((*local)->strategy().initialise(7).ok());
+    auto params = (*local)->strategy().exportParameters();
+    QVERIFY(params.ok());
+    auto bytes = encodeSafetensors(*params, {}, "epoch 1");
+    QVERIFY(bytes.ok());
+    st = c.sendWeights("e1", "the chief's weights after epoch 1", *bytes);  // beside a running evaluator task of its run
+    QVERIFY2(st.ok(), st.ok() ? "" : st.error().toString().c_str());
+    QVERIFY(c.requestEvaluation("e1", 1, 3, true).ok());
+    st = c.requestEvaluation("e1", 2, 4, true);  // taken by the one before
+    QVERIFY(!st.ok());
+    QVERIFY2(st.error().message.find("no weights were sent for run e1") != std::string::npos, st.error().message.c_str());
+    nlohmann::json result;
+    QTRY_VERIFY_WITH_TIMEOUT(([&] {
+                                 std::lock_guard lock(mutex);
+                                 for (const auto& e : events)
+                                     if (e.kind == "evaluation") result = e.fields;
+                                 return !result.is_null();
+                             }()),
+                             30000);
+    QCOMPARE(result.value("seq", int64_t{0}), int64_t(3));
+    QVERIFY2(!result.contains("error"), result.dump().c_str());
+    QCOMPARE(result.value("examples", int64_t{0}), int64_t(2000));
+    auto data = loadIdxFolder(defaultFashionMnistDir(), true);
+    QVERIFY(data.ok());
+    InMemoryBatchOptions bo;
+    bo.batchSize = 1000;
+    bo.shuffle = false;
+    bo.limit = 2000;
+    auto test = InMemoryBatchSource::create(data->test, bo);
+    QVERIFY(test.ok());
+    auto expected = (*local)->evaluate(**test);
+    QVERIFY(expected.ok());
+    QVERIFY2(std::abs(expected->accuracy - result.value("val_accuracy", -1.0)) < 1e-9 && std::abs(expected->loss - result.value("val_loss", -1.0)) < 1e-6,
+             qPrintable(QString("%1 %2 against %3").arg(expected->accuracy).arg(expected->loss).arg(QString::fromStdString(result.dump()))));
+    QVERIFY(c.cancel("e1", "done").ok());
+    reader.join();
+}
+
+// A multi-worker-mirrored run on daemons with an evaluator task (TF's side-car evaluator): the
+// chief and the worker do not validate; after each epoch the chief's weights go, through the
+// coordinator, to the evaluator, which evaluates them on its machine. Killed after epoch 1, the
+// coordinator evaluates the later epochs itself.
+void TestWorker::multiWorkerRunWithEvaluator_data()
+{
+    QTest::addColumn<bool>("killEvaluator");
+    QTest::newRow("evaluates every epoch") << false;
+    QTest::newRow("killed after epoch 1") << true;
+}
+
+void TestWorker::multiWorkerRunWithEvaluator()
+{
+    QFETCH(bool, killEvaluator);
+    QTemporaryDir dir;
+    std::unique_ptr<WorkerProcess> chief, worker;
+    QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
+    auto evaluator = tstest::spawnWorker(dir.path(), "evaluator0", kToken);
+    QVERIFY(evaluator->port > 0);
+    {
+        QFile f(cluster);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QString(R"({"cluster": {"chief": ["127.0.0.1:%1"], "worker": ["127.0.0.1:%2"], "evaluator": ["127.0.0.1:%3"]}})")
+                    .arg(chief->port).arg(worker->port).arg(evaluator->port).toUtf8());
+    }
+    constexpr int epochs = 3;
+    const QString weights = dir.filePath("final.safetensors");
+    QProcess coord;
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("TRAINSTUDIO_TOKEN", QString::fromStdString(kToken));
+    env.remove("TF_CONFIG");
+    coord.setProcessEnvironment(env);
+    coord.start(QStringLiteral(TS_CLI_PATH), {"train", "--cluster", cluster, "--strategy", "multi-worker-mirrored", "--model", "mlp", "--epochs",
+                                              QString::number(epochs), "--limit", "12800", "--threads", "1", "--no-record", "--json",
+                                              "--save-weights", weights});
+    QString out;
+    if (killEvaluator) {
+        QVERIFY2(tstest::readUntil(coord, out, "\"epoch\":1"), qPrintable(out + coord.readAllStandardError()));
+        ::kill(static_cast<pid_t>(evaluator->process->processId()), SIGKILL);
+    }
+    QVERIFY(coord.waitForFinished(120000));
+    out += QString::fromUtf8(coord.readAllStandardOutput());
+    const QString err = QString::fromUtf8(coord.readAllStandardError());
+    QVERIFY2(coord.exitCode() == 0, qPrintable(out + err));
+    const auto lines = out.trimmed().split('\n');
+    const auto j = nlohmann::json::parse(lines.last().toStdString(), nullptr, false);
+    QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
+    int evaluated = 0;
+    for (const QString& line : lines) {
+        const auto e = nlohmann::json::parse(line.toStdString(), nullptr, false);
+        if (!e.is_discarded() && e.is_object() && e.contains("epoch") && e.contains("val_accuracy") && !e.value("final", false)) ++evaluated;
+    }
+    QCOMPARE(evaluated, epochs);
+    QVERIFY2(j.contains("tasks"), qPrintable(out));
+    const auto& tasks = j["tasks"];
+    if (!killEvaluator) {
+        QCOMPARE(tasks["evaluation"].value("by", ""), std::string("evaluator:0"));
+        QCOMPARE(tasks["evaluator:0"].value("evaluations", int64_t{0}), int64_t(epochs));
+        QVERIFY2(!err.contains("evaluator"), qPrintable(err));
+    } else {
+        QCOMPARE(tasks["evaluation"].value("by", ""), std::string("coordinator"));
+        QCOMPARE(tasks["evaluator_lost"].value("task", ""), std::string("evaluator:0"));
+        QVERIFY2(err.contains("the coordinator evaluates the run from now on"), qPrintable(err));
+    }
+    // The last epoch's evaluation is of the final weights.
+    auto model = loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    QVERIFY(model.ok());
+    TrainConfig tc;
+    tc.strategy.threads = 1;
+    auto trainer = Trainer::create(*model, tc);
+    QVERIFY(trainer.ok());
+    QVERIFY((*trainer)->loadWeights(weights.toStdString()).ok());
+    auto data = loadIdxFolder(defaultFashionMnistDir(), true);
+    QVERIFY(data.ok());
+    InMemoryBatchOptions bo;
+    bo.batchSize = 1000;
+    bo.shuffle = false;
+    auto test = InMemoryBatchSource::create(data->test, bo);
+    QVERIFY(test.ok());
+    auto local = (*trainer)->evaluate(**test);
+    QVERIFY(local.ok());
+    QVERIFY2(std::abs(local->accuracy - j.value("val_accuracy", -1.0)) < 1e-9, qPrintable(QString("%1 against %2").arg(local->accuracy).arg(j.value("val_accuracy", -1.0))));
 }
 
 // --restarts with daemons: the worker daemon is killed with SIGKILL mid-run and started again on

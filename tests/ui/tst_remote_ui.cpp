@@ -216,12 +216,11 @@ void TestRemoteUi::clusterEditorEnablesStrategies()
     const RunConfig c = setup.config();
     QCOMPARE(c.strategy.kind, std::string("multi-worker-mirrored"));
     QVERIFY(c.strategy.devices.empty());
-    // An evaluator: a chief validates itself, so it would not be started, and the form says so;
-    // a parameter-server cluster's evaluator evaluates.
+    // An evaluator evaluates a multi-worker-mirrored cluster's run as a parameter-server one's.
     auto* clusterState = setup.findChild<QLabel*>("clusterState");
     r.tfConfig = R"({"cluster": {"worker": ["127.0.0.1:7001"], "evaluator": ["127.0.0.1:7004"]}})";
     setup.setRemoteSettings(r);
-    QVERIFY2(clusterState->text().contains("its evaluator is not started: the chief validates"), qPrintable(clusterState->text()));
+    QVERIFY2(clusterState->text().contains("1 training task(s), an evaluator task"), qPrintable(clusterState->text()));
     r.tfConfig = R"({"cluster": {"worker": ["127.0.0.1:7001"], "ps": ["127.0.0.1:7003"], "evaluator": ["127.0.0.1:7004"]}})";
     setup.setRemoteSettings(r);
     QVERIFY2(clusterState->text().contains("1 ps task(s), an evaluator task"), qPrintable(clusterState->text()));

@@ -764,10 +764,7 @@ void RunSetupPanel::updateCluster()
     m_clusterState->setText(r.isEmpty() ? tr("no cluster configured")
                             : m_cluster.valid ? tr("%n training task(s)", nullptr, static_cast<int>(m_cluster.trainingTasks.size())) +
                                                     (m_cluster.ps ? tr(", %n ps task(s)", nullptr, m_cluster.ps) : QString()) +
-                                                    // TF's side-car evaluator serves parameter-server runs; a chief validates itself.
-                                                    (m_cluster.evaluators == 0 ? QString()
-                                                     : m_cluster.ps ? tr(", an evaluator task")
-                                                                    : tr(" (its evaluator is not started: the chief validates)"))
+                                                    (m_cluster.evaluators == 0 ? QString() : tr(", an evaluator task"))
                                               : m_cluster.error);
     updateDerived();
 }

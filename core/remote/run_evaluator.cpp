@@ -1,20 +1,21 @@
-#include "remote/ps_evaluator.h"
+#include "remote/run_evaluator.h"
 
 #include <algorithm>
 #include <filesystem>
 #include <vector>
 
 #include "data/dataset.h"
+#include "io/safetensors.h"
 #include "remote/ps_client.h"
 #include "train/run_config.h"
 
 namespace ts::remote {
 
-PsEvaluator::~PsEvaluator() = default;
+RunEvaluator::~RunEvaluator() = default;
 
-Result<std::unique_ptr<PsEvaluator>> PsEvaluator::create(const RunConfig& cfg, const ClusterSpec& spec, const PsEvaluatorOptions& options)
+Result<std::unique_ptr<RunEvaluator>> RunEvaluator::create(const RunConfig& cfg, const ClusterSpec& spec, const RunEvaluatorOptions& options)
 {
-    std::unique_ptr<PsEvaluator> e(new PsEvaluator());
+    std::unique_ptr<RunEvaluator> e(new RunEvaluator());
     e->m_config = std::make_unique<RunConfig>(cfg);
     TrainConfig tc;
     tc.optimizer = cfg.optimizer;
@@ -34,12 +35,14 @@ Result<std::unique_ptr<PsEvaluator>> PsEvaluator::create(const RunConfig& cfg, c
     po.tls = options.tls;
     po.worker = options.who;
     po.partition = cfg.strategy.partition;
-    TS_ASSIGN(e->m_store, RemoteParameterStore::connect(po));
+    if (options.pullFromPs) {
+        TS_ASSIGN(e->m_store, RemoteParameterStore::connect(po));
+    }
     if (options.loadValidation) TS_TRY(e->loadValidation());
     return e;
 }
 
-Status PsEvaluator::loadValidation()
+Status RunEvaluator::loadValidation()
 {
     const RunConfig& cfg = *m_config;
     if (!cfg.validate || m_validation) return okStatus();
@@ -64,8 +67,11 @@ Status PsEvaluator::loadValidation()
     return okStatus();
 }
 
-Status PsEvaluator::pullWeights()
+Status RunEvaluator::pullWeights()
 {
+    if (!m_store)
+        return makeError(ErrorCode::Internal, "this evaluator has no ps tasks to pull from (a multi-worker-mirrored run's)",
+                         "send it the weights to evaluate");
     if (!m_begun) {
         TS_TRY(m_store->begin(trainableStoreVariables(m_trainer->strategy().primary().params()), false, nullptr));
         m_begun = true;
@@ -75,12 +81,25 @@ Status PsEvaluator::pullWeights()
     return okStatus();
 }
 
-Result<EvalResult> PsEvaluator::evaluate()
+Status RunEvaluator::checkValidates() const
 {
     if (!m_validation)
         return makeError(ErrorCode::InvalidArgument, "this run does not validate (or its test split was not loaded)",
                          "set \"validate\": true in the run configuration");
+    return okStatus();
+}
+
+Result<EvalResult> RunEvaluator::evaluate()
+{
+    TS_TRY(checkValidates());
     TS_TRY(pullWeights());
+    return m_trainer->evaluate(*m_validation);
+}
+
+Result<EvalResult> RunEvaluator::evaluate(const SafetensorsFile& weights, const std::string& source)
+{
+    TS_TRY(checkValidates());
+    TS_TRY(m_trainer->strategy().importParameters(weights.inOrder(), source));
     return m_trainer->evaluate(*m_validation);
 }
 
