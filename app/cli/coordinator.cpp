@@ -211,9 +211,9 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
                 std::printf("Went on without %s after its step %lld (%s): the other workers trained its steps\n",
                             l.value("task", "").c_str(), static_cast<long long>(l.value("after_step", int64_t{0})), l.value("reason", "").c_str());
         if (summary.contains("evaluator_lost"))
-            std::printf("%s was lost at epoch %lld: the coordinator evaluated the run from then\n",
-                        summary["evaluator_lost"].value("task", "").c_str(),
-                        static_cast<long long>(summary["evaluator_lost"].value("epoch", int64_t{0})));
+            std::printf("%s was lost at epoch %lld: %s\n", summary["evaluator_lost"].value("task", "").c_str(),
+                        static_cast<long long>(summary["evaluator_lost"].value("epoch", int64_t{0})),
+                        summary["evaluator_lost"].value("instead", "").c_str());
         if (summary.contains("rejoined"))
             for (const auto& r : summary["rejoined"]) {
                 if (r.contains("at_epoch"))  // the evaluator

@@ -93,6 +93,7 @@ public:
                 } else if (e.kind == "error" && m_problem.empty()) {
                     m_problem = e.fields.value("message", std::string("failed"));
                     m_hint = e.fields.value("hint", "");
+                    m_taskFailed = true;
                 } else if (e.kind == "final") {
                     m_final = e.fields;
                 } else if (e.kind == "state") {
@@ -115,6 +116,11 @@ public:
         m_stream.join();
     }
     bool lost() const { return m_lost; }
+    // Lost because its machine or daemon went away (its stream broke off or ended, it went
+    // silent), not because its task failed or refused: a new task may do better once the
+    // daemon answers again. A task that fails (no test split, weights over its bound) would
+    // fail again, spending --restarts for nothing.
+    bool rejoinable() const { return m_lost && m_gone; }
 
     // Evaluates the ps tasks' weights now, or `weights` (safetensors bytes) when given: the
     // run's epoch `epoch`. Waits for the result while the evaluator answers heartbeats; an error
@@ -130,6 +136,7 @@ public:
         // A task that failed (no test split on its machine, say) is named by its own error.
         auto ended = [&]() -> std::optional<Result<EvalResult>> {
             if (m_problem.empty() && !m_ended) return std::nullopt;
+            m_gone = !m_taskFailed;
             // A broken stream's error names the evaluator already; its task's own error does not.
             const bool named = m_problem.rfind(m_label, 0) == 0;
             return lose(named ? m_problem : m_label + ": " + (m_problem.empty() ? "its task ended (" + m_state + ")" : m_problem),
@@ -139,15 +146,23 @@ public:
             std::lock_guard lock(m_mutex);
             if (auto e = ended()) return *e;
         }
-        Status asked = weights ? m_client.sendWeights(m_taskRun, "the chief's weights after epoch " + std::to_string(epoch), *weights)
+        Status asked = weights ? m_client.sendWeights(m_taskRun, "the chief's weights after epoch " + std::to_string(epoch), *weights, false)
                                : okStatus();
         if (asked.ok()) asked = m_client.requestEvaluation(m_taskRun, epoch, seq, weights != nullptr);
         if (Status st = std::move(asked); !st.ok()) {
-            std::lock_guard lock(m_mutex);  // its stream may have said why meanwhile
-            if (auto e = ended()) return *e;
+            {
+                std::lock_guard lock(m_mutex);  // its stream may have said why meanwhile
+                if (auto e = ended()) return *e;
+            }
+            // Refused by a daemon that still answers, or not heard by one that does not?
+            m_gone = !m_client.heartbeat(std::chrono::seconds(1)).ok();
             return lose(st.error().message, st.error().hint);
         }
-        auto lastAnswer = std::chrono::steady_clock::now();
+        const auto requested = std::chrono::steady_clock::now();
+        auto lastAnswer = requested;
+        // An evaluation that never ends (a hung task answering heartbeats) must not hold the
+        // coordinator, which reads every task's stream between evaluations, for good.
+        const auto limit = std::chrono::duration<double>(std::max(60.0, 10 * m_lastSeconds));
         std::unique_lock lock(m_mutex);
         for (;;) {
             if (auto it = m_results.find(seq); it != m_results.end()) {
@@ -159,6 +174,7 @@ public:
                 v.loss = r.value("val_loss", 0.0);
                 v.accuracy = r.value("val_accuracy", 0.0);
                 v.examples = r.value("examples", int64_t{0});
+                m_lastSeconds = r.value("seconds", 0.0);
                 return v;
             }
             if (auto e = ended()) return *e;
@@ -170,10 +186,17 @@ public:
             const auto pulse = m_client.heartbeat(std::chrono::seconds(1));
             lock.lock();
             const auto now = std::chrono::steady_clock::now();
-            if (pulse.ok()) lastAnswer = now;
-            else if (now - lastAnswer > m_heartbeatTimeout)
+            if (pulse.ok()) {
+                lastAnswer = now;
+            } else if (now - lastAnswer > m_heartbeatTimeout) {
+                m_gone = true;
                 return lose(m_label + " stopped responding while it evaluated epoch " + std::to_string(epoch) + ": " + pulse.error().message,
                             "check that machine and its trainstudio-worker");
+            }
+            if (now - requested > limit)
+                return lose(m_label + " did not finish evaluating epoch " + std::to_string(epoch) + " within " +
+                                std::to_string(static_cast<int>(limit.count())) + " s",
+                            "see that worker's log; the coordinator evaluates from now on");
         }
     }
 
@@ -202,7 +225,10 @@ private:
     std::string m_problem, m_hint, m_state;
     nlohmann::json m_final = nlohmann::json::object();
     bool m_ended = false;
-    bool m_lost = false;  // run()'s thread only
+    bool m_taskFailed = false;  // its task reported an error
+    bool m_lost = false;  // run()'s thread only, as are the two below
+    bool m_gone = false;
+    double m_lastSeconds = 0;  // the last evaluation's
     int64_t m_seq = 0;    // run()'s thread only
 };
 
@@ -492,14 +518,18 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // With --restarts, the heartbeats probe a lost evaluator's daemon (probeEvaluator); once it
     // answers (evaluatorBack), the next evaluation starts a new task on it first.
     std::atomic<bool> probeEvaluator{false}, evaluatorBack{false};
-    auto evaluatorUnavailable = [&](const Error& why, int64_t epoch) {
+    bool chiefSendsWeights = false;  // multi-worker-mirrored with its evaluator started
+    // `rejoinable`: it may come back (see EvaluatorLink::rejoinable); only runs that evaluate
+    // through it as they go (parameter-server, or a multi-worker chief that sends its weights)
+    // take it back.
+    auto evaluatorUnavailable = [&](const Error& why, int64_t epoch, bool rejoinable) {
         // A multi-worker-mirrored run's training tasks validate themselves when it is not there
         // at their start.
         const std::string instead = psRun || epoch > 0 ? "the coordinator evaluates the run" + std::string(epoch > 0 ? " from now on" : "")
                                                        : "the chief and the workers validate the run themselves";
         bus.publish(tm::Event(tm::LogEvent{stamp(m_evaluator->id.toString(), "", 0), tm::LogLevel::Warning, why.message + "; " + instead}));
-        m_summary["evaluator_lost"] = {{"task", m_evaluator->id.toString()}, {"epoch", epoch}, {"why", why.message}};
-        if (m_restarts + m_rejoins < allowedRestarts) probeEvaluator = true;
+        m_summary["evaluator_lost"] = {{"task", m_evaluator->id.toString()}, {"epoch", epoch}, {"why", why.message}, {"instead", instead}};
+        if (rejoinable && (psRun || chiefSendsWeights) && m_restarts + m_rejoins < allowedRestarts) probeEvaluator = true;
     };
     std::unique_ptr<RunEvaluator> evaluator;
     if (psRun || evaluatorTask) {
@@ -523,7 +553,6 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         c.validate = false;
         return c.toJson();
     }();
-    bool chiefSendsWeights = false;  // multi-worker-mirrored with its evaluator started
     Inbox inbox;
     inbox.ended.assign(m_tasks.size(), false);
     inbox.silent.assign(m_tasks.size(), false);
@@ -582,7 +611,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             Task& t = *order[k];
             if (Status st = t.client->reserve(taskRun, m_who, 30); !st.ok()) {
                 if (&t == evaluatorTask) {
-                    evaluatorUnavailable(st.error(), 0);
+                    evaluatorUnavailable(st.error(), 0, true);
                     evaluatorTask = nullptr;
                     continue;
                 }
@@ -631,7 +660,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                             : Status(tf.error());
         if (!st.ok() && &t == evaluatorTask) {
             (void)t.client->cancel(taskRun, "failed");  // its reservation
-            evaluatorUnavailable(st.error(), 0);
+            evaluatorUnavailable(st.error(), 0, true);
             evaluatorTask = nullptr;
             continue;
         }
@@ -735,6 +764,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // Worker 0's epoch, with the ps tasks' weights evaluated on the test split now: by the
     // evaluator task while it is there, else here.
     std::string evaluatedBy = "coordinator";
+    int64_t lastEvaluatedEpoch = 0;
     bool validationLost = false;  // the evaluator was lost and this machine cannot read the test split
     // A lost evaluator whose daemon answers again gets a new task (its old one, if still there,
     // is stopped first), as a lost worker does, from the same --restarts budget. An error leaves
@@ -745,7 +775,16 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             TS_ASSIGN(const WorkerPulse pulse, t.client->heartbeat(1s));
             remoteEvaluator.reset();  // ends the old task's stream
             t.client->allowStreams();
-            if (pulse.state == "running") (void)t.client->cancel(taskRun, "failed");
+            if (pulse.state == "running") {
+                // Its old task (a stopped machine that came back): it ends at once, but not before
+                // the Cancel returns.
+                (void)t.client->cancel(taskRun, "failed");
+                for (int k = 0; k < 20; ++k) {
+                    auto p = t.client->heartbeat(1s);
+                    if (!p.ok() || p->state != "running") break;
+                    std::this_thread::sleep_for(100ms);
+                }
+            }
             TS_TRY(t.client->reserve(taskRun, m_who, 30));
             StartTaskOptions fresh = start;
             fresh.sendEpochWeights = false;
@@ -783,7 +822,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         if (remoteEvaluator && !remoteEvaluator->lost()) {
             v = remoteEvaluator->evaluate(m.epoch, m_cancel, weights);
             if (!v.ok() && m_cancel) return;
-            if (!v.ok()) evaluatorUnavailable(v.error(), m.epoch);
+            if (!v.ok()) evaluatorUnavailable(v.error(), m.epoch, remoteEvaluator->rejoinable());
             evaluatedBy = m_evaluator->id.toString();
         }
         if (!v.ok()) {
@@ -811,6 +850,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         }
         m.metrics["val_loss"] = v->loss;
         m.metrics["val_accuracy"] = v->accuracy;
+        lastEvaluatedEpoch = m.epoch;
         fit.last.valLoss = v->loss;
         fit.last.valAccuracy = v->accuracy;
     };
@@ -1168,10 +1208,12 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         lock.unlock();
     }
     if (!psRun && chiefSendsWeights) {
-        // The last epoch's weights are the final ones: its evaluation is the run's.
-        if (std::isfinite(fit.last.valAccuracy) && !validationLost)
+        // The last epoch's weights are the final ones: its evaluation is the run's, if the run
+        // completed and that epoch was evaluated (not an earlier one's).
+        const bool ofFinalWeights = !failure && !m_cancel && !validationLost && lastEvaluatedEpoch > 0 && lastEvaluatedEpoch == fit.epochs;
+        if (ofFinalWeights) {
             m_summary["evaluation"] = {{"val_loss", fit.last.valLoss}, {"val_accuracy", fit.last.valAccuracy}, {"by", evaluatedBy}};
-        if (validationLost) {
+        } else {
             fit.last.valLoss = std::numeric_limits<double>::quiet_NaN();
             fit.last.valAccuracy = std::numeric_limits<double>::quiet_NaN();
         }

@@ -133,8 +133,9 @@ Status WorkerClient::startTask(const std::string& runId, const nlohmann::json& r
     return okStatus();
 }
 
-Status WorkerClient::sendWeights(const std::string& runId, const std::string& name, const std::string& bytes)
+Status WorkerClient::sendWeights(const std::string& runId, const std::string& name, const std::string& bytes, bool initial)
 {
+    const std::string what = initial ? "the initial weights" : name;
     constexpr std::size_t kPart = 256 << 10;  // well inside any --max-message-bytes a run config fits in
     grpc::ClientContext ctx;
     // Time for the bytes at a slow 8 MiB/s, on top of the usual call.
@@ -153,12 +154,12 @@ Status WorkerClient::sendWeights(const std::string& runId, const std::string& na
     writer->WritesDone();
     const grpc::Status st = writer->Finish();
     if (st.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED)
-        return makeError(ErrorCode::InvalidArgument, m_impl->label + " refused the initial weights: " + st.error_message(),
+        return makeError(ErrorCode::InvalidArgument, m_impl->label + " refused " + what + ": " + st.error_message(),
                          "start that trainstudio-worker with a larger --max-weights-bytes");
     if (st.error_code() == grpc::StatusCode::INVALID_ARGUMENT)
-        return makeError(ErrorCode::InvalidArgument, m_impl->label + " refused the initial weights: " + st.error_message(),
-                         "check the file with trainstudio-cli, or save the weights again");
-    if (!st.ok()) return m_impl->failOrBusy(st, "could not send the initial weights");
+        return makeError(ErrorCode::InvalidArgument, m_impl->label + " refused " + what + ": " + st.error_message(),
+                         initial ? "check the file with trainstudio-cli, or save the weights again" : "");
+    if (!st.ok()) return m_impl->failOrBusy(st, "could not send " + what);
     return okStatus();
 }
 

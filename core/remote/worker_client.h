@@ -76,9 +76,10 @@ public:
     Status startTask(const std::string& runId, const nlohmann::json& runConfig, const std::string& tfConfig,
                      const std::string& taskType, int taskIndex, const StartTaskOptions& options = {});
     // Sends a safetensors file's bytes (any size, in 256 KiB parts) that the task of `runId` will
-    // start from (startTask with initialWeightsSent). The worker checks them on arrival; its
-    // refusal names the file (damaged, or over its --max-weights-bytes).
-    Status sendWeights(const std::string& runId, const std::string& name, const std::string& bytes);
+    // start from (startTask with initialWeightsSent), or (initial false) that its evaluator task
+    // evaluates next (requestEvaluation with weightsSent). The worker checks them on arrival; its
+    // refusal names them (damaged, or over its --max-weights-bytes).
+    Status sendWeights(const std::string& runId, const std::string& name, const std::string& bytes, bool initial = true);
     // Asks the running task to trace its next `steps` steps. OK(true) started; OK(false) the task
     // cannot now, `why` says so ("worker:1: the task traces every step already").
     Result<bool> captureTrace(const std::string& runId, int64_t steps, bool layers, std::string* why = nullptr);

@@ -577,7 +577,7 @@ private:
         {
             // For the run's evaluator task (through the coordinator); on the training thread, so
             // the weights are this epoch's.
-            if (m_s.m_sendEpochWeights && m_s.m_trainer) m_s.publishWeights(*m_s.m_trainer, m_s.m_step, e.epoch);
+            if (m_s.m_sendEpochWeights && m_s.m_trainer) m_s.publishWeights(*m_s.m_trainer, m_s.m_trainer->globalStep(), e.epoch);
             nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", e.loss}, {"accuracy", e.accuracy},
                                 {"samples_per_sec", e.samplesPerSec}, {"seconds", e.seconds}};
             if (std::isfinite(e.valLoss)) j["val_loss"] = e.valLoss;

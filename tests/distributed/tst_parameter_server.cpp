@@ -189,6 +189,7 @@ private slots:
     void mixedPrecisionWorkers();
     void evaluatorTask_data();
     void evaluatorTask();
+    void failingEvaluatorDoesNotRejoin();
     void separateNetworkNamespaces();
     void evaluatorNotNeededWithoutValidation();
     void cutOffCoordinatorStopsTheTasks();
@@ -537,9 +538,12 @@ void TestParameterServer::evaluatorTask()
         f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"], "evaluator": ["127.0.0.1:%4"]}})")
                     .arg(ports[0]).arg(ports[1]).arg(ports[2]).arg(ev->port).toUtf8());
     }
+    // Rejoining takes a probe (every 0.5 s) after the loss at epoch 2: longer epochs leave time
+    // for it before the final evaluation.
     const int epochs = restartDaemon ? 4 : 3;
     const QString weights = dir.filePath("final.safetensors");
-    QStringList args = trainArgs(cluster, epochs) + QStringList{"--limit", "12800", "--db", dir.filePath("runs.db"), "--json", "--save-weights", weights};
+    QStringList args = trainArgs(cluster, epochs) + QStringList{"--limit", restartDaemon ? "25600" : "12800", "--db", dir.filePath("runs.db"),
+                                                                "--json", "--save-weights", weights};
     if (restartDaemon) args += QStringList{"--backup-dir", "run-r", "--backup-every-steps", "500", "--restarts", "1"};
     auto coord = startCoordinator(args);
     QString out;
@@ -599,6 +603,46 @@ void TestParameterServer::evaluatorTask()
     }
     // The final evaluation is of the final weights (after every worker's last push).
     checkScoresLocally(weights, acc);
+}
+
+// With --restarts, an evaluator whose task fails (here: the data folder has no test split) is
+// not taken back although its daemon still answers: a new task would fail the same way and
+// spend the restarts a lost worker may need. Nor can the coordinator, on the same folder,
+// evaluate: the run trains on without validation and says so.
+void TestParameterServer::failingEvaluatorDoesNotRejoin()
+{
+    QTemporaryDir dir;
+    BackedUpCluster c = startBackedUpCluster(dir.path(), dir.filePath("w0-backups"));
+    auto ev = spawnWorker(dir.path(), "evaluator0");
+    QVERIFY(c.ps->port > 0 && c.w0->port > 0 && c.w1->port > 0 && ev->port > 0);
+    const QString data = dir.filePath("train-only");
+    QVERIFY(QDir().mkpath(data));
+    for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz"})
+        QVERIFY(QFile::link(QString::fromStdString(defaultFashionMnistDir()) + "/" + f, data + "/" + f));
+    const QString cluster = dir.filePath("cluster.json");
+    {
+        QFile f(cluster);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(QString(R"({"cluster": {"worker": ["127.0.0.1:%1", "127.0.0.1:%2"], "ps": ["127.0.0.1:%3"], "evaluator": ["127.0.0.1:%4"]}})")
+                    .arg(c.w0->port).arg(c.w1->port).arg(c.ps->port).arg(ev->port).toUtf8());
+    }
+    constexpr int epochs = 3;
+    auto coord = startCoordinator(trainArgs(cluster, epochs) + QStringList{"--limit", "12800", "--db", dir.filePath("runs.db"), "--json",
+                                                                          "--data", data, "--backup-dir", "run-r", "--backup-every-steps",
+                                                                          "500", "--restarts", "1"});
+    QVERIFY(coord->waitForFinished(120000));
+    QString out, err;
+    const auto j = finishedSummary(*coord, out, err);
+    QVERIFY2(coord->exitCode() == 0 && !j.is_discarded() && j.value("final", false), qPrintable(out + err));
+    const auto& tasks = j["tasks"];
+    QCOMPARE(tasks["evaluator_lost"].value("task", ""), std::string("evaluator:0"));
+    QVERIFY2(tasks["evaluator_lost"].value("why", "").find("t10k") != std::string::npos, qPrintable(out));
+    QVERIFY2(!tasks.contains("rejoined"), qPrintable(out));
+    QCOMPARE(j.value("rejoins", -1), 0);
+    QCOMPARE(j["epochs"].get<int64_t>(), int64_t(epochs));
+    QVERIFY2(!err.contains("answers again"), qPrintable(err));
+    QVERIFY2(err.contains("the run goes on without validation"), qPrintable(err));
+    QVERIFY(!j.contains("val_accuracy"));
 }
 
 // The ps task, both workers and the evaluator as daemons in their own network namespaces, the
