@@ -318,7 +318,14 @@ void TestRemoteUi::trainsOnRemoteWorkersFromTheGui()
     if (!QFileInfo(QString::fromStdString(defaultFashionMnistDir())).isDir())
         QSKIP("Fashion-MNIST is not installed (dataset-fashion-mnist)");
     startWorkers();
-    auto w = remoteWindow(2, 4096, cluster(m_chief->port, m_worker->port), "multi-worker-mirrored");
+    // With an evaluator task: it evaluates the chief's weights after each epoch.
+    auto ev = spawnWorker(m_dir.path(), "mwm-ev0");
+    QVERIFY(ev->port > 0);
+    const QString tfConfig = QString(R"({"cluster": {"chief": ["127.0.0.1:%1"], "worker": ["127.0.0.1:%2"], "evaluator": ["127.0.0.1:%3"]}})")
+                                 .arg(m_chief->port)
+                                 .arg(m_worker->port)
+                                 .arg(ev->port);
+    auto w = remoteWindow(2, 4096, tfConfig, "multi-worker-mirrored");
     TrainPage* page = w->trainPage();
     RunSetupPanel* setup = page->setup();
     QVERIFY2(setup->problems().isEmpty(), qPrintable(setup->problems().join('\n')));
@@ -334,7 +341,8 @@ void TestRemoteUi::trainsOnRemoteWorkersFromTheGui()
     // The chief's steps: 4096 examples / 256 per global batch = 16 steps per epoch.
     QCOMPARE(live.steps().step.size(), std::size_t(32));
     QCOMPARE(live.epochs().epoch.size(), std::size_t(2));
-    QVERIFY(live.epochs().valAccuracy.empty() || live.epochs().valAccuracy.back() > 0.5);
+    QCOMPARE(live.epochs().valAccuracy.size(), std::size_t(2));  // both epochs, by the evaluator
+    QVERIFY(live.epochs().valAccuracy.back() > 0.5);
     QVERIFY(live.steps().loss.back() < live.steps().loss.front());
     // Each worker's host on its own lane (named after the task), not one merged "host".
     QVERIFY(live.devices().count("chief:0 host") == 1);
@@ -350,6 +358,14 @@ void TestRemoteUi::trainsOnRemoteWorkersFromTheGui()
     QCOMPARE(info->lastStep, int64_t(32));
     // The chief's weights are kept with the run, as a local run's are, so the history can export them.
     QVERIFY(hasFinalWeights(*store, w->session()->runId().toStdString(), 32));
+    // The evaluator evaluated and was stopped with the run.
+    auto epochs = store->epochMetrics(w->session()->runId().toStdString());
+    QVERIFY(epochs.ok() && epochs->size() == 2);
+    for (const auto& e : *epochs) QVERIFY(e.metrics.count("val_accuracy"));
+    auto evaluator = remote::WorkerClient::connect("evaluator:0", "127.0.0.1:" + std::to_string(ev->port), kToken);
+    QVERIFY(evaluator.ok());
+    auto pulse = (*evaluator)->heartbeat(std::chrono::seconds(5));
+    QVERIFY2(pulse.ok() && pulse->state == "completed", pulse.ok() ? pulse->state.c_str() : pulse.error().message.c_str());
 }
 
 void TestRemoteUi::stopEndsTheRemoteRun()
@@ -438,7 +454,9 @@ void TestRemoteUi::trainsWithParameterServerFromTheGui()
     QVERIFY2(finished.at(0).at(0).value<State>() == State::Completed, qPrintable(finished.at(0).at(1).toString()));
     const RunData& live = w->session()->data();
     QVERIFY(!live.steps().step.empty());
-    QVERIFY(live.steps().loss.back() < live.steps().loss.front());
+    // That it learned is in the evaluation below: the step losses of 32 asynchronous steps are
+    // a worker's running mean from wherever its first step fell (a late first step starts low,
+    // and stale updates can raise it again: seen 1.39 at step 8 and 1.39 at step 31).
 
     auto store = store::RunStore::open(db().toStdString(), {.readOnly = true});
     QVERIFY(store.ok());
@@ -457,6 +475,7 @@ void TestRemoteUi::trainsWithParameterServerFromTheGui()
     auto epochs = store->epochMetrics(id);
     QVERIFY(epochs.ok() && !epochs->empty());
     QVERIFY(epochs->back().metrics.count("val_accuracy"));
+    QVERIFY2(epochs->back().metrics.at("val_accuracy") > 0.5, qPrintable(QString::number(epochs->back().metrics.at("val_accuracy"))));  // 0.1 by chance
     auto evaluator = remote::WorkerClient::connect("evaluator:0", "127.0.0.1:" + std::to_string(ev->port), kToken);
     QVERIFY(evaluator.ok());
     auto pulse = (*evaluator)->heartbeat(std::chrono::seconds(5));
