@@ -378,7 +378,9 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
 
 Status Coordinator::preflight(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience)
 {
-    return checkTasks(timeout, connectPatience, false);
+    // The evaluator is not needed to train: one that does not answer is skipped at the start,
+    // with a warning on the run's bus naming it.
+    return checkTasks(timeout, connectPatience, true);
 }
 
 Status Coordinator::checkTasks(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience, bool evaluatorOptional)

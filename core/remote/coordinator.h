@@ -90,7 +90,8 @@ public:
     // connectPatience: how long gRPC's catch-all "cannot connect to" is asked again before it
     // counts (a daemon already listening has given it on a loaded machine); at least `timeout`.
     std::vector<TaskProbe> probe(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience = {});
-    // probe() and the first problem as an error ("pre-flight: worker:1 at ... : ...").
+    // probe() and the first problem as an error ("pre-flight: worker:1 at ... : ..."); not the
+    // evaluator's, which run() skips with a warning.
     Status preflight(std::chrono::milliseconds timeout = std::chrono::seconds(3),
                      std::chrono::milliseconds connectPatience = std::chrono::seconds(10));
 

@@ -721,6 +721,19 @@ void TestParameterServer::evaluatorNotNeededWithoutValidation()
     QVERIFY2(err.contains("the evaluator task is not started: the run does not validate"), qPrintable(err));
     const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
     QVERIFY2(!j.is_discarded() && j.value("final", false) && !j["tasks"].contains("evaluation"), qPrintable(out));
+
+    // A run that validates is not held up by it either (TF's side-car evaluator is not needed to
+    // train): the pre-flight warns, and the coordinator evaluates.
+    auto validating = startCoordinator(trainArgs(c.file, 1) + QStringList{"--limit", "3200", "--no-record", "--json"});
+    QVERIFY(validating->waitForFinished(120000));
+    QString out2, err2;
+    const auto v = finishedSummary(*validating, out2, err2);
+    QVERIFY2(validating->exitCode() == 0 && !v.is_discarded() && v.value("final", false), qPrintable(out2 + err2));
+    const QString named = QString("warning: pre-flight: evaluator:0 at 127.0.0.1:%1").arg(unused);
+    QVERIFY2(err2.contains(named) && err2.contains("the run goes on without it"), qPrintable(err2));
+    QCOMPARE(v["tasks"]["evaluation"].value("by", ""), std::string("coordinator"));
+    QCOMPARE(v["tasks"]["evaluator_lost"].value("epoch", int64_t{-1}), int64_t(0));
+    QVERIFY(v.value("val_accuracy", 0.0) > 0.5);
 }
 
 void TestParameterServer::trainsWithOnePs()
