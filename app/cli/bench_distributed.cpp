@@ -146,19 +146,6 @@ ts::Result<std::vector<AllReduceRow>> allReduceSweep()
     return rows;
 }
 
-// The run's samples/s from a coordinator's --json output: its last line sums every worker's.
-double finalRate(const std::string& output)
-{
-    std::istringstream in(output);
-    std::string line;
-    double rate = 0;
-    while (std::getline(in, line)) {
-        auto j = nlohmann::json::parse(line, nullptr, false);
-        if (!j.is_discarded() && j.is_object() && j.value("final", false)) rate = j.value("samples_per_sec", 0.0);
-    }
-    return rate;
-}
-
 // trainstudio-worker next to this binary: the same folder once installed, app/worker in a build.
 std::string workerBinary(const std::string& self)
 {
@@ -172,7 +159,8 @@ std::string workerBinary(const std::string& self)
 }
 
 // One parameter-server run: 3 daemons on loopback (ps:0, worker:0, worker:1), this binary
-// coordinating; the daemons are stopped after. Returns the run's samples/s (0 if it failed).
+// coordinating; the daemons are stopped after. Returns the run's samples/s (0 if it failed): the
+// median of epochs 2..N, as for the multi-worker runs (ps:0's epochs count every worker's).
 double parameterServerRate(const std::string& self, const std::string& worker, const std::string& common)
 {
     std::ostringstream cmd;
@@ -182,7 +170,7 @@ double parameterServerRate(const std::string& self, const std::string& worker, c
         << "printf '{\"cluster\": {\"worker\": [\"127.0.0.1:%s\", \"127.0.0.1:%s\"], \"ps\": [\"127.0.0.1:%s\"]}}' "
         << "$(cat $d/w0.port) $(cat $d/w1.port) $(cat $d/ps0.port) > $d/cluster.json; '" << self << "'" << common
         << " --strategy parameter-server --cluster $d/cluster.json 2>&1; kill $pids 2>/dev/null; wait; rm -rf $d";
-    return finalRate(capture(cmd.str()));
+    return epochRate(capture(cmd.str()));
 }
 
 } // namespace

@@ -154,8 +154,11 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         if (o.quiet) return;
         const double loss = m.metrics.count("loss") ? m.metrics.at("loss") : 0.0;
         const double acc = m.metrics.count("accuracy") ? m.metrics.at("accuracy") : 0.0;
-        nlohmann::json j{{"epoch", m.epoch}, {"loss", loss}, {"accuracy", acc}, {"worker", m.stamp.lane.worker}};
-        if (m.metrics.count("val_accuracy")) j["val_accuracy"] = m.metrics.at("val_accuracy");
+        // As a local run's epoch lines, with the task whose epoch it is.
+        nlohmann::json j{{"epoch", m.epoch},           {"loss", loss},       {"accuracy", acc}, {"samples_per_sec", m.samplesPerSec},
+                         {"seconds", m.seconds}, {"worker", m.stamp.lane.worker}};
+        for (const char* k : {"val_loss", "val_accuracy"})
+            if (m.metrics.count(k)) j[k] = m.metrics.at(k);
         if (o.json) std::cout << j.dump() << "\n";
         else if (m.metrics.count("val_accuracy"))
             std::printf("Epoch %lld: loss %.4f accuracy %.4f val_accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc,
