@@ -6,9 +6,6 @@
 
 #include <csignal>
 #include <cstdlib>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
 #include <future>
 #include <thread>
 
@@ -16,6 +13,7 @@
 #include <atomic>
 
 #include "distribute/agreement.h"
+#include "distributed/loopback_listener.h"
 #include "remote/gloo_communicator.h"
 #include "remote/rendezvous.h"
 
@@ -620,20 +618,12 @@ void TestGloo::unreachableRendezvousIsExplained()
 // error says what that means instead. Our services' own deadline texts stay as they are.
 void TestGloo::silentPeerIsNoAnswerInTime()
 {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    QVERIFY(fd >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    QVERIFY(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    QVERIFY(::listen(fd, 8) == 0);
-    QVERIFY(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-    const std::string where = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+    tstest::LoopbackListener silent;
+    QVERIFY(silent.port > 0);
+    const std::string where = "127.0.0.1:" + std::to_string(silent.port);
     auto client = RendezvousClient::connect(where, kToken);
     QVERIFY(client.ok());
     auto v = (*client)->get("k", 300ms);
-    ::close(fd);
     QVERIFY(!v.ok());
     QVERIFY2(v.error().message == "rendezvous at " + where + ": get k: no answer in time (a stopped or overloaded machine?)", v.error().message.c_str());
 

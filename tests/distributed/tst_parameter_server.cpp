@@ -15,6 +15,7 @@
 
 #include "data/dataset.h"
 #include "distribute/partitioner.h"
+#include "distributed/local_evaluation.h"
 #include "distributed/worker_process.h"
 #include "io/safetensors.h"
 #include "parameter_server.grpc.pb.h"
@@ -139,23 +140,8 @@ nlohmann::json finishedSummary(QProcess& coord, QString& out, QString& err)
 // The seed's MLP with the weights in `weights` scores `accuracy` on the whole test split here.
 void checkScoresLocally(const QString& weights, double accuracy)
 {
-    auto model = loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
-    QVERIFY(model.ok());
-    TrainConfig tc;
-    tc.strategy.threads = 1;
-    auto trainer = Trainer::create(*model, tc);
-    QVERIFY(trainer.ok());
-    Status loaded = (*trainer)->loadWeights(weights.toStdString());
-    QVERIFY2(loaded.ok(), loaded.ok() ? "" : loaded.error().toString().c_str());
-    auto data = loadIdxFolder(defaultFashionMnistDir(), true);
-    QVERIFY(data.ok());
-    InMemoryBatchOptions bo;
-    bo.batchSize = 1000;
-    bo.shuffle = false;
-    auto test = InMemoryBatchSource::create(data->test, bo);
-    QVERIFY(test.ok());
-    auto local = (*trainer)->evaluate(**test);
-    QVERIFY(local.ok());
+    auto local = tstest::evaluateWeightsFile(weights.toStdString());
+    QVERIFY2(local.ok(), local.ok() ? "" : local.error().toString().c_str());
     QCOMPARE(local->examples, int64_t(10000));
     QVERIFY2(std::abs(local->accuracy - accuracy) < 1e-9, qPrintable(QString("%1 vs %2").arg(local->accuracy).arg(accuracy)));
 }

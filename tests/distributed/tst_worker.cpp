@@ -20,6 +20,8 @@
 #include <nlohmann/json.hpp>
 
 #include "data/dataset.h"
+#include "distributed/local_evaluation.h"
+#include "distributed/loopback_listener.h"
 #include "distributed/weight_diff.h"
 #include "distributed/worker_process.h"
 #include "io/safetensors.h"
@@ -684,9 +686,7 @@ void TestWorker::multiWorkerEvaluatorEvaluatesSentWeights()
     QVERIFY(!st.ok());
     QVERIFY2(st.error().message.find("no weights were sent for run e1") != std::string::npos, st.error().message.c_str());
     // A model's initial weights: its evaluation equals a local one of the same weights.
-    TrainConfig tc;
-    tc.strategy.threads = 1;
-    auto local = Trainer::create(cfg.model, tc);
+    auto local = tstest::seedMlpTrainer();
     QVERIFY(local.ok());
     QVERIFY((*local)->strategy().initialise(7).ok());
     auto params = (*local)->strategy().exportParameters();
@@ -710,15 +710,7 @@ void TestWorker::multiWorkerEvaluatorEvaluatesSentWeights()
     QCOMPARE(result.value("seq", int64_t{0}), int64_t(3));
     QVERIFY2(!result.contains("error"), result.dump().c_str());
     QCOMPARE(result.value("examples", int64_t{0}), int64_t(2000));
-    auto data = loadIdxFolder(defaultFashionMnistDir(), true);
-    QVERIFY(data.ok());
-    InMemoryBatchOptions bo;
-    bo.batchSize = 1000;
-    bo.shuffle = false;
-    bo.limit = 2000;
-    auto test = InMemoryBatchSource::create(data->test, bo);
-    QVERIFY(test.ok());
-    auto expected = (*local)->evaluate(**test);
+    auto expected = tstest::evaluateOnTestSplit(**local, 2000);
     QVERIFY(expected.ok());
     QVERIFY2(std::abs(expected->accuracy - result.value("val_accuracy", -1.0)) < 1e-9 && std::abs(expected->loss - result.value("val_loss", -1.0)) < 1e-6,
              qPrintable(QString("%1 %2 against %3").arg(expected->accuracy).arg(expected->loss).arg(QString::fromStdString(result.dump()))));
@@ -796,22 +788,8 @@ void TestWorker::multiWorkerRunWithEvaluator()
         QVERIFY2(err.contains("the coordinator evaluates the run from now on"), qPrintable(err));
     }
     // The last epoch's evaluation is of the final weights.
-    auto model = loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
-    QVERIFY(model.ok());
-    TrainConfig tc;
-    tc.strategy.threads = 1;
-    auto trainer = Trainer::create(*model, tc);
-    QVERIFY(trainer.ok());
-    QVERIFY((*trainer)->loadWeights(weights.toStdString()).ok());
-    auto data = loadIdxFolder(defaultFashionMnistDir(), true);
-    QVERIFY(data.ok());
-    InMemoryBatchOptions bo;
-    bo.batchSize = 1000;
-    bo.shuffle = false;
-    auto test = InMemoryBatchSource::create(data->test, bo);
-    QVERIFY(test.ok());
-    auto local = (*trainer)->evaluate(**test);
-    QVERIFY(local.ok());
+    auto local = tstest::evaluateWeightsFile(weights.toStdString());
+    QVERIFY2(local.ok(), local.ok() ? "" : local.error().toString().c_str());
     QVERIFY2(std::abs(local->accuracy - j.value("val_accuracy", -1.0)) < 1e-9, qPrintable(QString("%1 against %2").arg(local->accuracy).arg(j.value("val_accuracy", -1.0))));
 }
 
@@ -1203,20 +1181,13 @@ void TestWorker::restartedRunResumesFromBackup()
 // program, not as an unreachable worker.
 void TestWorker::preflightNamesForeignServer()
 {
-    const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-    QVERIFY(listener >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    QCOMPARE(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    QCOMPARE(::listen(listener, 8), 0);
-    socklen_t len = sizeof addr;
-    QCOMPARE(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-    const int port = ntohs(addr.sin_port);
+    tstest::LoopbackListener listener;
+    QVERIFY(listener.port > 0);
+    const int port = listener.port;
     std::atomic<bool> stop{false};
     std::thread web([&] {
         while (!stop) {
-            const int c = ::accept(listener, nullptr, nullptr);
+            const int c = ::accept(listener.fd, nullptr, nullptr);
             if (c < 0) break;
             char buf[512];
             (void)::recv(c, buf, sizeof buf, 0);
@@ -1229,9 +1200,8 @@ void TestWorker::preflightNamesForeignServer()
     auto probe = startCoordinator({"cluster", writeCluster(dir.path(), {port}), "--probe", "--json"});
     const bool finished = probe->waitForFinished(60000);
     stop = true;
-    ::shutdown(listener, SHUT_RDWR);
+    listener.stopAccepting();
     web.join();
-    ::close(listener);
     QVERIFY(finished);
     const QString probed = QString::fromUtf8(probe->readAllStandardOutput());
     QCOMPARE(probe->exitCode(), 1);
