@@ -162,7 +162,7 @@ public:
         auto lastAnswer = requested;
         // An evaluation that never ends (a hung task answering heartbeats) must not hold the
         // coordinator, which reads every task's stream between evaluations, for good.
-        const auto limit = std::chrono::duration<double>(std::max(60.0, 10 * m_lastSeconds));
+        const auto limit = std::chrono::duration<double>(std::max(300.0, 10 * m_lastSeconds));
         std::unique_lock lock(m_mutex);
         for (;;) {
             if (auto it = m_results.find(seq); it != m_results.end()) {
