@@ -44,8 +44,8 @@ void addClusterCommand(CLI::App& app, ClusterOptions& o)
 namespace {
 
 // --probe: the pre-flight a coordinator runs, for every task it would start (the ps, worker and
-// evaluator tasks of a cluster with ps tasks, else the chief and workers). Exit 0 when all are
-// ready.
+// evaluator tasks of a cluster with ps tasks, else the chief, workers and evaluator). Exit 0 when
+// all are ready (a run itself goes on without an evaluator that is not).
 int probeCluster(const ts::ClusterSpec& spec, const ClusterOptions& o)
 {
     auto token = ts::remote::loadToken(o.tokenFile);
