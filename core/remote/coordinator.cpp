@@ -193,10 +193,15 @@ public:
                 return lose(m_label + " stopped responding while it evaluated epoch " + std::to_string(epoch) + ": " + pulse.error().message,
                             "check that machine and its trainstudio-worker");
             }
-            if (now - requested > limit)
+            if (now - requested > limit) {
+                m_gone = !pulse.ok();
+                lock.unlock();
+                (void)m_client.cancel(m_taskRun, "failed");  // the hung task, so its machine is free again
+                lock.lock();
                 return lose(m_label + " did not finish evaluating epoch " + std::to_string(epoch) + " within " +
                                 std::to_string(static_cast<int>(limit.count())) + " s",
-                            "see that worker's log; the coordinator evaluates from now on");
+                            "see that worker's log");
+            }
         }
     }
 
@@ -613,7 +618,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             Task& t = *order[k];
             if (Status st = t.client->reserve(taskRun, m_who, 30); !st.ok()) {
                 if (&t == evaluatorTask) {
-                    evaluatorUnavailable(st.error(), 0, true);
+                    // Busy or refusing, it answers: taking it back later would be refused again.
+                    evaluatorUnavailable(st.error(), 0, !t.client->heartbeat(1s).ok());
                     evaluatorTask = nullptr;
                     continue;
                 }
@@ -662,7 +668,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                             : Status(tf.error());
         if (!st.ok() && &t == evaluatorTask) {
             (void)t.client->cancel(taskRun, "failed");  // its reservation
-            evaluatorUnavailable(st.error(), 0, true);
+            evaluatorUnavailable(st.error(), 0, !t.client->heartbeat(1s).ok());
             evaluatorTask = nullptr;
             continue;
         }
@@ -774,10 +780,12 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     auto rejoinEvaluator = [&](const tm::EpochMetricsEvent& m) {
         Task& t = *evaluatorSlot;
         auto again = [&]() -> Status {
-            TS_ASSIGN(const WorkerPulse pulse, t.client->heartbeat(1s));
+            TS_ASSIGN(const WorkerIdentity who, t.client->identify(1s));
+            if (who.state == "running" && who.runId != taskRun)
+                return makeError(ErrorCode::InvalidArgument, t.label + " runs run " + who.runId + " for " + who.coordinator);
             remoteEvaluator.reset();  // ends the old task's stream
             t.client->allowStreams();
-            if (pulse.state == "running") {
+            if (who.state == "running") {
                 // Its old task (a stopped machine that came back): it ends at once, but not before
                 // the Cancel returns.
                 (void)t.client->cancel(taskRun, "failed");
@@ -815,8 +823,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // `weights`: a multi-worker-mirrored chief's after the epoch (safetensors bytes); null: the
     // ps tasks' now.
     auto evaluatedEpoch = [&](tm::EpochMetricsEvent& m, const std::string* weights = nullptr) {
-        if (evaluatorBack.exchange(false) && !failure && !m_cancel && (!remoteEvaluator || remoteEvaluator->lost())) {
-            probeEvaluator = false;
+        if (evaluatorBack && !failure && !m_cancel && (!remoteEvaluator || remoteEvaluator->lost())) {
+            probeEvaluator = false;  // before the flag: a probe in flight may set it once more
+            evaluatorBack = false;
             if (m_restarts + m_rejoins < allowedRestarts) rejoinEvaluator(m);
         }
         if (!evaluator || !cfg.validate || failure || validationLost) return;
@@ -833,6 +842,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 // Training does not need it: the run goes on without validation rather than
                 // fail on the evaluator's account.
                 validationLost = true;
+                if (m_summary.contains("evaluator_lost")) m_summary["evaluator_lost"]["instead"] = "the run goes on without validation";
                 bus.publish(tm::Event(tm::LogEvent{stamp("coordinator", "", m.stamp.step), tm::LogLevel::Warning,
                                                    "the coordinator cannot evaluate either (" + loaded.error().message +
                                                        "): the run goes on without validation"}));

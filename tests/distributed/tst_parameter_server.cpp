@@ -719,7 +719,7 @@ void TestParameterServer::evaluatorNotNeededWithoutValidation()
     QVERIFY2(err2.contains(named) && err2.contains("the run goes on without it"), qPrintable(err2));
     QCOMPARE(v["tasks"]["evaluation"].value("by", ""), std::string("coordinator"));
     QCOMPARE(v["tasks"]["evaluator_lost"].value("epoch", int64_t{-1}), int64_t(0));
-    QVERIFY(v.value("val_accuracy", 0.0) > 0.5);
+    QVERIFY(v.value("val_accuracy", 0.0) > 0.4);  // 0.1 by chance; 0.6-0.7 after this one short epoch
 }
 
 void TestParameterServer::trainsWithOnePs()

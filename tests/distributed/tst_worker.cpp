@@ -756,10 +756,12 @@ void TestWorker::multiWorkerRunWithEvaluator()
                                               "--save-weights", weights});
     QString out;
     if (killEvaluator) {
-        // Started first, it runs before the chief and the worker have joined.
+        // Started first: once the chief runs, the coordinator has the evaluator's task (its
+        // StartTask returned), and the chief has not yet joined the worker, let alone ended an epoch.
         QElapsedTimer wait;
         wait.start();
-        while (daemonState(evaluator->port) != "running" && wait.elapsed() < 30000) QTest::qWait(5);
+        while (daemonState(chief->port) != "running" && wait.elapsed() < 30000) QTest::qWait(2);
+        QVERIFY2(daemonState(chief->port) == "running", "the chief's task did not start within 30 s");
         ::kill(static_cast<pid_t>(evaluator->process->processId()), SIGKILL);
     }
     QVERIFY(coord.waitForFinished(120000));
