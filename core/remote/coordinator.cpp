@@ -43,6 +43,30 @@ struct Coordinator::Task {
 
 namespace {
 
+// A safetensors file's bytes as its "weights" parts arrive, in order on one task's stream:
+// anything else (a part missing, repeated, or of another count) is a broken sender, and the
+// bytes are not used rather than used damaged.
+struct WeightParts {
+    std::string bytes;
+    int64_t got = 0;        // parts so far; -1: broken
+    int64_t expected = -1;  // the parts announced
+    void add(int64_t part, int64_t parts, const std::string& payload)
+    {
+        if (part == got && parts > 0 && (expected < 0 || parts == expected)) {
+            expected = parts;
+            bytes += payload;
+            ++got;
+        } else {
+            got = -1;
+        }
+    }
+    bool complete() const { return got > 0 && got == expected; }
+    void clear() { *this = {}; }
+};
+
+// The name a multi-worker chief's weights after `epoch` go by in messages.
+std::string epochWeightsName(int64_t epoch) { return "the chief's weights after epoch " + std::to_string(epoch); }
+
 // Everything the stream and heartbeat threads tell run()'s loop, in arrival order.
 struct Inbox {
     std::mutex mutex;
@@ -146,8 +170,7 @@ public:
             std::lock_guard lock(m_mutex);
             if (auto e = ended()) return *e;
         }
-        Status asked = weights ? m_client.sendWeights(m_taskRun, "the chief's weights after epoch " + std::to_string(epoch), *weights, false)
-                               : okStatus();
+        Status asked = weights ? m_client.sendWeights(m_taskRun, epochWeightsName(epoch), *weights, false) : okStatus();
         if (asked.ok()) asked = m_client.requestEvaluation(m_taskRun, epoch, seq, weights != nullptr);
         if (Status st = std::move(asked); !st.ok()) {
             {
@@ -383,16 +406,10 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
 
 Status Coordinator::preflight(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience)
 {
-    // The evaluator is not needed to train: one that does not answer is skipped at the start,
-    // with a warning on the run's bus naming it.
-    return checkTasks(timeout, connectPatience, true);
-}
-
-Status Coordinator::checkTasks(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience, bool evaluatorOptional)
-{
+    // The evaluator is not needed to train: one that does not answer is skipped at the start (or
+    // at a restart), with a warning on the run's bus naming it.
     for (const auto& p : probe(timeout, connectPatience))
-        if (!p.ok && !(evaluatorOptional && p.id.type == "evaluator"))
-            return makeError(ErrorCode::InvalidArgument, "pre-flight: " + p.problem, p.hint);
+        if (!p.ok && p.id.type != "evaluator") return makeError(ErrorCode::InvalidArgument, "pre-flight: " + p.problem, p.hint);
     return {};
 }
 
@@ -471,10 +488,10 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
         ++m_restarts;
         const auto deadline = std::chrono::steady_clock::now() + m_options.restartWait;
         // Asked again and again anyway: each round is short.
-        Status ready = checkTasks(1s, 1s, true);
+        Status ready = preflight(1s, 1s);
         while (!ready.ok() && !m_cancel && std::chrono::steady_clock::now() < deadline) {
             std::this_thread::sleep_for(250ms);
-            ready = checkTasks(1s, 1s, true);
+            ready = preflight(1s, 1s);
         }
         if (m_cancel) ready = makeError(ErrorCode::Cancelled, "the run was cancelled while waiting to restart");
         if (!ready.ok()) {
@@ -820,6 +837,12 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                std::to_string(m_restarts + m_rejoins) + " of " + std::to_string(allowedRestarts) + ")"}));
         m_summary["rejoined"].push_back({{"task", t.id.toString()}, {"at_epoch", m.epoch}});
     };
+    // The evaluator's task ends with the run (`reason` as Cancel's); its final counts go in the summary.
+    auto stopEvaluator = [&](const std::string& reason) {
+        if (!remoteEvaluator) return;
+        nlohmann::json final = remoteEvaluator->stop(reason);
+        if (!final.empty()) m_summary[m_evaluator->id.toString()] = std::move(final);
+    };
     // `weights`: a multi-worker-mirrored chief's after the epoch (safetensors bytes); null: the
     // ps tasks' now.
     auto evaluatedEpoch = [&](tm::EpochMetricsEvent& m, const std::string* weights = nullptr) {
@@ -849,7 +872,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 return;
             }
             if (weights) {
-                const std::string name = "the chief's weights after epoch " + std::to_string(m.epoch);
+                const std::string name = epochWeightsName(m.epoch);
                 auto decoded = decodeSafetensors(*weights, name);
                 v = decoded.ok() ? evaluator->evaluate(*decoded, name) : Result<EvalResult>(decoded.error());
             } else {
@@ -934,11 +957,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         }
         return okStatus();
     };
-    // multi-worker-mirrored: the chief's weights at its end, as its "weights" parts arrive; and,
-    // for the evaluator, after the epoch in progress.
-    std::string chiefWeights, epochWeights;
-    int64_t weightParts = 0, weightPartsExpected = -1;
-    int64_t epochWeightParts = 0, epochWeightPartsExpected = -1, epochWeightsEpoch = 0;
+    // multi-worker-mirrored: the chief's weights at its end; and, for the evaluator, after the
+    // epoch in progress.
+    WeightParts chiefWeights, epochWeights;
+    int64_t epochWeightsEpoch = 0;
     std::vector<PsLoad> psLoad(m_tasks.size());
     std::unique_lock lock(inbox.mutex);
     for (;;) {
@@ -1049,14 +1071,13 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     lastEpoch = m;
                 } else if (chiefSendsWeights) {
                     // The chief trains on meanwhile: its events queue in the inbox.
-                    if (epochWeightsEpoch == m.epoch && epochWeightParts > 0 && epochWeightParts == epochWeightPartsExpected)
-                        evaluatedEpoch(m, &epochWeights);
+                    if (epochWeightsEpoch == m.epoch && epochWeights.complete())
+                        evaluatedEpoch(m, &epochWeights.bytes);
                     else
                         bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Warning,
                                                            t.label + " sent no complete weights for epoch " + std::to_string(m.epoch) +
                                                                ": that epoch is not evaluated"}));
-                    epochWeightParts = 0;
-                    epochWeightPartsExpected = -1;
+                    epochWeights.clear();
                 }
                 if (onEpoch) onEpoch(m);
                 bus.publish(tm::Event(std::move(m)));
@@ -1070,31 +1091,18 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     fit.steps = workerSteps;
                     fit.samplesPerSec = workerSamplesPerSec;
                 }
-            } else if (e.kind == "weights" && chief && !psRun && f.contains("epoch")) {
-                // An epoch's weights for the evaluator, in order on the one stream; part 0 starts anew.
-                const int64_t part = f.value("part", int64_t{-1}), parts = f.value("parts", int64_t{0});
-                if (part == 0) {
-                    epochWeights.clear();
-                    epochWeightParts = 0;
-                    epochWeightPartsExpected = parts;
-                    epochWeightsEpoch = f.value("epoch", int64_t{0});
-                }
-                if (part == epochWeightParts && parts == epochWeightPartsExpected && f.value("epoch", int64_t{0}) == epochWeightsEpoch) {
-                    epochWeights += e.payload;
-                    ++epochWeightParts;
-                } else {
-                    epochWeightParts = -1;
-                }
             } else if (e.kind == "weights" && chief && !psRun) {
-                // Parts arrive in order on the one stream; anything else is a broken sender and
-                // leaves the run without weights rather than with damaged ones.
                 const int64_t part = f.value("part", int64_t{-1}), parts = f.value("parts", int64_t{0});
-                if (part == weightParts && parts > 0 && (weightPartsExpected < 0 || parts == weightPartsExpected)) {
-                    weightPartsExpected = parts;
-                    chiefWeights += e.payload;
-                    ++weightParts;
+                if (f.contains("epoch")) {
+                    // An epoch's weights for the evaluator; part 0 starts anew.
+                    if (part == 0) {
+                        epochWeights.clear();
+                        epochWeightsEpoch = f.value("epoch", int64_t{0});
+                    }
+                    if (f.value("epoch", int64_t{0}) == epochWeightsEpoch) epochWeights.add(part, parts, e.payload);
+                    else epochWeights.got = -1;
                 } else {
-                    weightParts = -1;
+                    chiefWeights.add(part, parts, e.payload);
                 }
             } else if (e.kind == "final" && chief) {
                 fit.steps = f.value("steps", int64_t{0});
@@ -1196,10 +1204,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             fit.last.valAccuracy = std::numeric_limits<double>::quiet_NaN();
         }
         const std::string reason = failure ? "failed" : m_cancel ? "" : "done";
-        if (remoteEvaluator) {
-            nlohmann::json final = remoteEvaluator->stop(reason);
-            if (!final.empty()) m_summary[m_evaluator->id.toString()] = std::move(final);
-        }
+        stopEvaluator(reason);
         for (auto& t : m_tasks)
             if (t->ps) (void)t->client->cancel(taskRun, reason);
         // Wait for the ps tasks' ends (their final statistics), still watching for failures.
@@ -1229,10 +1234,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             fit.last.valLoss = std::numeric_limits<double>::quiet_NaN();
             fit.last.valAccuracy = std::numeric_limits<double>::quiet_NaN();
         }
-        if (remoteEvaluator) {
-            nlohmann::json final = remoteEvaluator->stop(failure ? "failed" : m_cancel ? "" : "done");
-            if (!final.empty()) m_summary[m_evaluator->id.toString()] = std::move(final);
-        }
+        stopEvaluator(failure ? "failed" : m_cancel ? "" : "done");
     }
     stopBeats = true;
     beats.join();
@@ -1265,13 +1267,13 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 break;
             }
     fit.cancelled = (anyCancelled || m_cancel) && !failure;
-    if (!psRun && !failure && weightParts > 0) {
-        if (weightParts != weightPartsExpected) {
+    if (!psRun && !failure && chiefWeights.got > 0) {
+        if (!chiefWeights.complete()) {
             bus.publish(tm::Event(tm::LogEvent{stamp(m_tasks[primary]->id.toString(), "", lastStep[primary]), tm::LogLevel::Warning,
-                                               m_tasks[primary]->label + " sent " + std::to_string(weightParts) + " of " +
-                                                   std::to_string(weightPartsExpected) + " parts of its weights: none are kept"}));
+                                               m_tasks[primary]->label + " sent " + std::to_string(chiefWeights.got) + " of " +
+                                                   std::to_string(chiefWeights.expected) + " parts of its weights: none are kept"}));
         } else {
-            auto decoded = decodeSafetensors(chiefWeights, m_tasks[primary]->label + "'s weights");
+            auto decoded = decodeSafetensors(chiefWeights.bytes, m_tasks[primary]->label + "'s weights");
             if (decoded.ok()) {
                 m_finalWeights = decoded->inOrder();
             } else {

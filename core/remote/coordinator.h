@@ -137,9 +137,6 @@ public:
 private:
     struct Task;
     Coordinator(CoordinatorOptions options, std::string strategy);
-    // preflight(); evaluatorOptional: the evaluator's problems do not count (a restart goes on
-    // without it, as a run goes on when it is lost).
-    Status checkTasks(std::chrono::milliseconds timeout, std::chrono::milliseconds connectPatience, bool evaluatorOptional);
     // One attempt; its tasks run as `taskRun` (a fresh rendezvous group per attempt). With
     // mayRestart, a failure after the tasks started sets m_restartPending and is published as a
     // warning instead of ending the run.
