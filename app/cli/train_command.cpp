@@ -21,6 +21,7 @@
 #include "data/autotune.h"
 #include "distribute/cluster_spec.h"
 #include "embedded_models.h"
+#include "evaluator_task.h"
 #include "interrupt.h"
 #include "store/recording.h"
 #include "remote/auth.h"
@@ -359,6 +360,10 @@ int runTrain(const TrainOptions& options)
             return 2;
         }
         clusterSpec = std::move(spec).value();
+        // The cluster's evaluator trains nothing: it evaluates what the chief sends it. Started
+        // with the same command as the other tasks (TF's way), it takes the run's settings
+        // from the chief and ignores the training flags.
+        if (clusterSpec->task().type == "evaluator") return runEvaluatorTask(o, *clusterSpec);
         coordinatingTask = clusterSpec->task() == clusterSpec->coordinator();
         if (!coordinatingTask) {
             o.noRecord = true;
@@ -548,6 +553,19 @@ int runTrain(const TrainOptions& options)
     // its peers, it stops waiting.
     tscli::InterruptScope interrupt;
     auto interrupted = [&interrupt] { return interrupt.interrupted(); };
+    // A cluster with an evaluator task validates there (TF's side-car evaluator): no training
+    // task validates at its epochs' ends, and the chief sends its weights after each epoch.
+    const bool sidecarValidates = clusterSpec && clusterSpec->count("evaluator") > 0 && cfg.validate;
+    std::unique_ptr<EvaluatorSide> sidecar;
+    if (sidecarValidates && coordinatingTask) {
+        auto made = EvaluatorSide::start(cfg, *clusterSpec, o, bus);
+        if (!made.ok()) {
+            if (recording) recording->prepareFailed(cfg, made.error());
+            printError(made.error());
+            return 2;
+        }
+        sidecar = std::move(made).value();
+    }
     if (clusterSpec) {
         auto joined = joinCluster(*clusterSpec, o, interrupted);
         if (!joined.ok() && interrupt.interrupted()) return tscli::kInterruptedExitCode;  // nothing started, nothing to record
@@ -618,6 +636,7 @@ int runTrain(const TrainOptions& options)
                     printError(e);
                     return 2;
                 }
+                if (sidecar) sidecar->recordInto(recording->runId());
             } else {
                 recording->attach(run);
             }
@@ -633,6 +652,11 @@ int runTrain(const TrainOptions& options)
             run.trainer->setTelemetry(&bus, {}, false);
             listener->epochHook = [&](const ts::EpochEvent&) { printWarnings(); };
         }
+        if (sidecar)
+            listener->epochHook = [&, before = listener->epochHook](const ts::EpochEvent& e) {
+                if (before) before(e);
+                sidecar->epochDone(*prepared->trainer, e);
+            };
         if (traceSink) {
             if (traceRunId.empty())
                 traceRunId = recording ? recording->runId() : "run-" + std::to_string(::getpid()) + "-" +
@@ -644,7 +668,7 @@ int runTrain(const TrainOptions& options)
         }
         // A "pipeline" section in --config: its stall windows and verdicts join the run's telemetry.
         if (run.pipeline && recording) run.pipeline->setTelemetry(&bus, recording->runId());
-        result = run.trainer->fit(*run.trainSource(), run.validationSource(), listener.get());
+        result = run.trainer->fit(*run.trainSource(), sidecarValidates ? nullptr : run.validationSource(), listener.get());
         printWarnings();
         if (result.ok() || attempt >= cfg.backup.restarts || !ts::restartableFailure(result.error())) break;
         const std::string why = result.error().message;
@@ -660,6 +684,8 @@ int runTrain(const TrainOptions& options)
         bus.publish(ts::telemetry::Event(std::move(e)));
     }
     interrupt.setAction(nullptr);  // the trainer is destroyed before the scope
+    // The evaluator's last evaluations join the record before the run's end does.
+    if (sidecar) sidecar->finish(result, interrupt.interrupted());
     if (!prepared) {
         // A restart could not even be prepared (e.g. the cluster could not be re-joined).
         if (recording) recording->fitDone(result);
@@ -719,6 +745,7 @@ int runTrain(const TrainOptions& options)
                             {"replicas", run.trainer->strategy().numReplicas()}};
         if (recording) j["run_id"] = recording->runId();
         if (run.pipeline) j["bad_records"] = badRecords;
+        if (sidecar) j["evaluator"] = sidecar->summary();
         std::cout << j.dump() << "\n";
     } else if (!o.quiet) {
         std::printf("Trained %lld step(s) in %s: %s samples/s", static_cast<long long>(r.steps), fmtDuration(r.seconds).c_str(),

@@ -59,9 +59,9 @@ grpc::Status refuse(const grpc::ServerContext& ctx, grpc::StatusCode code, const
 
 class WorkerService final : public Worker::Service {
 public:
-    WorkerService(std::string token, std::string name, TlsFiles tls, ParameterService* ps, std::string backupRoot, int64_t maxWeightsBytes)
-        : m_token(std::move(token)), m_name(std::move(name)), m_backupRoot(std::move(backupRoot)), m_tls(std::move(tls)), m_ps(ps),
-          m_maxWeightsBytes(maxWeightsBytes) {}
+    WorkerService(const WorkerOptions& o, ParameterService* ps)
+        : m_token(o.token), m_name(o.name), m_backupRoot(o.backupRoot.empty() ? defaultBackupRoot() : o.backupRoot), m_tls(o.tls), m_ps(ps),
+          m_maxWeightsBytes(o.maxWeightsBytes), m_onlyTaskType(o.onlyTaskType), m_dataDir(o.dataDir), m_onTaskState(o.onTaskState) {}
     ~WorkerService() override { shutdown(); }
 
     void setName(std::string name) { m_name = std::move(name); }
@@ -171,6 +171,11 @@ public:
         if (ps ? (type != "ps" && type != "worker" && type != "evaluator") : (type != "chief" && type != "worker" && type != "evaluator"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": a " + (ps ? "parameter-server" : "multi-worker-mirrored") + " run has no " + type + " tasks to start");
+        if (!m_onlyTaskType.empty() && type != m_onlyTaskType)
+            return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
+                          source + ": " + m_name + " takes only " + m_onlyTaskType + " tasks (it is a train --task " + m_onlyTaskType +
+                              " process, not a trainstudio-worker)");
+        if (!m_dataDir.empty()) cfg->dataDir = m_dataDir;
         // worker 0 initialises the ps tasks from its imported weights
         if (req->initial_weights_sent() && (type == "ps" || type == "evaluator"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
@@ -225,6 +230,8 @@ public:
         m_thread = std::thread([this, c = std::move(cfg).value(), s = std::move(withTask).value(), initial, initialName]() mutable {
             runTask(std::move(c), std::move(s), initial.get(), initialName);
         });
+        lock.unlock();
+        if (m_onTaskState) m_onTaskState("running", {});
         return grpc::Status::OK;
     }
 
@@ -598,6 +605,7 @@ private:
         m_trainer = nullptr;
         m_cv.notify_all();
         logLine("run " + m_runId + " " + state + (message.empty() ? "" : ": " + message));
+        if (m_onTaskState) m_onTaskState(state, message);
     }
 
     // The end of a task that serves until it is stopped (a ps task, an evaluator): only the
@@ -908,6 +916,9 @@ private:
     TlsFiles m_tls;
     ParameterService* m_ps;                          // the daemon's; hosts this daemon's ps task
     int64_t m_maxWeightsBytes;
+    const std::string m_onlyTaskType;  // WorkerOptions'
+    const std::string m_dataDir;
+    const std::function<void(const std::string&, const std::string&)> m_onTaskState;
     // SendWeights: initial weights checked and kept for m_sentWeightsRun until its StartTask.
     std::shared_ptr<const SafetensorsFile> m_sentWeights;
     std::string m_sentWeightsRun, m_sentWeightsName;
@@ -1003,9 +1014,7 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
     TS_ASSIGN(auto creds, serverCredentials(options.tls));
     auto impl = std::make_unique<Impl>();
     impl->ps = std::make_unique<ParameterService>(options.token, options.maxMessageBytes);
-    impl->worker = std::make_unique<WorkerService>(options.token, options.name, options.tls, impl->ps.get(),
-                                                   options.backupRoot.empty() ? defaultBackupRoot() : options.backupRoot,
-                                                   options.maxWeightsBytes);
+    impl->worker = std::make_unique<WorkerService>(options, impl->ps.get());
     impl->rendezvous = makeRendezvousService(options.token);
     grpc::ServerBuilder builder;
     // gRPC turns SO_REUSEPORT on by default: a second server on a taken port then "listens" too

@@ -17,6 +17,7 @@
 //  - Errors: start() says which address could not be bound and what to do.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -37,6 +38,14 @@ struct WorkerOptions {
     std::string backupRoot;               // tasks' backup folders (relative names) live under it;
                                           // empty: defaultBackupRoot() (train/backup.h)
     int64_t maxWeightsBytes = int64_t{2} << 30;  // largest initial-weights file (SendWeights) held
+    // A `train --task evaluator:0` process serves its evaluator task with these: tasks of any
+    // other type are refused, tasks read their data from dataDir (when set) instead of the run
+    // configuration's, and onTaskState(state, message) is called when a task starts ("running",
+    // on a gRPC thread) and when it ends ("completed", "cancelled" or "failed", on the task's
+    // thread once its end is published). Keep it quick.
+    std::string onlyTaskType;
+    std::string dataDir;
+    std::function<void(const std::string& state, const std::string& message)> onTaskState;
 };
 
 class WorkerDaemon {

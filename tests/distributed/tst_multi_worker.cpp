@@ -14,12 +14,14 @@
 
 #include <cmath>
 #include <csignal>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
 #include "store/run_store.h"
 
+#include "distributed/local_evaluation.h"
 #include "distributed/weight_diff.h"
 #include "distributed/worker_process.h"
 
@@ -90,6 +92,35 @@ Finished finish(QProcess& p, int ms = 120000)
     return f;
 }
 
+// A chief, one worker and an evaluator on free loopback ports.
+QString clusterWithEvaluator()
+{
+    return QString(R"({"cluster": {"chief": ["127.0.0.1:%1"], "worker": ["127.0.0.1:%2"], "evaluator": ["127.0.0.1:%3"]}})")
+        .arg(freePort())
+        .arg(freePort())
+        .arg(freePort());
+}
+
+// The JSON objects among a process's output lines.
+std::vector<nlohmann::json> jsonLines(const QString& out)
+{
+    std::vector<nlohmann::json> lines;
+    for (const QString& line : out.split('\n')) {
+        auto j = nlohmann::json::parse(line.toStdString(), nullptr, false);
+        if (j.is_object()) lines.push_back(std::move(j));
+    }
+    return lines;
+}
+
+// The "evaluation" lines of a chief's --json output, by epoch.
+std::map<int, nlohmann::json> evaluations(const QString& out)
+{
+    std::map<int, nlohmann::json> byEpoch;
+    for (auto& j : jsonLines(out))
+        if (j.value("evaluation", false)) byEpoch[j["epoch"].get<int>()] = j;
+    return byEpoch;
+}
+
 void writeFile(const QString& path, const QByteArray& bytes)
 {
     QFile f(path);
@@ -154,6 +185,9 @@ private slots:
     void unevenFileShardsJoin();
     void emptyShardJoins();
     void restartWithUnevenShardsEqualsContinuous();
+    void evaluatorTaskValidatesEachEpoch();
+    void chiefEvaluatesWithoutItsEvaluator();
+    void evaluatorRejoinsAfterKill();
 
 private:
     QTemporaryDir m_dir;
@@ -826,4 +860,155 @@ void TestMultiWorker::restartWithUnevenShardsEqualsContinuous()
 }
 
 QTEST_GUILESS_MAIN(TestMultiWorker)
+// TF's side-car evaluator in a TF_CONFIG cluster: all three tasks run the same command (the
+// evaluator ignores the training flags). The chief sends its weights after each epoch, the
+// evaluator evaluates them on its test split while the tasks train on, the chief prints and
+// records each epoch's validation (the training tasks validate nothing), and the last one is the
+// final weights': the same numbers a local evaluation of the saved weights gives.
+void TestMultiWorker::evaluatorTaskValidatesEachEpoch()
+{
+    const QString cluster = clusterWithEvaluator();
+    const QString db = m_dir.filePath("runs-evaluator.db");
+    const QString weights = m_dir.filePath("evaluated.safetensors");
+    const QStringList args = {"train", "--model", "mlp", "--epochs", "2", "--batch-size", "64", "--limit", "2560", "--seed", "3",
+                              "--threads", "1", "--json", "--strategy", "multi-worker-mirrored", "--db", db};
+    auto evaluator = startCli(args + QStringList{"--task", "evaluator:0"}, cluster);
+    auto worker = startCli(args + QStringList{"--task", "worker:0", "--no-record"}, cluster);
+    auto chief = startCli(args + QStringList{"--task", "chief:0", "--save-weights", weights}, cluster);
+    const Finished c = finish(*chief), w = finish(*worker), e = finish(*evaluator);
+    QVERIFY2(c.code == 0, qPrintable(c.out));
+    QVERIFY2(w.code == 0, qPrintable(w.out));
+    QVERIFY2(e.code == 0, qPrintable(e.out));
+    QVERIFY2(e.out.contains("evaluator:0: the run completed"), qPrintable(e.out));
+    QVERIFY2(!w.out.contains("evaluation") && !w.out.contains("val_accuracy\":0"), qPrintable(w.out));
+
+    const auto byEpoch = evaluations(c.out);
+    QVERIFY2(byEpoch.size() == 2 && byEpoch.count(1) && byEpoch.count(2), qPrintable(c.out));
+    for (const auto& [epoch, j] : byEpoch) {
+        QCOMPARE(QString::fromStdString(j["by"].get<std::string>()), QString("evaluator:0"));
+        QCOMPARE(j["examples"].get<int>(), 10000);
+    }
+    // The training tasks did not validate: their epoch lines have none.
+    for (const auto& j : jsonLines(c.out))
+        if (j.contains("steps") && !j.value("final", false)) QVERIFY2(j["val_accuracy"].is_null(), qPrintable(c.out));
+    const nlohmann::json last = jsonLines(c.out).back();
+    QVERIFY2(last.value("final", false), qPrintable(c.out));
+    QCOMPARE(last["val_accuracy"].get<double>(), byEpoch.at(2)["val_accuracy"].get<double>());
+    QCOMPARE(last["evaluator"]["evaluations"]["evaluator:0"].get<int>(), 2);
+    QCOMPARE(last["evaluator"]["skipped"].get<int>(), 0);
+    QVERIFY2(!last["evaluator"].contains("evaluator_lost"), last.dump().c_str());
+
+    // The evaluator evaluated the chief's final weights.
+    auto here = tstest::evaluateWeightsFile(weights.toStdString());
+    QVERIFY2(here.ok(), here.ok() ? "" : here.error().toString().c_str());
+    QCOMPARE(byEpoch.at(2)["val_accuracy"].get<double>(), here->accuracy);
+    QVERIFY(std::abs(byEpoch.at(2)["val_loss"].get<double>() - here->loss) < 1e-6);
+
+    // Recorded: each epoch's training metrics with its validation.
+    auto store = ts::store::RunStore::open(db.toStdString());
+    QVERIFY(store.ok());
+    auto rows = store->epochMetrics(last["run_id"].get<std::string>());
+    QVERIFY(rows.ok());
+    QCOMPARE(rows->size(), std::size_t{2});
+    for (const auto& r : *rows) {
+        QCOMPARE(r.metrics.at("val_accuracy"), byEpoch.at(static_cast<int>(r.epoch))["val_accuracy"].get<double>());
+        QVERIFY(r.metrics.at("loss") > 0 && r.metrics.at("seconds") > 0 && r.metrics.at("samples_per_sec") > 0);
+        QVERIFY(r.step > 0);
+    }
+}
+
+// Without its evaluator the chief validates each epoch itself, on its own test split: an
+// evaluator whose task fails (no test split on its machine) exits naming the missing file, one
+// that is not there at all is reported with what to start, and an evaluator whose chief never
+// comes gives up after --collective-timeout.
+void TestMultiWorker::chiefEvaluatesWithoutItsEvaluator()
+{
+    const QStringList args = {"train", "--model", "mlp", "--epochs", "2", "--batch-size", "64", "--limit", "1280", "--seed", "3",
+                              "--threads", "1", "--json", "--strategy", "multi-worker-mirrored", "--no-record"};
+    {
+        const QString cluster = clusterWithEvaluator();
+        QTemporaryDir empty;
+        auto evaluator = startCli(args + QStringList{"--task", "evaluator:0", "--data", empty.path()}, cluster);
+        auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+        auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
+        const Finished c = finish(*chief), w = finish(*worker), e = finish(*evaluator);
+        QVERIFY2(c.code == 0, qPrintable(c.out));
+        QVERIFY2(w.code == 0, qPrintable(w.out));
+        QVERIFY2(e.code == 1, qPrintable(e.out));
+        QVERIFY2(e.out.contains("error: evaluator:0: IDX file '" + empty.path() + "/t10k-images-idx3-ubyte' does not exist"), qPrintable(e.out));
+        QVERIFY2(c.out.contains("t10k-images-idx3-ubyte' does not exist; chief:0 evaluates from now on"), qPrintable(c.out));
+        const auto byEpoch = evaluations(c.out);
+        QVERIFY2(byEpoch.count(2) && byEpoch.at(2)["by"] == "chief:0" && byEpoch.at(2)["examples"] == 10000, qPrintable(c.out));
+        const nlohmann::json last = jsonLines(c.out).back();
+        QCOMPARE(last["val_accuracy"].get<double>(), byEpoch.at(2)["val_accuracy"].get<double>());
+        QVERIFY2(last["evaluator"].contains("evaluator_lost"), last.dump().c_str());
+    }
+    {
+        // Nobody at the evaluator's address.
+        const QString cluster = clusterWithEvaluator();
+        QElapsedTimer timer;
+        timer.start();
+        auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+        auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
+        const Finished c = finish(*chief), w = finish(*worker);
+        QVERIFY2(c.code == 0, qPrintable(c.out));
+        QVERIFY2(w.code == 0, qPrintable(w.out));
+        QVERIFY2(c.out.contains("nothing listens at 127.0.0.1:"), qPrintable(c.out));
+        QVERIFY2(c.out.contains("start the evaluator there (the same train command, with task evaluator:0 of TF_CONFIG)"), qPrintable(c.out));
+        // The run's end does not wait out the evaluator's connect time (--collective-timeout).
+        QVERIFY2(timer.elapsed() < 25000, qPrintable(QString("took %1 ms").arg(timer.elapsed())));
+        const nlohmann::json last = jsonLines(c.out).back();
+        QVERIFY2(last.value("final", false) && last["val_accuracy"].is_number(), qPrintable(c.out));
+        QVERIFY2(last["evaluator"]["evaluations"]["chief:0"].get<int>() >= 1, last.dump().c_str());
+    }
+    {
+        // An evaluator whose chief never comes.
+        QElapsedTimer timer;
+        timer.start();
+        const Finished e = finish(*startCli(args + QStringList{"--task", "evaluator:0", "--collective-timeout", "2"}, clusterWithEvaluator()));
+        QVERIFY2(e.code == 1, qPrintable(e.out));
+        QVERIFY2(e.out.contains("did not start an evaluation within 2 s"), qPrintable(e.out));
+        QVERIFY2(e.out.contains("hint: start the chief too"), qPrintable(e.out));
+        QVERIFY(timer.elapsed() < 15000);
+    }
+}
+
+// An evaluator killed mid-run (SIGKILL) and started again, as its supervisor would: the chief
+// evaluates the epochs in between itself, then the new evaluator takes over again (a rejoin).
+void TestMultiWorker::evaluatorRejoinsAfterKill()
+{
+    const QString cluster = clusterWithEvaluator();
+    // Small batches: epochs of a second or more, so the new evaluator is up before the run ends.
+    const QStringList args = {"train", "--model", "mlp", "--epochs", "8", "--batch-size", "16", "--seed", "3", "--threads", "1",
+                              "--json", "--strategy", "multi-worker-mirrored", "--no-record"};
+    auto evaluator = startCli(args + QStringList{"--task", "evaluator:0"}, cluster);
+    auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
+    auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
+    QString seen;
+    QElapsedTimer wait;
+    wait.start();
+    while (!seen.contains("\"by\":\"evaluator:0\",\"epoch\":1") && wait.elapsed() < 60000 && chief->state() != QProcess::NotRunning) {
+        chief->waitForReadyRead(200);
+        seen += QString::fromUtf8(chief->readAllStandardOutput());
+    }
+    QVERIFY2(seen.contains("\"by\":\"evaluator:0\",\"epoch\":1"), qPrintable(seen));
+    ::kill(static_cast<pid_t>(evaluator->processId()), SIGKILL);
+    finish(*evaluator);
+    auto again = startCli(args + QStringList{"--task", "evaluator:0"}, cluster);
+    Finished c = finish(*chief);
+    c.out = seen + c.out;
+    const Finished w = finish(*worker), e = finish(*again);
+    QVERIFY2(c.code == 0, qPrintable(c.out));
+    QVERIFY2(w.code == 0, qPrintable(w.out));
+    QVERIFY2(e.code == 0, qPrintable(e.out));
+    QVERIFY2(c.out.contains("answers again: it evaluates from epoch"), qPrintable(c.out));
+    const auto byEpoch = evaluations(c.out);
+    QCOMPARE(byEpoch.size(), std::size_t{8});
+    QCOMPARE(QString::fromStdString(byEpoch.at(2)["by"].get<std::string>()), QString("chief:0"));  // lost during epoch 2
+    QCOMPARE(QString::fromStdString(byEpoch.at(8)["by"].get<std::string>()), QString("evaluator:0"));
+    const nlohmann::json last = jsonLines(c.out).back();
+    QCOMPARE(last["evaluator"]["rejoins"].get<int>(), 1);
+    QVERIFY2(last["evaluator"]["evaluator_lost"]["epoch"] == 2, last.dump().c_str());
+}
+
 #include "tst_multi_worker.moc"

@@ -1,0 +1,223 @@
+// `train --strategy multi-worker-mirrored` as a TF_CONFIG cluster's evaluator task (TF's
+// side-car evaluator). The process serves the Worker control service at this task's TF_CONFIG
+// address; the chief starts the evaluator task on it and sends its weights after each epoch
+// (remote/sidecar_evaluation.h), and the daemon evaluates them on this machine's test split
+// (--data, else the run's). It ends with that task: 0 when the run completed, 1 when the task
+// failed or the chief stopped it before, or no chief came within --collective-timeout.
+
+#include "evaluator_task.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <optional>
+#include <utility>
+
+#include "interrupt.h"
+#include "io/safetensors.h"
+#include "remote/auth.h"
+#include "remote/sidecar_evaluation.h"
+#include "remote/worker_service.h"
+#include "telemetry/bus.h"
+#include "telemetry/events.h"
+#include "telemetry/tracer.h"
+#include "train/run_config.h"
+
+namespace tscli {
+
+int runEvaluatorTask(const TrainOptions& o, const ts::ClusterSpec& spec)
+{
+    auto token = ts::remote::loadToken(o.tokenFile);
+    if (!token.ok()) {
+        printError(token.error());
+        return 2;
+    }
+    const std::string self = spec.task().toString();
+    const std::string address = *spec.address(spec.task());
+    const ts::TaskId chief = spec.coordinator();
+    const std::string chiefText = chief.toString() + " at " + *spec.address(chief);
+
+    std::mutex mutex;
+    std::condition_variable cv;
+    bool started = false;
+    std::optional<std::pair<std::string, std::string>> ended;  // state, message
+    ts::remote::WorkerOptions wo;
+    wo.listen = address;
+    wo.allowRemote = true;  // the address is TF_CONFIG's, as the chief's rendezvous binds its own
+    wo.token = *token;
+    wo.name = self + " (" + address + ")";
+    wo.onlyTaskType = "evaluator";
+    wo.dataDir = o.data;
+    wo.onTaskState = [&](const std::string& state, const std::string& message) {
+        std::lock_guard lock(mutex);
+        if (state == "running") started = true;
+        else if (!ended) ended.emplace(state, message);
+        cv.notify_all();
+    };
+    tscli::InterruptScope interrupt;
+    interrupt.setAction([&] {
+        std::lock_guard lock(mutex);
+        cv.notify_all();
+    });
+    auto daemon = ts::remote::WorkerDaemon::start(wo);
+    if (!daemon.ok()) {
+        ts::Error e = daemon.takeError();
+        e.message = self + ": " + e.message;
+        printError(e);
+        return 2;
+    }
+    const auto wait = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    if (!o.quiet)
+        std::fprintf(stderr, "%s evaluates the run's weights after each epoch: waiting up to %g s for %s to start it\n", wo.name.c_str(),
+                     o.collectiveTimeout, chiefText.c_str());
+    std::unique_lock lock(mutex);
+    const bool contacted = cv.wait_for(lock, wait, [&] { return started || ended || interrupt.interrupted(); });
+    // Then as long as the chief's run goes on (the chief stops the task at its end; one whose
+    // chief went away is cancelled by the daemon).
+    cv.wait(lock, [&] { return !contacted || ended || interrupt.interrupted(); });
+    const auto outcome = ended;
+    // A task that failed at once: the chief's event stream may not be open yet. Serve a moment
+    // longer, so the chief hears why (and evaluates itself) instead of finding nobody there.
+    if (outcome && outcome->first == "failed") cv.wait_for(lock, std::chrono::seconds(3), [&] { return interrupt.interrupted(); });
+    lock.unlock();
+    (*daemon)->shutdown();
+    if (interrupt.interrupted() && !outcome) return kInterruptedExitCode;
+    if (!contacted) {
+        printError(ts::makeError(ts::ErrorCode::IoError,
+                                 self + ": " + chiefText + " did not start an evaluation within " + std::to_string(static_cast<int>(o.collectiveTimeout)) + " s",
+                                 "start the chief too (the same command with its TF_CONFIG), or give it longer with --collective-timeout"));
+        return 1;
+    }
+    if (outcome->first == "completed") {
+        if (!o.quiet) std::fprintf(stderr, "%s: the run completed\n", self.c_str());
+        return 0;
+    }
+    if (outcome->first == "failed") {
+        printError(ts::makeError(ts::ErrorCode::IoError, self + ": " + outcome->second, "the chief evaluates on its own test split instead"));
+        return 1;
+    }
+    std::fprintf(stderr, "%s: %s stopped the evaluation before the run completed (it was cancelled, failed or went away)\n", self.c_str(),
+                 chiefText.c_str());
+    return 1;
+}
+
+ts::Result<std::unique_ptr<EvaluatorSide>> EvaluatorSide::start(const ts::RunConfig& cfg, const ts::ClusterSpec& spec, const TrainOptions& o,
+                                                                 ts::telemetry::EventBus& bus)
+{
+    TS_ASSIGN(std::string token, ts::remote::loadToken(o.tokenFile));
+    std::unique_ptr<EvaluatorSide> side(new EvaluatorSide(o, bus));
+    ts::remote::SidecarOptions so;
+    // The evaluator task's own id (the recorded run's is not made yet).
+    so.runId = "eval-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
+    so.token = token;
+    so.who = spec.task().toString() + " (" + *spec.address(spec.task()) + ")";
+    so.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    EvaluatorSide* self = side.get();
+    TS_ASSIGN(side->m_evaluation, ts::remote::SidecarEvaluation::create(
+                                      cfg, spec, so,
+                                      [self](const ts::remote::SidecarResult& r) {
+                                          self->evaluated(r.epoch, r.value ? &*r.value : nullptr, r.error, r.by);
+                                      },
+                                      [self](const std::string& line) { self->warn(line); }));
+    if (!o.quiet && !o.json)
+        std::printf("The cluster's evaluator (%s) validates each epoch; the training tasks do not\n", spec.addresses("evaluator").front().c_str());
+    return side;
+}
+
+EvaluatorSide::EvaluatorSide(const TrainOptions& o, ts::telemetry::EventBus& bus) : m_o(o), m_bus(bus) {}
+EvaluatorSide::~EvaluatorSide() = default;
+
+void EvaluatorSide::recordInto(const std::string& runId)
+{
+    std::lock_guard lock(m_mutex);
+    m_runId = runId;
+}
+
+void EvaluatorSide::epochDone(ts::Trainer& trainer, const ts::EpochEvent& e)
+{
+    {
+        std::lock_guard lock(m_mutex);
+        m_epochs[e.epoch] = Epoch{e, trainer.globalStep(), ts::telemetry::wallNowMicros(), false, {}};
+    }
+    auto params = trainer.strategy().exportParameters();
+    auto bytes = params.ok() ? ts::encodeSafetensors(*params, ts::weightsMetadata(trainer.modelName(), trainer.globalStep()),
+                                                     "the chief's weights after epoch " + std::to_string(e.epoch))
+                             : ts::Result<std::string>(params.error());
+    if (!bytes.ok()) {
+        warn("epoch " + std::to_string(e.epoch) + " is not evaluated: " + bytes.error().message);
+        return;
+    }
+    m_evaluation->submit(e.epoch, std::move(bytes).value());
+}
+
+// On the evaluation's helper thread.
+void EvaluatorSide::evaluated(int64_t epoch, const ts::EvalResult* v, const ts::Error& error, const std::string& by)
+{
+    if (!v) {
+        warn("epoch " + std::to_string(epoch) + " could not be evaluated: " + error.toString());
+        return;
+    }
+    ts::telemetry::EpochMetricsEvent m;
+    bool record = false;
+    {
+        std::lock_guard lock(m_mutex);
+        record = !m_runId.empty();
+        Epoch& ep = m_epochs[epoch];
+        ep.evaluated = true;
+        ep.value = *v;
+        // The whole epoch again (the store replaces its row by name), now with its validation.
+        m.stamp = ts::telemetry::Stamp{m_runId, ep.step, ep.wallUs, {}};
+        m.epoch = epoch;
+        m.metrics = {{"loss", ep.event.loss}, {"accuracy", ep.event.accuracy}, {"val_loss", v->loss}, {"val_accuracy", v->accuracy}};
+        m.seconds = ep.event.seconds;
+        m.samplesPerSec = ep.event.samplesPerSec;
+    }
+    if (record) m_bus.publish(ts::telemetry::Event(std::move(m)));
+    if (m_o.quiet) return;
+    std::string line;
+    if (m_o.json) {
+        line = nlohmann::json{{"evaluation", true}, {"epoch", epoch}, {"val_loss", v->loss}, {"val_accuracy", v->accuracy},
+                              {"examples", v->examples}, {"by", by}}.dump() + "\n";
+    } else {
+        char buf[256];
+        std::snprintf(buf, sizeof buf, "Epoch %lld evaluated by %s: val_loss %.4f val_accuracy %.4f (%lld examples)\n",
+                      static_cast<long long>(epoch), by.c_str(), v->loss, v->accuracy, static_cast<long long>(v->examples));
+        line = buf;
+        if (isatty(STDERR_FILENO)) std::fputs(("\r" + std::string(110, ' ') + "\r").c_str(), stderr);  // the progress bar
+    }
+    std::fputs(line.c_str(), stdout);  // one call: whole lines between the fit thread's
+    std::fflush(stdout);
+}
+
+void EvaluatorSide::warn(const std::string& line)
+{
+    if (!m_o.quiet) std::fprintf(stderr, "warning: %s\n", line.c_str());
+    ts::telemetry::LogEvent e;
+    {
+        std::lock_guard lock(m_mutex);
+        if (m_runId.empty()) return;  // not recorded
+        e.stamp.runId = m_runId;
+    }
+    e.stamp.wallTimeUs = ts::telemetry::wallNowMicros();
+    e.level = ts::telemetry::LogLevel::Warning;
+    e.message = line;
+    m_bus.publish(ts::telemetry::Event(std::move(e)));
+}
+
+void EvaluatorSide::finish(ts::Result<ts::FitResult>& result, bool interrupted)
+{
+    const bool completed = result.ok() && !result->cancelled && !interrupted;
+    m_summary = m_evaluation->finish(completed ? "done" : !result.ok() ? "failed" : "");
+    if (!result.ok()) return;
+    std::lock_guard lock(m_mutex);
+    auto it = m_epochs.find(result->last.epoch);
+    if (it != m_epochs.end() && it->second.evaluated) {
+        result->last.valLoss = it->second.value.loss;
+        result->last.valAccuracy = it->second.value.accuracy;
+    }
+}
+
+} // namespace tscli
