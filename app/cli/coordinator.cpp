@@ -103,8 +103,10 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     tscli::InterruptScope interrupt;
     interrupt.setAction([&c] { c.cancel(); });
     // Pre-flight: every task's worker answers with our version before anything starts.
+    bool evaluatorAnswered = true;
     for (const auto& p : c.probe(3s, 10s)) {
         if (!p.ok && p.id.type == "evaluator") {
+            evaluatorAnswered = false;
             // Not needed to train (TF's side-car evaluator): the run starts without it, and the
             // coordinator says below who evaluates instead.
             if (!o.quiet) std::fprintf(stderr, "warning: pre-flight: %s: the run goes on without it\n", p.problem.c_str());
@@ -132,7 +134,9 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
                                   : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
     const std::string where = (ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)"
                                   : std::to_string(c.numTasks()) + " worker(s)") +
-                              (c.spec().count("evaluator") > 0 && cfg.validate ? " (evaluator:0 evaluates)" : "");
+                              (c.spec().count("evaluator") == 0 || !cfg.validate ? ""
+                               : evaluatorAnswered                                 ? " (evaluator:0 evaluates)"
+                                                                                   : " (evaluator:0 did not answer: the coordinator evaluates)");
     if (!o.quiet && !o.json) std::printf("Starting run %s on %s\n", runId.c_str(), where.c_str());
     std::fflush(stdout);
     const std::string modelName = cfg.model.name;
