@@ -128,7 +128,10 @@ ts::Result<std::unique_ptr<EvaluatorSide>> EvaluatorSide::start(const ts::RunCon
 }
 
 EvaluatorSide::EvaluatorSide(const TrainOptions& o, ts::telemetry::EventBus& bus) : m_o(o), m_bus(bus) {}
-EvaluatorSide::~EvaluatorSide() = default;
+EvaluatorSide::~EvaluatorSide()
+{
+    m_evaluation.reset();  // first: its thread's callbacks use the members below
+}
 
 void EvaluatorSide::recordInto(const std::string& runId)
 {

@@ -26,6 +26,7 @@
 #include "store/recording.h"
 #include "remote/auth.h"
 #include "remote/cluster.h"
+#include "remote/run_evaluator.h"
 #include "store/run_store.h"
 #include "telemetry/bus.h"
 #include "telemetry/trace_sink.h"
@@ -555,7 +556,11 @@ int runTrain(const TrainOptions& options)
     auto interrupted = [&interrupt] { return interrupt.interrupted(); };
     // A cluster with an evaluator task validates there (TF's side-car evaluator): no training
     // task validates at its epochs' ends, and the chief sends its weights after each epoch.
-    const bool sidecarValidates = clusterSpec && clusterSpec->count("evaluator") > 0 && cfg.validate;
+    const bool sidecarValidates =
+        clusterSpec && clusterSpec->count("evaluator") > 0 && cfg.validate && ts::remote::RunEvaluator::readsValidationOf(cfg);
+    if (clusterSpec && clusterSpec->count("evaluator") > 0 && cfg.validationPipeline && coordinatingTask && !o.quiet)
+        std::fprintf(stderr, "note: the cluster's evaluator is not used: it evaluates the idx test split, and this run validates on its "
+                             "\"validation_pipeline\"; the training tasks validate\n");
     std::unique_ptr<EvaluatorSide> sidecar;
     if (sidecarValidates && coordinatingTask) {
         auto made = EvaluatorSide::start(cfg, *clusterSpec, o, bus);

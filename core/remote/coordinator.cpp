@@ -372,8 +372,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // The cluster's evaluator, if the run validates. It is not needed to train: one that cannot
     // be reserved or started is named in a warning, and the coordinator evaluates.
     // multi-worker-mirrored: while it is there, the training tasks do not validate and the chief
-    // sends its weights after each epoch, which go to the evaluator.
-    Task* evaluatorTask = cfg.validate ? m_evaluator.get() : nullptr;
+    // sends its weights after each epoch, which go to the evaluator (unless the run validates on
+    // something else than the idx test split an evaluator reads: then the tasks validate).
+    Task* evaluatorTask = cfg.validate && (psRun || RunEvaluator::readsValidationOf(cfg)) ? m_evaluator.get() : nullptr;
     Task* const evaluatorSlot = evaluatorTask;  // stays when the evaluator is lost (it may rejoin)
     auto attemptTasks = [&] { return tasksWith(evaluatorTask); };
     // With --restarts, the heartbeats probe a lost evaluator's daemon (probeEvaluator); once it

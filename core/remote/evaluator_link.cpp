@@ -67,7 +67,9 @@ Result<EvalResult> EvaluatorLink::evaluate(int64_t epoch, const std::atomic<bool
     if (asked.ok()) asked = m_client.requestEvaluation(m_taskRun, epoch, seq, weights != nullptr);
     if (Status st = std::move(asked); !st.ok()) {
         {
-            std::lock_guard lock(m_mutex);  // its stream may have said why meanwhile
+            // Its stream may say why (a task that failed names its own error) a moment later.
+            std::unique_lock lock(m_mutex);
+            m_cv.wait_for(lock, std::chrono::seconds(1), [&] { return !m_problem.empty() || m_ended; });
             if (auto e = ended()) return *e;
         }
         // Refused by a daemon that still answers, or not heard by one that does not?

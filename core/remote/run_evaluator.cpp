@@ -42,6 +42,11 @@ Result<std::unique_ptr<RunEvaluator>> RunEvaluator::create(const RunConfig& cfg,
     return e;
 }
 
+bool RunEvaluator::readsValidationOf(const RunConfig& cfg)
+{
+    return !cfg.validationPipeline && (!cfg.pipeline || cfg.pipeline->source.kind == SourceKind::Idx);
+}
+
 Status RunEvaluator::loadValidation()
 {
     const RunConfig& cfg = *m_config;

@@ -43,6 +43,10 @@ struct RunEvaluatorOptions {
 class RunEvaluator {
 public:
     static Result<std::unique_ptr<RunEvaluator>> create(const RunConfig& config, const ClusterSpec& spec, const RunEvaluatorOptions& options);
+    // Whether what an evaluator reads is the run's validation set: the idx test split (no
+    // "validation_pipeline", and no "pipeline" or one over an idx folder). A multi-worker run
+    // validated otherwise is validated by its training tasks, not by its evaluator.
+    static bool readsValidationOf(const RunConfig& config);
     ~RunEvaluator();
 
     // The ps tasks' current weights into this model.

@@ -919,8 +919,9 @@ void TestMultiWorker::evaluatorTaskValidatesEachEpoch()
 
 // Without its evaluator the chief validates each epoch itself, on its own test split: an
 // evaluator whose task fails (no test split on its machine) exits naming the missing file, one
-// that is not there at all is reported with what to start, and an evaluator whose chief never
-// comes gives up after --collective-timeout.
+// that is not there at all is reported with what to start; a run validated on a pipeline is
+// validated by the training tasks; and an evaluator whose chief never comes gives up after
+// --collective-timeout.
 void TestMultiWorker::chiefEvaluatesWithoutItsEvaluator()
 {
     const QStringList args = {"train", "--model", "mlp", "--epochs", "2", "--batch-size", "64", "--limit", "1280", "--seed", "3",
@@ -960,6 +961,25 @@ void TestMultiWorker::chiefEvaluatesWithoutItsEvaluator()
         const nlohmann::json last = jsonLines(c.out).back();
         QVERIFY2(last.value("final", false) && last["val_accuracy"].is_number(), qPrintable(c.out));
         QVERIFY2(last["evaluator"]["evaluations"]["chief:0"].get<int>() >= 1, last.dump().c_str());
+    }
+    {
+        // A run validated on its "validation_pipeline" (not the idx test split an evaluator
+        // reads): the training tasks validate it themselves, as without an evaluator.
+        const QDir dir(m_dir.path());
+        writeFile(dir.filePath("eval-rows.csv"), csvRows(0, 60));
+        writeFile(dir.filePath("eval-val.csv"), csvRows(1000, 23));
+        const QString config = writePipelineRun(dir, "eval_pipeline_run.json", {dir.filePath("eval-rows.csv")}, "auto", dir.filePath("eval-val.csv"));
+        const QString cluster = clusterWithEvaluator();
+        const QStringList common = {"train", "--config", config, "--threads", "1", "--no-record", "--json", "--strategy", "multi-worker-mirrored"};
+        auto worker = startCli(common + QStringList{"--task", "worker:0"}, cluster);
+        auto chief = startCli(common + QStringList{"--task", "chief:0"}, cluster);
+        const Finished c = finish(*chief), w = finish(*worker);
+        QVERIFY2(c.code == 0, qPrintable(c.out));
+        QVERIFY2(w.code == 0, qPrintable(w.out));
+        QVERIFY2(c.out.contains("note: the cluster's evaluator is not used"), qPrintable(c.out));
+        QVERIFY2(!c.out.contains("nothing listens") && evaluations(c.out).empty(), qPrintable(c.out));
+        const nlohmann::json last = jsonLines(c.out).back();
+        QVERIFY2(last.value("final", false) && last["val_loss"].is_number() && !last.contains("evaluator"), qPrintable(c.out));
     }
     {
         // An evaluator whose chief never comes.
