@@ -2,8 +2,8 @@
 // side-car evaluator). The process serves the Worker control service at this task's TF_CONFIG
 // address; the chief starts the evaluator task on it and sends its weights after each epoch
 // (remote/sidecar_evaluation.h), and the daemon evaluates them on this machine's test split
-// (--data, else the run's). It ends with that task: 0 when the run completed, 1 when the task
-// failed or the chief stopped it before, or no chief came within --collective-timeout.
+// (--data, else the run's). It serves until the run completes (exit 0), its task fails (1), or
+// no chief starts a task within --collective-timeout, at first or after one stopped (1).
 
 #include "evaluator_task.h"
 
@@ -40,10 +40,15 @@ int runEvaluatorTask(const TrainOptions& o, const ts::ClusterSpec& spec)
     const ts::TaskId chief = spec.coordinator();
     const std::string chiefText = chief.toString() + " at " + *spec.address(chief);
 
+    // What the daemon says about its tasks. A task that fails at once may end before its
+    // "running" arrives, so starts and ends are counted.
+    struct TaskEnd {
+        std::string state, message, hint;
+    };
     std::mutex mutex;
     std::condition_variable cv;
-    bool started = false;
-    std::optional<std::pair<std::string, std::string>> ended;  // state, message
+    int starts = 0, ends = 0;
+    TaskEnd last;
     ts::remote::WorkerOptions wo;
     wo.listen = address;
     wo.allowRemote = true;  // the address is TF_CONFIG's, as the chief's rendezvous binds its own
@@ -51,10 +56,14 @@ int runEvaluatorTask(const TrainOptions& o, const ts::ClusterSpec& spec)
     wo.name = self + " (" + address + ")";
     wo.onlyTaskType = "evaluator";
     wo.dataDir = o.data;
-    wo.onTaskState = [&](const std::string& state, const std::string& message) {
+    wo.onTaskState = [&](const std::string& state, const std::string& message, const std::string& hint) {
         std::lock_guard lock(mutex);
-        if (state == "running") started = true;
-        else if (!ended) ended.emplace(state, message);
+        if (state == "running") {
+            ++starts;
+        } else {
+            ++ends;
+            last = TaskEnd{state, message, hint};
+        }
         cv.notify_all();
     };
     tscli::InterruptScope interrupt;
@@ -70,38 +79,57 @@ int runEvaluatorTask(const TrainOptions& o, const ts::ClusterSpec& spec)
         return 2;
     }
     const auto wait = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%g s", o.collectiveTimeout);
+    const std::string waitText = std::string("up to ") + seconds;
     if (!o.quiet)
-        std::fprintf(stderr, "%s evaluates the run's weights after each epoch: waiting up to %g s for %s to start it\n", wo.name.c_str(),
-                     o.collectiveTimeout, chiefText.c_str());
+        std::fprintf(stderr, "%s evaluates the run's weights after each epoch: waiting %s for %s to start it\n", wo.name.c_str(),
+                     waitText.c_str(), chiefText.c_str());
+    // Until the run completes: a chief that stopped its task (cancelled, or to replace it) or
+    // went away may start another (a restarted chief, say), within --collective-timeout.
+    int handled = 0;  // task ends seen
     std::unique_lock lock(mutex);
-    const bool contacted = cv.wait_for(lock, wait, [&] { return started || ended || interrupt.interrupted(); });
-    // Then as long as the chief's run goes on (the chief stops the task at its end; one whose
-    // chief went away is cancelled by the daemon).
-    cv.wait(lock, [&] { return !contacted || ended || interrupt.interrupted(); });
-    const auto outcome = ended;
-    // A task that failed at once: the chief's event stream may not be open yet. Serve a moment
-    // longer, so the chief hears why (and evaluates itself) instead of finding nobody there.
-    if (outcome && outcome->first == "failed") cv.wait_for(lock, std::chrono::seconds(3), [&] { return interrupt.interrupted(); });
+    for (;;) {
+        const bool came = cv.wait_for(lock, wait, [&] { return starts > handled || ends > handled || interrupt.interrupted(); });
+        if (came) cv.wait(lock, [&] { return ends > handled || interrupt.interrupted(); });
+        if (interrupt.interrupted()) break;
+        if (!came) {
+            lock.unlock();
+            (*daemon)->shutdown();
+            printError(ts::makeError(ts::ErrorCode::IoError,
+                                     self + ": " + chiefText + (handled == 0 ? " did not start an evaluation within " : " did not start the evaluation again within ") +
+                                         seconds,
+                                     handled == 0 ? "start the chief too (the same command with its TF_CONFIG), or give it longer with --collective-timeout; "
+                                                    "a chief whose run does not validate, or validates on a \"validation_pipeline\", does not use its evaluator"
+                                                  : "see the chief's output: its run was stopped, or failed"));
+            return 1;
+        }
+        handled = ends;
+        const TaskEnd end = last;
+        if (end.state == "completed") {
+            lock.unlock();
+            (*daemon)->shutdown();
+            if (!o.quiet) std::fprintf(stderr, "%s: the run completed\n", self.c_str());
+            return 0;
+        }
+        if (end.state == "failed") {
+            // A task that failed at once: the chief's event stream may not be open yet. Serve a
+            // moment longer, so the chief hears why (and evaluates itself) instead of finding
+            // nobody there.
+            cv.wait_for(lock, std::chrono::seconds(3), [&] { return interrupt.interrupted(); });
+            lock.unlock();
+            (*daemon)->shutdown();
+            printError(ts::makeError(ts::ErrorCode::IoError, self + ": " + end.message,
+                                     end.hint.empty() ? std::string("the chief evaluates on its own test split instead") : end.hint));
+            return 1;
+        }
+        if (!o.quiet)
+            std::fprintf(stderr, "%s: %s %s; waiting %s for it to start the evaluation again\n", self.c_str(), chiefText.c_str(),
+                         end.state == "left" ? "went away (it died, or was cut off)" : "stopped the evaluation", waitText.c_str());
+    }
     lock.unlock();
     (*daemon)->shutdown();
-    if (interrupt.interrupted() && !outcome) return kInterruptedExitCode;
-    if (!contacted) {
-        printError(ts::makeError(ts::ErrorCode::IoError,
-                                 self + ": " + chiefText + " did not start an evaluation within " + std::to_string(static_cast<int>(o.collectiveTimeout)) + " s",
-                                 "start the chief too (the same command with its TF_CONFIG), or give it longer with --collective-timeout"));
-        return 1;
-    }
-    if (outcome->first == "completed") {
-        if (!o.quiet) std::fprintf(stderr, "%s: the run completed\n", self.c_str());
-        return 0;
-    }
-    if (outcome->first == "failed") {
-        printError(ts::makeError(ts::ErrorCode::IoError, self + ": " + outcome->second, "the chief evaluates on its own test split instead"));
-        return 1;
-    }
-    std::fprintf(stderr, "%s: %s stopped the evaluation before the run completed (it was cancelled, failed or went away)\n", self.c_str(),
-                 chiefText.c_str());
-    return 1;
+    return kInterruptedExitCode;
 }
 
 ts::Result<std::unique_ptr<EvaluatorSide>> EvaluatorSide::start(const ts::RunConfig& cfg, const ts::ClusterSpec& spec, const TrainOptions& o,
@@ -209,6 +237,8 @@ void EvaluatorSide::warn(const std::string& line)
     e.message = line;
     m_bus.publish(ts::telemetry::Event(std::move(e)));
 }
+
+void EvaluatorSide::cancel() { m_evaluation->cancel(); }
 
 void EvaluatorSide::finish(ts::Result<ts::FitResult>& result, bool interrupted)
 {

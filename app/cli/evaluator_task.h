@@ -43,6 +43,8 @@ public:
     // After fit(): waits for the evaluations of a completed run (drops them otherwise), stops the
     // evaluator task, and puts the last epoch's validation into `result` when it was evaluated.
     void finish(ts::Result<ts::FitResult>& result, bool interrupted);
+    // Any thread (Ctrl-C during finish()): stops waiting for the evaluations.
+    void cancel();
     // Who evaluated how many epochs, skipped ones, the evaluator's loss ("evaluator" in --json's final line).
     const nlohmann::json& summary() const { return m_summary; }
 

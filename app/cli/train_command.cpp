@@ -118,7 +118,7 @@ public:
             nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", num(e.loss)}, {"accuracy", num(e.accuracy)},
                                 {"val_loss", num(e.valLoss)}, {"val_accuracy", num(e.valAccuracy)},
                                 {"samples_per_sec", num(e.samplesPerSec)}, {"seconds", num(e.seconds)}};
-            std::cout << j.dump() << "\n" << std::flush;
+            std::cout << j.dump() + "\n" << std::flush;  // one write: an evaluator's lines come from another thread
             return;
         }
         if (m_tty) std::cerr << "\r" << std::string(110, ' ') << "\r";
@@ -129,7 +129,7 @@ public:
             n += std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " | val_loss %.4f val_accuracy %.4f", e.valLoss, e.valAccuracy);
         std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " | %s samples/s | %s", fmtRate(e.samplesPerSec).c_str(),
                       fmtDuration(e.seconds).c_str());
-        std::cout << line << "\n" << std::flush;
+        std::cout << std::string(line) + "\n" << std::flush;
     }
 
 private:
@@ -689,8 +689,13 @@ int runTrain(const TrainOptions& options)
         bus.publish(ts::telemetry::Event(std::move(e)));
     }
     interrupt.setAction(nullptr);  // the trainer is destroyed before the scope
-    // The evaluator's last evaluations join the record before the run's end does.
-    if (sidecar) sidecar->finish(result, interrupt.interrupted());
+    // The evaluator's last evaluations join the record before the run's end does (Ctrl-C stops
+    // waiting for them).
+    if (sidecar) {
+        interrupt.setAction([&sidecar] { sidecar->cancel(); });
+        sidecar->finish(result, interrupt.interrupted());
+        interrupt.setAction(nullptr);
+    }
     if (!prepared) {
         // A restart could not even be prepared (e.g. the cluster could not be re-joined).
         if (recording) recording->fitDone(result);

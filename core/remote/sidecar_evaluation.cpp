@@ -39,6 +39,14 @@ public:
         m_cv.notify_all();
     }
 
+    void cancel()
+    {
+        std::lock_guard lock(m_mutex);
+        m_cancelled = true;
+        m_pending.reset();
+        m_cv.notify_all();
+    }
+
     nlohmann::json finish(const std::string& reason)
     {
         {
@@ -87,7 +95,8 @@ private:
             else if (stopping) break;
             else if (!m_started && !m_refused && std::chrono::steady_clock::now() < deadline) tryStart(0);
         }
-        if (m_link && !m_link->lost()) m_final = m_link->stop(m_reason);
+        // Stopped even when lost: a task that failed an evaluation may still run there.
+        if (m_link) m_final = m_link->stop(m_reason);
         m_link.reset();
     }
 
@@ -96,11 +105,13 @@ private:
     bool tryStart(int64_t epoch)
     {
         Status st = startTask();
-        if (st.ok() || m_announced || (!m_refused && epoch == 0)) return st.ok();
+        // After a loss, that loss was said already.
+        if (st.ok() || m_announced || m_started || (!m_refused && epoch == 0)) return st.ok();
         m_announced = true;
         // A daemon's hint names trainstudio-worker; in a TF_CONFIG cluster it is a train process.
-        const std::string hint = m_refused ? st.error().hint
-                                           : "start the evaluator there (the same train command, with task evaluator:0 of TF_CONFIG), or fix its address in TF_CONFIG";
+        std::string hint = st.error().hint;
+        if (!m_refused && (hint.empty() || hint.find("trainstudio-worker") != std::string::npos || hint.find("start it") == 0))
+            hint = "start the evaluator there (the same train command, with task evaluator:0 of TF_CONFIG), or fix its address in TF_CONFIG";
         m_lost = {{"epoch", epoch}, {"why", st.error().message}};
         note(st.error().message + "; " + m_task + " evaluates each epoch itself" + (m_refused ? std::string() : " until the evaluator answers") +
              (hint.empty() ? std::string() : " (hint: " + hint + ")"));
@@ -130,12 +141,20 @@ private:
         so.coordinator = m_o.who;
         Status st = m_client->startTask(m_o.runId, sent.toJson(), tfConfig, "evaluator", 0, so);
         if (!st.ok()) {
-            // Still busy with this run's old task (it lost the chief's stream and ends soon)?
             auto who = m_client->identify(1s);
-            if (who.ok() && who->runId == m_o.runId && who->state == "running") {
+            if (!who.ok()) return st;  // not there (any more): asked again later
+            if (who->state == "running" && who->runId == m_o.runId) {
+                // This run's old task (its stream broke, say): replaced by a new one once it ended.
                 (void)m_client->cancel(m_o.runId, "failed");
-                std::this_thread::sleep_for(500ms);
+                for (int i = 0; i < 30 && who.ok() && who->state == "running"; ++i) {
+                    std::this_thread::sleep_for(100ms);
+                    who = m_client->identify(1s);
+                }
                 st = m_client->startTask(m_o.runId, sent.toJson(), tfConfig, "evaluator", 0, so);
+            } else if (who->state == "running" || who->reserved) {
+                // Busy with another run: an old chief's, whose loss it has not noticed yet (a
+                // restarted chief), or another cluster's. Asked again later.
+                return makeError(ErrorCode::IoError, st.error().message, "it takes this run once that one ends");
             }
         }
         if (!st.ok()) {
@@ -178,8 +197,9 @@ private:
         }
         // Here: on the chief's own test split.
         r.by = m_task;
+        const bool repeated = m_hereFailed.has_value();
         auto v = evaluateHere(job);
-        if (!v.ok() && m_cancelled) return;
+        if (!v.ok() && (m_cancelled || repeated)) return;
         if (v.ok()) {
             r.value = *v;
             ++m_evaluations[m_task];
@@ -191,12 +211,22 @@ private:
 
     Result<EvalResult> evaluateHere(const Job& job)
     {
+        if (m_hereFailed) return *m_hereFailed;  // no test split here: said once
         if (!m_here) {
             RunEvaluatorOptions eo;
             eo.runId = m_o.runId;
             eo.who = m_task;
             eo.pullFromPs = false;
-            TS_ASSIGN(m_here, RunEvaluator::create(m_cfg, m_spec, eo));
+            // One thread: beside the chief's training, whose peers wait for it at every step.
+            RunConfig c = m_cfg;
+            c.strategy.threads = 1;
+            auto made = RunEvaluator::create(c, m_spec, eo);
+            if (!made.ok()) {
+                m_hereFailed = made.error();
+                m_hereFailed->message = m_task + " cannot evaluate either (" + m_hereFailed->message + "): the run goes on without validation";
+                return *m_hereFailed;
+            }
+            m_here = std::move(made).value();
         }
         const std::string name = epochWeightsName(job.epoch);
         TS_ASSIGN(SafetensorsFile weights, decodeSafetensors(job.weights, name));
@@ -223,6 +253,7 @@ private:
     std::unique_ptr<WorkerClient> m_client;
     std::unique_ptr<EvaluatorLink> m_link;
     std::unique_ptr<RunEvaluator> m_here;
+    std::optional<Error> m_hereFailed;  // it could not be made: said once, later epochs go unevaluated
     bool m_refused = false;
     bool m_started = false;    // a task was started (a later one is a rejoin)
     bool m_announced = false;  // that it could not be started was said
@@ -255,5 +286,6 @@ Result<std::unique_ptr<SidecarEvaluation>> SidecarEvaluation::create(const RunCo
 
 void SidecarEvaluation::submit(int64_t epoch, std::string weights) { m_impl->submit(epoch, std::move(weights)); }
 nlohmann::json SidecarEvaluation::finish(const std::string& reason) { return m_impl->finish(reason); }
+void SidecarEvaluation::cancel() { m_impl->cancel(); }
 
 } // namespace ts::remote

@@ -68,6 +68,9 @@ public:
     // (cancelled: drops what waits). Stops the evaluator task; returns the summary: evaluations by
     // whom, epochs skipped, the evaluator's loss and rejoins. Idempotent.
     nlohmann::json finish(const std::string& reason);
+    // Any thread (Ctrl-C): ends an evaluation in progress and drops the one waiting; finish()
+    // then waits for nothing.
+    void cancel();
 
     class Impl;
 private:

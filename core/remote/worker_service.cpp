@@ -175,7 +175,10 @@ public:
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                           source + ": " + m_name + " takes only " + m_onlyTaskType + " tasks (it is a train --task " + m_onlyTaskType +
                               " process, not a trainstudio-worker)");
-        if (!m_dataDir.empty()) cfg->dataDir = m_dataDir;
+        if (!m_dataDir.empty()) {
+            cfg->dataDir = m_dataDir;
+            if (cfg->pipeline && cfg->pipeline->source.kind == SourceKind::Idx) cfg->pipeline->source.dir = m_dataDir;
+        }
         // worker 0 initialises the ps tasks from its imported weights
         if (req->initial_weights_sent() && (type == "ps" || type == "evaluator"))
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
@@ -220,6 +223,7 @@ public:
         m_state = "running";
         m_cancelRequested = false;
         m_cancelReason.clear();
+        m_coordinatorLeft = false;
         m_task = withTask->task().toString();
         m_psTask = type == "ps";
         m_evaluatorTask = type == "evaluator";
@@ -231,7 +235,7 @@ public:
             runTask(std::move(c), std::move(s), initial.get(), initialName);
         });
         lock.unlock();
-        if (m_onTaskState) m_onTaskState("running", {});
+        if (m_onTaskState) m_onTaskState("running", {}, {});
         return grpc::Status::OK;
     }
 
@@ -284,6 +288,7 @@ public:
         if (m_state == "running") {
             m_cancelRequested = true;
             m_cancelReason.clear();
+            m_coordinatorLeft = true;
             if (m_trainer) m_trainer->cancel();
             if (m_store) m_store->cancel();
             m_cv.notify_all();
@@ -600,12 +605,16 @@ private:
     {
         if (!message.empty()) publish("error", m_step, {{"message", message}, {"hint", hint}, {"where", m_task}});
         publish("state", m_step, {{"state", state}, {"message", message}});
-        std::lock_guard lock(m_mutex);
-        m_state = state;
-        m_trainer = nullptr;
-        m_cv.notify_all();
-        logLine("run " + m_runId + " " + state + (message.empty() ? "" : ": " + message));
-        if (m_onTaskState) m_onTaskState(state, message);
+        bool left = false;
+        {
+            std::lock_guard lock(m_mutex);
+            m_state = state;
+            m_trainer = nullptr;
+            left = m_coordinatorLeft && state == "cancelled";
+            m_cv.notify_all();
+            logLine("run " + m_runId + " " + state + (message.empty() ? "" : ": " + message));
+        }
+        if (m_onTaskState) m_onTaskState(left ? "left" : state, message, hint);
     }
 
     // The end of a task that serves until it is stopped (a ps task, an evaluator): only the
@@ -918,7 +927,8 @@ private:
     int64_t m_maxWeightsBytes;
     const std::string m_onlyTaskType;  // WorkerOptions'
     const std::string m_dataDir;
-    const std::function<void(const std::string&, const std::string&)> m_onTaskState;
+    const std::function<void(const std::string&, const std::string&, const std::string&)> m_onTaskState;
+    bool m_coordinatorLeft = false;  // the running task was cancelled because its coordinator's stream broke
     // SendWeights: initial weights checked and kept for m_sentWeightsRun until its StartTask.
     std::shared_ptr<const SafetensorsFile> m_sentWeights;
     std::string m_sentWeightsRun, m_sentWeightsName;

@@ -40,12 +40,15 @@ struct WorkerOptions {
     int64_t maxWeightsBytes = int64_t{2} << 30;  // largest initial-weights file (SendWeights) held
     // A `train --task evaluator:0` process serves its evaluator task with these: tasks of any
     // other type are refused, tasks read their data from dataDir (when set) instead of the run
-    // configuration's, and onTaskState(state, message) is called when a task starts ("running",
-    // on a gRPC thread) and when it ends ("completed", "cancelled" or "failed", on the task's
-    // thread once its end is published). Keep it quick.
+    // configuration's (its idx pipeline's folder too), and onTaskState(state, message, hint) is
+    // called, with no lock of the daemon held, when a task starts ("running", on a gRPC thread,
+    // possibly after its end when it fails at once) and when it ends (on the task's thread once
+    // its end is published): "completed", "failed" (message, hint: why), "cancelled" (by its
+    // coordinator or this daemon's shutdown) or "left" (cancelled because its coordinator's
+    // event stream broke: it died, or was cut off).
     std::string onlyTaskType;
     std::string dataDir;
-    std::function<void(const std::string& state, const std::string& message)> onTaskState;
+    std::function<void(const std::string& state, const std::string& message, const std::string& hint)> onTaskState;
 };
 
 class WorkerDaemon {

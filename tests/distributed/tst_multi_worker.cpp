@@ -859,7 +859,6 @@ void TestMultiWorker::restartWithUnevenShardsEqualsContinuous()
     QCOMPARE(maxDiff(m_dir.filePath("uneven-restarted-worker.safetensors"), m_dir.filePath("uneven-continuous-chief.safetensors")), 0.0);
 }
 
-QTEST_GUILESS_MAIN(TestMultiWorker)
 // TF's side-car evaluator in a TF_CONFIG cluster: all three tasks run the same command (the
 // evaluator ignores the training flags). The chief sends its weights after each epoch, the
 // evaluator evaluates them on its test split while the tasks train on, the chief prints and
@@ -949,15 +948,16 @@ void TestMultiWorker::chiefEvaluatesWithoutItsEvaluator()
         const QString cluster = clusterWithEvaluator();
         QElapsedTimer timer;
         timer.start();
-        auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
-        auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
+        // A long connect time (--collective-timeout): the run's end must not wait it out.
+        const QStringList patient = args + QStringList{"--collective-timeout", "120"};
+        auto worker = startCli(patient + QStringList{"--task", "worker:0"}, cluster);
+        auto chief = startCli(patient + QStringList{"--task", "chief:0"}, cluster);
         const Finished c = finish(*chief), w = finish(*worker);
         QVERIFY2(c.code == 0, qPrintable(c.out));
         QVERIFY2(w.code == 0, qPrintable(w.out));
         QVERIFY2(c.out.contains("nothing listens at 127.0.0.1:"), qPrintable(c.out));
         QVERIFY2(c.out.contains("start the evaluator there (the same train command, with task evaluator:0 of TF_CONFIG)"), qPrintable(c.out));
-        // The run's end does not wait out the evaluator's connect time (--collective-timeout).
-        QVERIFY2(timer.elapsed() < 25000, qPrintable(QString("took %1 ms").arg(timer.elapsed())));
+        QVERIFY2(timer.elapsed() < 60000, qPrintable(QString("took %1 ms").arg(timer.elapsed())));
         const nlohmann::json last = jsonLines(c.out).back();
         QVERIFY2(last.value("final", false) && last["val_accuracy"].is_number(), qPrintable(c.out));
         QVERIFY2(last["evaluator"]["evaluations"]["chief:0"].get<int>() >= 1, last.dump().c_str());
@@ -1022,13 +1022,18 @@ void TestMultiWorker::evaluatorRejoinsAfterKill()
     QVERIFY2(w.code == 0, qPrintable(w.out));
     QVERIFY2(e.code == 0, qPrintable(e.out));
     QVERIFY2(c.out.contains("answers again: it evaluates from epoch"), qPrintable(c.out));
-    const auto byEpoch = evaluations(c.out);
-    QCOMPARE(byEpoch.size(), std::size_t{8});
-    QCOMPARE(QString::fromStdString(byEpoch.at(2)["by"].get<std::string>()), QString("chief:0"));  // lost during epoch 2
-    QCOMPARE(QString::fromStdString(byEpoch.at(8)["by"].get<std::string>()), QString("evaluator:0"));
+    // Lost at the first evaluation after the kill (epoch 2, or 3 on a machine slow to read the
+    // chief's output), which the chief evaluated itself; the last epoch is the new evaluator's.
+    // An epoch may be skipped while an evaluation runs.
     const nlohmann::json last = jsonLines(c.out).back();
+    QVERIFY2(last.value("final", false), qPrintable(c.out));
+    const int lostAt = last["evaluator"]["evaluator_lost"]["epoch"].get<int>();
+    QVERIFY2(lostAt == 2 || lostAt == 3, last.dump().c_str());
+    const auto byEpoch = evaluations(c.out);
+    QVERIFY2(byEpoch.count(lostAt) && byEpoch.at(lostAt)["by"] == "chief:0", qPrintable(c.out));
+    QVERIFY2(byEpoch.count(8) && byEpoch.at(8)["by"] == "evaluator:0", qPrintable(c.out));
     QCOMPARE(last["evaluator"]["rejoins"].get<int>(), 1);
-    QVERIFY2(last["evaluator"]["evaluator_lost"]["epoch"] == 2, last.dump().c_str());
 }
 
+QTEST_GUILESS_MAIN(TestMultiWorker)
 #include "tst_multi_worker.moc"
