@@ -33,6 +33,16 @@ private slots:
 
 namespace {
 
+ScheduleConfig schedule(int workers, int64_t epochs, int64_t maxSteps, int64_t maxBlock)
+{
+    ScheduleConfig c;
+    c.workers = workers;
+    c.epochs = epochs;
+    c.maxSteps = maxSteps;
+    c.maxBlock = maxBlock;
+    return c;
+}
+
 // One claim telling at most one outcome (the tests' usual case).
 Result<StepGrant> claimOne(StepSchedule& s, const std::string& worker, int64_t batches, const StepOutcome* done, std::vector<EpochDone>* epochs)
 {
@@ -67,7 +77,7 @@ void checkIn(StepSchedule& s, std::vector<EpochDone>* epochs, const std::string&
 void TestStepSchedule::handsOutEveryStepOnce()
 {
     // Two workers with 3 and 2 batches per pass: an epoch is 5 steps, the run 2 epochs.
-    StepSchedule s({2, 2, 0, 1});
+    StepSchedule s(schedule(2, 2, 0, 1));
     std::vector<EpochDone> epochs;
     StepGrant a, b;
     checkIn(s, &epochs, "worker:0", 3, "worker:1", 2, &a, &b);
@@ -111,7 +121,7 @@ void TestStepSchedule::handsOutEveryStepOnce()
 
 void TestStepSchedule::waitsForHeldStepsAtTheEnd()
 {
-    StepSchedule s({2, 1, 0, 1});
+    StepSchedule s(schedule(2, 1, 0, 1));
     StepGrant a, b;
     checkIn(s, nullptr, "worker:0", 1, "worker:1", 1, &a, &b);
     const StepOutcome done = outcome(a.step);
@@ -128,7 +138,7 @@ void TestStepSchedule::waitsForHeldStepsAtTheEnd()
 
 void TestStepSchedule::lostWorkersStepsGoToOthers()
 {
-    StepSchedule s({2, 1, 0, 1});
+    StepSchedule s(schedule(2, 1, 0, 1));
     std::vector<EpochDone> epochs;
     StepGrant a, b;
     checkIn(s, &epochs, "worker:0", 2, "worker:1", 2, &a, &b);  // worker:1 holds step 1, then dies
@@ -153,7 +163,7 @@ void TestStepSchedule::lostWorkersStepsGoToOthers()
     QVERIFY2(refused.error().message.find("worker:1 was released") != std::string::npos, refused.error().message.c_str());
     QCOMPARE(s.completed(), int64_t(4));
     // A worker lost before it checked in does not hold the others back.
-    StepSchedule t({3, 1, 0, 1});
+    StepSchedule t(schedule(3, 1, 0, 1));
     QCOMPARE(int(claimOne(t, "worker:0", 1, nullptr, nullptr)->kind), int(StepGrant::Kind::Wait));
     QCOMPARE(int(claimOne(t, "worker:1", 1, nullptr, nullptr)->kind), int(StepGrant::Kind::Wait));
     t.release("worker:2");
@@ -166,7 +176,7 @@ void TestStepSchedule::lostWorkersStepsGoToOthers()
 // (the step it held went to the other meanwhile), and every step is still trained once.
 void TestStepSchedule::readmittedWorkerTakesStepsAgain()
 {
-    StepSchedule s({2, 2, 0, 1});  // 2 workers x 3 batches: 6 steps an epoch, 12 in all
+    StepSchedule s(schedule(2, 2, 0, 1));  // 2 workers x 3 batches: 6 steps an epoch, 12 in all
     std::vector<EpochDone> epochs;
     StepGrant a, b;
     checkIn(s, &epochs, "worker:0", 3, "worker:1", 3, &a, &b);  // worker:1 holds step 1, then dies
@@ -217,7 +227,7 @@ void TestStepSchedule::readmittedWorkerTakesStepsAgain()
 
     // A worker lost before it ever checked in, readmitted once the epoch's size is fixed, holds
     // nobody back while its new task starts.
-    StepSchedule t({3, 1, 0, 1});
+    StepSchedule t(schedule(3, 1, 0, 1));
     QCOMPARE(int(claimOne(t, "worker:0", 2, nullptr, nullptr)->kind), int(StepGrant::Kind::Wait));
     t.release("worker:2");
     QCOMPARE(int(claimOne(t, "worker:1", 2, nullptr, nullptr)->kind), int(StepGrant::Kind::Step));
@@ -231,7 +241,7 @@ void TestStepSchedule::readmittedWorkerTakesStepsAgain()
 void TestStepSchedule::learnsUnknownEpochSizes()
 {
     // worker:1 reads a CSV file: its length shows after its first pass.
-    StepSchedule s({2, 2, 0, 1});
+    StepSchedule s(schedule(2, 2, 0, 1));
     std::vector<EpochDone> epochs;
     StepGrant a, b;
     checkIn(s, &epochs, "worker:0", 3, "worker:1", -1, &a, &b);
@@ -270,7 +280,7 @@ void TestStepSchedule::learnsUnknownEpochSizes()
 void TestStepSchedule::maxStepsEndsTheRun()
 {
     // 10 epochs of 4 steps, but max_steps 6: the run ends after step 6, mid-epoch 2.
-    StepSchedule s({1, 10, 6, 1});
+    StepSchedule s(schedule(1, 10, 6, 1));
     std::vector<EpochDone> epochs;
     std::optional<StepOutcome> done;
     int64_t last = 0;
@@ -290,7 +300,7 @@ void TestStepSchedule::maxStepsEndsTheRun()
 
 void TestStepSchedule::refusesWhatAWorkerDoesNotHold()
 {
-    StepSchedule s({2, 1, 0, 1});
+    StepSchedule s(schedule(2, 1, 0, 1));
     StepGrant a, b;
     checkIn(s, nullptr, "worker:0", 2, "worker:1", 2, &a, &b);
     const StepOutcome notHeld = outcome(b.step);
@@ -305,7 +315,7 @@ void TestStepSchedule::refusesWhatAWorkerDoesNotHold()
 void TestStepSchedule::resumesFromASnapshot()
 {
     // A backup after 7 steps of 4-step epochs (2 workers x 2 batches), 3 of them in epoch 2.
-    ScheduleConfig c{2, 3, 0, 1};
+    ScheduleConfig c = schedule(2, 3, 0, 1);
     c.completed = 7;
     c.epochSoFar = StepTally{3, 6.0, 3, 6, 1.5};
     StepSchedule s(c);
@@ -351,7 +361,7 @@ void TestStepSchedule::handsOutBlocks()
 {
     // 2 workers x 300 batches: 600-step epochs, so 8 steps a claim (each still gets 32+ claims
     // an epoch); max_steps 20 cuts the last block short.
-    StepSchedule s({2, 1, 20});
+    StepSchedule s(schedule(2, 1, 20, 0));
     QCOMPARE(int(s.claim("worker:0", 300, {}, nullptr)->kind), int(StepGrant::Kind::Wait));
     auto a = s.claim("worker:1", 300, {}, nullptr);
     auto b = s.claim("worker:0", 300, {}, nullptr);
@@ -383,7 +393,7 @@ void TestStepSchedule::concurrentClaims()
     // every step of 5 epochs of 4 x 25 steps is trained exactly once (the lost worker's block by
     // others), every epoch told once, in order.
     constexpr int kWorkers = 4;
-    StepSchedule s({kWorkers, 5, 0, 3});
+    StepSchedule s(schedule(kWorkers, 5, 0, 3));
     std::mutex mutex;
     std::multiset<int64_t> trained;
     std::vector<EpochDone> epochs;
