@@ -17,7 +17,6 @@
 #include <utility>
 
 #include "interrupt.h"
-#include "io/safetensors.h"
 #include "remote/auth.h"
 #include "remote/sidecar_evaluation.h"
 #include "remote/worker_service.h"
@@ -109,7 +108,8 @@ int runEvaluatorTask(const TrainOptions& o, const ts::ClusterSpec& spec)
         if (end.state == "completed") {
             lock.unlock();
             (*daemon)->shutdown();
-            if (!o.quiet) std::fprintf(stderr, "%s: the run completed\n", self.c_str());
+            // With a message: the chief's run gives it nothing to evaluate.
+            if (!o.quiet) std::fprintf(stderr, "%s\n", end.message.empty() ? (self + ": the run completed").c_str() : end.message.c_str());
             return 0;
         }
         if (end.state == "failed") {
@@ -146,9 +146,7 @@ ts::Result<std::unique_ptr<EvaluatorSide>> EvaluatorSide::start(const ts::RunCon
     EvaluatorSide* self = side.get();
     TS_ASSIGN(side->m_evaluation, ts::remote::SidecarEvaluation::create(
                                       cfg, spec, so,
-                                      [self](const ts::remote::SidecarResult& r) {
-                                          self->evaluated(r.epoch, r.value ? &*r.value : nullptr, r.error, r.by);
-                                      },
+                                      [self](const ts::remote::SidecarResult& r) { self->evaluated(r); },
                                       [self](const std::string& line) { self->warn(line); }));
     if (!o.quiet && !o.json)
         std::printf("The cluster's evaluator (%s) validates each epoch; the training tasks do not\n", spec.addresses("evaluator").front().c_str());
@@ -169,28 +167,33 @@ void EvaluatorSide::recordInto(const std::string& runId)
 
 void EvaluatorSide::epochDone(ts::Trainer& trainer, const ts::EpochEvent& e)
 {
+    auto bytes = trainer.encodeWeights("the chief's weights after epoch " + std::to_string(e.epoch));
     {
         std::lock_guard lock(m_mutex);
-        m_epochs[e.epoch] = Epoch{e, trainer.globalStep(), ts::telemetry::wallNowMicros(), false, {}};
+        Epoch& ep = m_epochs[e.epoch] = Epoch{e, trainer.globalStep(), ts::telemetry::wallNowMicros(), 0, false, {}};
+        // Numbered under the lock: the result may come back before submit() returns.
+        if (bytes.ok()) ep.submission = m_evaluation->submit(e.epoch, std::move(bytes).value());
     }
-    auto params = trainer.strategy().exportParameters();
-    auto bytes = params.ok() ? ts::encodeSafetensors(*params, ts::weightsMetadata(trainer.modelName(), trainer.globalStep()),
-                                                     "the chief's weights after epoch " + std::to_string(e.epoch))
-                             : ts::Result<std::string>(params.error());
-    if (!bytes.ok()) {
-        warn("epoch " + std::to_string(e.epoch) + " is not evaluated: " + bytes.error().message);
-        return;
-    }
-    m_evaluation->submit(e.epoch, std::move(bytes).value());
+    if (!bytes.ok()) warn("epoch " + std::to_string(e.epoch) + " is not evaluated: " + bytes.error().message);
 }
 
 // On the evaluation's helper thread.
-void EvaluatorSide::evaluated(int64_t epoch, const ts::EvalResult* v, const ts::Error& error, const std::string& by)
+void EvaluatorSide::evaluated(const ts::remote::SidecarResult& r)
 {
-    if (!v) {
-        warn("epoch " + std::to_string(epoch) + " could not be evaluated: " + error.toString());
+    const int64_t epoch = r.epoch;
+    const std::string& by = r.by;
+    {
+        // Weights of an attempt that failed after this epoch, which the restarted run replayed:
+        // its own weights are being evaluated (or were skipped for newer ones).
+        std::lock_guard lock(m_mutex);
+        auto it = m_epochs.find(epoch);
+        if (it == m_epochs.end() || it->second.submission != r.submission) return;
+    }
+    if (!r.value) {
+        warn("epoch " + std::to_string(epoch) + " could not be evaluated: " + r.error.toString());
         return;
     }
+    const ts::EvalResult* v = &*r.value;
     ts::telemetry::EpochMetricsEvent m;
     bool record = false;
     {
@@ -239,6 +242,24 @@ void EvaluatorSide::warn(const std::string& line)
 }
 
 void EvaluatorSide::cancel() { m_evaluation->cancel(); }
+
+UnusedEvaluator::UnusedEvaluator(const ts::RunConfig& cfg, const ts::ClusterSpec& spec, const TrainOptions& o)
+{
+    auto token = ts::remote::loadToken(o.tokenFile);
+    if (!token.ok()) return;  // the chief's own connections say so
+    ts::remote::SidecarOptions so;
+    so.runId = "eval-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
+    so.token = *token;
+    so.who = spec.task().toString() + " (" + *spec.address(spec.task()) + ")";
+    so.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    m_thread = std::thread([this, cfg, spec, so] { (void)ts::remote::releaseUnusedEvaluator(cfg, spec, so, m_stop); });
+}
+
+UnusedEvaluator::~UnusedEvaluator()
+{
+    m_stop = true;
+    if (m_thread.joinable()) m_thread.join();
+}
 
 void EvaluatorSide::finish(ts::Result<ts::FitResult>& result, bool interrupted)
 {

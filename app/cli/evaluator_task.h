@@ -3,11 +3,13 @@
 // the process started as the evaluator (runEvaluatorTask), and the chief's side (EvaluatorSide),
 // which sends it the weights after each epoch and records the validation it sends back.
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -16,7 +18,10 @@
 #include "distribute/cluster_spec.h"
 #include "train/trainer.h"
 
-namespace ts::remote { class SidecarEvaluation; }
+namespace ts::remote {
+class SidecarEvaluation;
+struct SidecarResult;
+} // namespace ts::remote
 namespace ts::telemetry { class EventBus; }
 
 namespace tscli {
@@ -50,7 +55,7 @@ public:
 
 private:
     EvaluatorSide(const TrainOptions& o, ts::telemetry::EventBus& bus);
-    void evaluated(int64_t epoch, const ts::EvalResult* v, const ts::Error& error, const std::string& by);
+    void evaluated(const ts::remote::SidecarResult& r);
     void warn(const std::string& line);
 
     const TrainOptions& m_o;
@@ -62,11 +67,25 @@ private:
         ts::EpochEvent event;
         int64_t step = 0;
         int64_t wallUs = 0;
+        uint64_t submission = 0;  // its weights' (an older result of a replayed epoch is stale)
         bool evaluated = false;
         ts::EvalResult value;
     };
     std::map<int64_t, Epoch> m_epochs;  // under m_mutex
     nlohmann::json m_summary = nlohmann::json::object();
+};
+
+// The chief's side when its run gives the cluster's evaluator nothing to evaluate (it does not
+// validate, or validates on a "validation_pipeline"): tells the evaluator so on a helper thread,
+// until it answers or this goes, so that the evaluator process exits instead of waiting.
+class UnusedEvaluator {
+public:
+    UnusedEvaluator(const ts::RunConfig& cfg, const ts::ClusterSpec& spec, const TrainOptions& o);
+    ~UnusedEvaluator();  // stops asking
+
+private:
+    std::atomic<bool> m_stop{false};
+    std::thread m_thread;
 };
 
 } // namespace tscli

@@ -556,11 +556,13 @@ int runTrain(const TrainOptions& options)
     auto interrupted = [&interrupt] { return interrupt.interrupted(); };
     // A cluster with an evaluator task validates there (TF's side-car evaluator): no training
     // task validates at its epochs' ends, and the chief sends its weights after each epoch.
-    const bool sidecarValidates =
-        clusterSpec && clusterSpec->count("evaluator") > 0 && cfg.validate && ts::remote::RunEvaluator::readsValidationOf(cfg);
-    if (clusterSpec && clusterSpec->count("evaluator") > 0 && cfg.validationPipeline && coordinatingTask && !o.quiet)
-        std::fprintf(stderr, "note: the cluster's evaluator is not used: it evaluates the idx test split, and this run validates on its "
-                             "\"validation_pipeline\"; the training tasks validate\n");
+    const std::string evaluatorIdle = ts::remote::RunEvaluator::nothingToEvaluate(cfg);
+    const bool sidecarValidates = clusterSpec && clusterSpec->count("evaluator") > 0 && evaluatorIdle.empty();
+    std::optional<UnusedEvaluator> unusedEvaluator;  // told so, so that it exits
+    if (clusterSpec && clusterSpec->count("evaluator") > 0 && !sidecarValidates && coordinatingTask) {
+        if (!o.quiet) std::fprintf(stderr, "note: the cluster's evaluator is not used: %s\n", evaluatorIdle.c_str());
+        unusedEvaluator.emplace(cfg, *clusterSpec, o);
+    }
     std::unique_ptr<EvaluatorSide> sidecar;
     if (sidecarValidates && coordinatingTask) {
         auto made = EvaluatorSide::start(cfg, *clusterSpec, o, bus);

@@ -374,7 +374,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // multi-worker-mirrored: while it is there, the training tasks do not validate and the chief
     // sends its weights after each epoch, which go to the evaluator (unless the run validates on
     // something else than the idx test split an evaluator reads: then the tasks validate).
-    Task* evaluatorTask = cfg.validate && (psRun || RunEvaluator::readsValidationOf(cfg)) ? m_evaluator.get() : nullptr;
+    Task* evaluatorTask = cfg.validate && (psRun || RunEvaluator::nothingToEvaluate(cfg).empty()) ? m_evaluator.get() : nullptr;
     Task* const evaluatorSlot = evaluatorTask;  // stays when the evaluator is lost (it may rejoin)
     auto attemptTasks = [&] { return tasksWith(evaluatorTask); };
     // With --restarts, the heartbeats probe a lost evaluator's daemon (probeEvaluator); once it
@@ -710,9 +710,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 return;
             }
             if (weights) {
-                const std::string name = epochWeightsName(m.epoch);
-                auto decoded = decodeSafetensors(*weights, name);
-                v = decoded.ok() ? evaluator->evaluate(*decoded, name) : Result<EvalResult>(decoded.error());
+                v = evaluator->evaluateEncoded(*weights, epochWeightsName(m.epoch));
             } else {
                 v = evaluator->evaluate();
             }

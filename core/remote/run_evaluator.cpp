@@ -42,9 +42,13 @@ Result<std::unique_ptr<RunEvaluator>> RunEvaluator::create(const RunConfig& cfg,
     return e;
 }
 
-bool RunEvaluator::readsValidationOf(const RunConfig& cfg)
+std::string RunEvaluator::nothingToEvaluate(const RunConfig& cfg)
 {
-    return !cfg.validationPipeline && (!cfg.pipeline || cfg.pipeline->source.kind == SourceKind::Idx);
+    // A "validation_pipeline" validates whatever "validate" says; a pipeline not over an idx
+    // folder validates only on one.
+    if (cfg.validationPipeline) return "the run validates on its \"validation_pipeline\", which its training tasks read";
+    if (!cfg.validate || (cfg.pipeline && cfg.pipeline->source.kind != SourceKind::Idx)) return "the run does not validate";
+    return {};
 }
 
 Status RunEvaluator::loadValidation()
@@ -106,6 +110,12 @@ Result<EvalResult> RunEvaluator::evaluate(const SafetensorsFile& weights, const 
     TS_TRY(checkValidates());
     TS_TRY(m_trainer->strategy().importParameters(weights.inOrder(), source));
     return m_trainer->evaluate(*m_validation);
+}
+
+Result<EvalResult> RunEvaluator::evaluateEncoded(std::string_view weights, const std::string& source)
+{
+    TS_ASSIGN(SafetensorsFile decoded, decodeSafetensors(weights, source));
+    return evaluate(decoded, source);
 }
 
 } // namespace ts::remote

@@ -14,6 +14,7 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
 
 #include "common/result.h"
 #include "distribute/cluster_spec.h"
@@ -43,10 +44,10 @@ struct RunEvaluatorOptions {
 class RunEvaluator {
 public:
     static Result<std::unique_ptr<RunEvaluator>> create(const RunConfig& config, const ClusterSpec& spec, const RunEvaluatorOptions& options);
-    // Whether what an evaluator reads is the run's validation set: the idx test split (no
-    // "validation_pipeline", and no "pipeline" or one over an idx folder). A multi-worker run
-    // validated otherwise is validated by its training tasks, not by its evaluator.
-    static bool readsValidationOf(const RunConfig& config);
+    // Why the evaluator of a multi-worker-mirrored run has nothing to evaluate (empty: it
+    // evaluates): the run does not validate, or validates on a "validation_pipeline" (which its
+    // training tasks read: an evaluator reads the idx test split).
+    static std::string nothingToEvaluate(const RunConfig& config);
     ~RunEvaluator();
 
     // The ps tasks' current weights into this model.
@@ -55,8 +56,8 @@ public:
     Result<EvalResult> evaluate();
     // `weights` (named `source` in errors) on the test split.
     Result<EvalResult> evaluate(const SafetensorsFile& weights, const std::string& source);
-    // Whether evaluate() has a test split: the run validates and it was loaded.
-    bool validates() const { return m_validation != nullptr; }
+    // The same from a safetensors file's bytes (damaged ones are an error naming `source`).
+    Result<EvalResult> evaluateEncoded(std::string_view weights, const std::string& source);
     // Reads the test split now (one created without it that must evaluate after all).
     Status loadValidation();
     Trainer& trainer() { return *m_trainer; }

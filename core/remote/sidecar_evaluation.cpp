@@ -6,7 +6,6 @@
 #include <mutex>
 #include <thread>
 
-#include "io/safetensors.h"
 #include "model/spec.h"
 #include "remote/evaluator_link.h"
 #include "remote/run_evaluator.h"
@@ -16,6 +15,25 @@
 namespace ts::remote {
 
 using namespace std::chrono_literals;
+
+namespace {
+
+// The run configuration the evaluator task gets: the model inline (its file is on this
+// machine), and given weights, it loads and writes none and keeps no backups.
+Result<RunConfig> evaluatorConfig(const RunConfig& cfg)
+{
+    RunConfig sent = cfg;
+    if (!sent.modelFile.empty()) {
+        TS_ASSIGN(sent.model, loadModelFile(sent.modelFile));
+        sent.modelFile.clear();
+    }
+    sent.loadWeights.clear();
+    sent.saveWeights.clear();
+    sent.backup = BackupConfig{};
+    return sent;
+}
+
+} // namespace
 
 class SidecarEvaluation::Impl {
 public:
@@ -30,13 +48,15 @@ public:
 
     void start() { m_thread = std::thread([this] { run(); }); }
 
-    void submit(int64_t epoch, std::string weights)
+    uint64_t submit(int64_t epoch, std::string weights)
     {
         std::lock_guard lock(m_mutex);
-        if (m_stopping) return;
+        const uint64_t number = ++m_submissions;
+        if (m_stopping) return number;
         if (m_pending) ++m_skipped;
-        m_pending = Job{epoch, std::move(weights)};
+        m_pending = Job{epoch, number, std::move(weights)};
         m_cv.notify_all();
+        return number;
     }
 
     void cancel()
@@ -71,6 +91,7 @@ public:
 private:
     struct Job {
         int64_t epoch = 0;
+        uint64_t number = 0;
         std::string weights;
     };
 
@@ -131,15 +152,10 @@ private:
             m_client = std::move(c).value();
         }
         if (auto pulse = m_client->heartbeat(1s); !pulse.ok()) return pulse.error();
-        RunConfig sent = m_cfg;
-        // The evaluator is given weights: it loads and writes none, and keeps no backups.
-        sent.loadWeights.clear();
-        sent.saveWeights.clear();
-        sent.backup = BackupConfig{};
         TS_ASSIGN(std::string tfConfig, m_spec.tfConfigFor({"evaluator", 0}));
         StartTaskOptions so;
         so.coordinator = m_o.who;
-        Status st = m_client->startTask(m_o.runId, sent.toJson(), tfConfig, "evaluator", 0, so);
+        Status st = m_client->startTask(m_o.runId, m_cfg.toJson(), tfConfig, "evaluator", 0, so);
         if (!st.ok()) {
             auto who = m_client->identify(1s);
             if (!who.ok()) return st;  // not there (any more): asked again later
@@ -150,7 +166,7 @@ private:
                     std::this_thread::sleep_for(100ms);
                     who = m_client->identify(1s);
                 }
-                st = m_client->startTask(m_o.runId, sent.toJson(), tfConfig, "evaluator", 0, so);
+                st = m_client->startTask(m_o.runId, m_cfg.toJson(), tfConfig, "evaluator", 0, so);
             } else if (who->state == "running" || who->reserved) {
                 // Busy with another run: an old chief's, whose loss it has not noticed yet (a
                 // restarted chief), or another cluster's. Asked again later.
@@ -171,6 +187,7 @@ private:
     {
         SidecarResult r;
         r.epoch = job.epoch;
+        r.submission = job.number;
         if ((!m_link || m_link->rejoinable()) && !m_refused) {
             // Gone (or not reached yet): one quick try before each evaluation.
             m_link.reset();
@@ -228,9 +245,7 @@ private:
             }
             m_here = std::move(made).value();
         }
-        const std::string name = epochWeightsName(job.epoch);
-        TS_ASSIGN(SafetensorsFile weights, decodeSafetensors(job.weights, name));
-        return m_here->evaluate(weights, name);
+        return m_here->evaluateEncoded(job.weights, epochWeightsName(job.epoch));
     }
 
     const RunConfig m_cfg;
@@ -247,6 +262,7 @@ private:
     std::string m_reason;
     std::atomic<bool> m_cancelled{false};
     int64_t m_skipped = 0;  // under m_mutex until the thread is joined
+    uint64_t m_submissions = 0;  // under m_mutex
 
     // The helper thread's only (finish() reads them after joining it).
     std::thread m_thread;
@@ -273,19 +289,33 @@ Result<std::unique_ptr<SidecarEvaluation>> SidecarEvaluation::create(const RunCo
     if (!cfg.validate) return makeError(ErrorCode::InvalidArgument, "the run does not validate: its evaluator has nothing to do");
     if (spec.count("evaluator") == 0 || !spec.hasTask())
         return makeError(ErrorCode::InvalidArgument, spec.source() + ": no evaluator task, or no task for this process");
-    RunConfig c = cfg;
-    if (!c.modelFile.empty()) {
-        // The evaluator task is sent the model inline.
-        TS_ASSIGN(c.model, loadModelFile(c.modelFile));
-        c.modelFile.clear();
-    }
+    TS_ASSIGN(RunConfig c, evaluatorConfig(cfg));
     auto impl = std::make_unique<Impl>(std::move(c), spec, std::move(options), std::move(onResult), std::move(onNote));
     impl->start();
     return std::unique_ptr<SidecarEvaluation>(new SidecarEvaluation(std::move(impl)));
 }
 
-void SidecarEvaluation::submit(int64_t epoch, std::string weights) { m_impl->submit(epoch, std::move(weights)); }
+uint64_t SidecarEvaluation::submit(int64_t epoch, std::string weights) { return m_impl->submit(epoch, std::move(weights)); }
 nlohmann::json SidecarEvaluation::finish(const std::string& reason) { return m_impl->finish(reason); }
 void SidecarEvaluation::cancel() { m_impl->cancel(); }
+
+Status releaseUnusedEvaluator(const RunConfig& cfg, const ClusterSpec& spec, const SidecarOptions& options, const std::atomic<bool>& stop)
+{
+    const std::string address = spec.addresses("evaluator").front();
+    const std::string label = "evaluator:0 at " + address;
+    TS_ASSIGN(auto client, WorkerClient::connect(label, address, options.token, {}, /*ownConnection=*/true));
+    TS_ASSIGN(std::string tfConfig, spec.tfConfigFor({"evaluator", 0}));
+    TS_ASSIGN(const RunConfig c, evaluatorConfig(cfg));
+    const nlohmann::json sent = c.toJson();
+    StartTaskOptions so;
+    so.coordinator = options.who;
+    const auto deadline = std::chrono::steady_clock::now() + options.connectTimeout;
+    for (;;) {
+        if (stop) return makeError(ErrorCode::Cancelled, "the run ended before " + label + " answered");
+        if (client->heartbeat(1s).ok()) return client->startTask(options.runId, sent, tfConfig, "evaluator", 0, so);
+        if (std::chrono::steady_clock::now() >= deadline) return makeError(ErrorCode::IoError, label + " did not answer");
+        for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(100ms);
+    }
+}
 
 } // namespace ts::remote

@@ -17,6 +17,7 @@
 //  - Errors: create() fails only when the run cannot be evaluated at all (the model does not
 //    build); an epoch that cannot be evaluated anywhere is reported through onResult.
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -48,6 +49,7 @@ struct SidecarOptions {
 
 struct SidecarResult {
     int64_t epoch = 0;
+    uint64_t submission = 0;          // what submit() returned for these weights
     std::optional<EvalResult> value;  // none: it could not be evaluated (error says why)
     Error error;
     std::string by;                   // "evaluator:0" or the chief's task ("chief:0")
@@ -62,8 +64,9 @@ public:
                                                              std::function<void(const std::string&)> onNote);
     ~SidecarEvaluation();  // as finish("")
 
-    // The chief's weights after `epoch` (safetensors bytes). Returns at once.
-    void submit(int64_t epoch, std::string weights);
+    // The chief's weights after `epoch` (safetensors bytes). Returns at once, with the number its
+    // result carries (an epoch replayed after a restart is submitted again: its first result is stale).
+    uint64_t submit(int64_t epoch, std::string weights);
     // The run is over: `reason` "done" (completed: waits for what was submitted), "failed" or ""
     // (cancelled: drops what waits). Stops the evaluator task; returns the summary: evaluations by
     // whom, epochs skipped, the evaluator's loss and rejoins. Idempotent.
@@ -77,5 +80,13 @@ private:
     explicit SidecarEvaluation(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> m_impl;
 };
+
+// The chief of a run its cluster's evaluator has nothing to evaluate for (the run does not
+// validate, or validates on a "validation_pipeline"): starts the evaluator task anyway, with the
+// run's configuration, and that task completes at once saying why, so that a `train --task
+// evaluator:0` process ends instead of waiting for weights. Asks every second until the evaluator
+// answers, options.connectTimeout passes or `stop` is set (the run is over); any thread. Best
+// effort: the error says what failed.
+Status releaseUnusedEvaluator(const RunConfig& cfg, const ClusterSpec& spec, const SidecarOptions& options, const std::atomic<bool>& stop);
 
 } // namespace ts::remote

@@ -61,7 +61,7 @@ class WorkerService final : public Worker::Service {
 public:
     WorkerService(const WorkerOptions& o, ParameterService* ps)
         : m_token(o.token), m_name(o.name), m_backupRoot(o.backupRoot.empty() ? defaultBackupRoot() : o.backupRoot), m_tls(o.tls), m_ps(ps),
-          m_maxWeightsBytes(o.maxWeightsBytes), m_onlyTaskType(o.onlyTaskType), m_dataDir(o.dataDir), m_onTaskState(o.onTaskState) {}
+          m_maxWeightsBytes(o.maxWeightsBytes), m_firstStreamSeconds(o.firstStreamSeconds), m_onlyTaskType(o.onlyTaskType), m_dataDir(o.dataDir), m_onTaskState(o.onTaskState) {}
     ~WorkerService() override { shutdown(); }
 
     void setName(std::string name) { m_name = std::move(name); }
@@ -224,6 +224,7 @@ public:
         m_cancelRequested = false;
         m_cancelReason.clear();
         m_coordinatorLeft = false;
+        m_streamOpened = false;
         m_task = withTask->task().toString();
         m_psTask = type == "ps";
         m_evaluatorTask = type == "evaluator";
@@ -247,6 +248,7 @@ public:
             return refuse(*ctx, grpc::StatusCode::NOT_FOUND, "Worker.StreamEvents", "no run " + req->run_id() + " on this worker");
         const std::string runId = m_runId;
         const uint64_t generation = m_taskGeneration;
+        m_streamOpened = true;
         // Positions count every event of the run; a new stream starts at the oldest one kept.
         std::size_t sent = m_eventsBase;
         ++m_streams;
@@ -283,18 +285,32 @@ public:
 
     // The coordinator's stream broke (it died, or was stopped): nobody would record this task's
     // results or stop it, so it is cancelled rather than left training for nobody.
-    grpc::Status coordinatorGone(std::unique_lock<std::mutex>& lock, const std::string& peer)
+    grpc::Status coordinatorGone(std::unique_lock<std::mutex>&, const std::string& peer)
     {
-        if (m_state == "running") {
-            m_cancelRequested = true;
-            m_cancelReason.clear();
-            m_coordinatorLeft = true;
-            if (m_trainer) m_trainer->cancel();
-            if (m_store) m_store->cancel();
-            m_cv.notify_all();
-            logLine("the coordinator " + peer + " left run " + m_runId + ": cancelling it");
-        }
+        if (m_state == "running") cancelForLostCoordinator("the coordinator " + peer + " left run " + m_runId + ": cancelling it");
         return grpc::Status::CANCELLED;
+    }
+
+    // With m_mutex held.
+    void cancelForLostCoordinator(const std::string& why)
+    {
+        m_cancelRequested = true;
+        m_cancelReason.clear();
+        m_coordinatorLeft = true;
+        if (m_trainer) m_trainer->cancel();
+        if (m_store) m_store->cancel();
+        m_cv.notify_all();
+        logLine(why);
+    }
+
+    // With m_mutex held; called every half second or so while a task runs. Its coordinator died
+    // between StartTask and opening the task's event stream when none was opened in time.
+    void cancelIfNeverWatched()
+    {
+        if (m_streamOpened || m_state != "running" || m_cancelRequested) return;
+        if (secondsSince(m_runStarted) < m_firstStreamSeconds) return;
+        cancelForLostCoordinator("the coordinator " + m_coordinator + " opened no event stream for " + m_task + " of run " + m_runId + " within " +
+                                 std::to_string(m_firstStreamSeconds) + " s of starting it: cancelling it");
     }
 
     grpc::Status Cancel(grpc::ServerContext* ctx, const CancelRequest* req, CancelReply*) override
@@ -481,11 +497,10 @@ private:
     // The trainer's weights as "weights" events (safetensors bytes in parts that fit any message
     // limit); after epoch `epoch` (> 0) or at the end. A failure to export is logged and sent as
     // a note; the run itself has trained.
-    void publishWeights(Trainer& trainer, int64_t step, int64_t epoch = 0)
+    void publishWeights(Trainer& trainer, int64_t epoch = 0)
     {
-        auto params = trainer.strategy().exportParameters();
-        auto bytes = params.ok() ? encodeSafetensors(*params, weightsMetadata(trainer.modelName(), step), m_task + "'s weights")
-                                 : Result<std::string>(params.error());
+        const int64_t step = trainer.globalStep();
+        auto bytes = trainer.encodeWeights(m_task + "'s weights");
         if (!bytes.ok()) {
             logLine("run " + m_runId + ": cannot send the weights: " + bytes.error().toString());
             publish("log", step, {{"level", static_cast<int>(telemetry::LogLevel::Warning)}, {"message", "the chief could not send its weights: " + bytes.error().message}});
@@ -519,6 +534,10 @@ private:
         nlohmann::json spans = nlohmann::json::array();
         while (running || sub.pending() > 0) {
             sub.wait(std::chrono::milliseconds(200));
+            {
+                std::lock_guard lock(m_mutex);
+                cancelIfNeverWatched();
+            }
             int64_t lastStep = 0;
             for (const auto& ev : sub.drain()) {
                 if (const auto* sp = std::get_if<telemetry::SpanEvent>(&ev)) {
@@ -589,7 +608,7 @@ private:
         {
             // For the run's evaluator task (through the coordinator); on the training thread, so
             // the weights are this epoch's.
-            if (m_s.m_sendEpochWeights && m_s.m_trainer) m_s.publishWeights(*m_s.m_trainer, m_s.m_trainer->globalStep(), e.epoch);
+            if (m_s.m_sendEpochWeights && m_s.m_trainer) m_s.publishWeights(*m_s.m_trainer, e.epoch);
             nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", e.loss}, {"accuracy", e.accuracy},
                                 {"samples_per_sec", e.samplesPerSec}, {"seconds", e.seconds}};
             if (std::isfinite(e.valLoss)) j["val_loss"] = e.valLoss;
@@ -603,7 +622,9 @@ private:
 
     void finish(const std::string& state, const std::string& message, const std::string& hint = {})
     {
-        if (!message.empty()) publish("error", m_step, {{"message", message}, {"hint", hint}, {"where", m_task}});
+        // A task that ends otherwise with a message (an evaluator with nothing to evaluate) says it as a note.
+        if (!message.empty() && state == "failed") publish("error", m_step, {{"message", message}, {"hint", hint}, {"where", m_task}});
+        else if (!message.empty()) publish("log", m_step, {{"level", static_cast<int>(telemetry::LogLevel::Info)}, {"message", message}});
         publish("state", m_step, {{"state", state}, {"message", message}});
         bool left = false;
         {
@@ -675,6 +696,7 @@ private:
             // Progress for the coordinator's heartbeat: the updates applied so far.
             while (!m_cancelRequested && !m_shutdown) {
                 m_cv.wait_for(lock, std::chrono::milliseconds(500));
+                cancelIfNeverWatched();
                 const ShardStats st = m_ps->stats();
                 version = st.version;
                 m_step = st.version;
@@ -711,12 +733,13 @@ private:
         eo.tls = m_tls;
         eo.who = m_task;
         eo.pullFromPs = isParameterServer(cfg.strategy.kind);
+        // A run it has nothing to do for: its chief starts it anyway, so that it hears why and
+        // ends (a `train --task evaluator:0` process exits) instead of waiting for weights.
+        if (const std::string why = eo.pullFromPs && cfg.validate ? std::string() : RunEvaluator::nothingToEvaluate(cfg); !why.empty())
+            return finish("completed", m_task + " has nothing to evaluate: " + why);
         auto created = RunEvaluator::create(cfg, spec, eo);
         if (!created.ok()) return finish("failed", created.error().message, created.error().hint);
         std::unique_ptr<RunEvaluator> evaluator = std::move(created).value();
-        if (!evaluator->validates())
-            return finish("failed", m_task + ": the run does not validate, so there is nothing to evaluate",
-                          "set \"validate\": true, or leave the evaluator out of the cluster");
         if (evaluator->store()) {
             std::lock_guard lock(m_mutex);
             m_store = evaluator->store();  // a Cancel ends a pull in progress
@@ -729,6 +752,7 @@ private:
         while (!m_cancelRequested && !m_shutdown) {
             if (m_evalRequests.empty()) {
                 m_cv.wait_for(lock, std::chrono::milliseconds(500));
+                cancelIfNeverWatched();
                 continue;
             }
             const EvalRequest r = std::move(m_evalRequests.front());
@@ -904,11 +928,11 @@ private:
                 std::lock_guard lock(m_mutex);
                 byUser = m_cancelReason.empty();
             }
-            if (chief && byUser) publishWeights(*run.trainer, run.trainer->globalStep());
+            if (chief && byUser) publishWeights(*run.trainer);
             return finish("cancelled", {});
         }
         if (!result.ok()) return finish("failed", result.error().message, result.error().hint);
-        if (chief) publishWeights(*run.trainer, result->steps);
+        if (chief) publishWeights(*run.trainer);
         if (result->cancelled) return finish("cancelled", {});
         final["epochs"] = result->epochs;
         final["samples_per_sec"] = result->samplesPerSec;
@@ -925,10 +949,12 @@ private:
     TlsFiles m_tls;
     ParameterService* m_ps;                          // the daemon's; hosts this daemon's ps task
     int64_t m_maxWeightsBytes;
+    int m_firstStreamSeconds;
     const std::string m_onlyTaskType;  // WorkerOptions'
     const std::string m_dataDir;
     const std::function<void(const std::string&, const std::string&, const std::string&)> m_onTaskState;
     bool m_coordinatorLeft = false;  // the running task was cancelled because its coordinator's stream broke
+    bool m_streamOpened = false;     // an event stream was opened for the running task
     // SendWeights: initial weights checked and kept for m_sentWeightsRun until its StartTask.
     std::shared_ptr<const SafetensorsFile> m_sentWeights;
     std::string m_sentWeightsRun, m_sentWeightsName;

@@ -714,6 +714,12 @@ Status Trainer::saveWeights(const std::string& path)
     return writeSafetensors(path, params, weightsMetadata(m_modelName, m_step));
 }
 
+Result<std::string> Trainer::encodeWeights(const std::string& label)
+{
+    TS_ASSIGN(auto params, m_strategy->exportParameters());
+    return encodeSafetensors(params, weightsMetadata(m_modelName, m_step), label);
+}
+
 Status Trainer::loadWeights(const std::string& path)
 {
     TS_ASSIGN(auto file, readSafetensors(path));

@@ -156,6 +156,8 @@ public:
     const std::atomic<int64_t>& stepCounter() const { return m_currentStep; }
 
     Status saveWeights(const std::string& path);
+    // What saveWeights writes, as bytes (safetensors; errors name `label`).
+    Result<std::string> encodeWeights(const std::string& label);
     Status loadWeights(const std::string& path);
     // The complete training state at `position` (weights, optimizer state), and loading one:
     // after restoreState the next fit() continues from its position. Errors name `source`.

@@ -919,8 +919,9 @@ void TestMultiWorker::evaluatorTaskValidatesEachEpoch()
 // Without its evaluator the chief validates each epoch itself, on its own test split: an
 // evaluator whose task fails (no test split on its machine) exits naming the missing file, one
 // that is not there at all is reported with what to start; a run validated on a pipeline is
-// validated by the training tasks; and an evaluator whose chief never comes gives up after
-// --collective-timeout.
+// validated by the training tasks, and one that does not validate is not validated (the
+// evaluator of either is told it has nothing to do, and exits); and an evaluator whose chief
+// never comes gives up after --collective-timeout.
 void TestMultiWorker::chiefEvaluatesWithoutItsEvaluator()
 {
     const QStringList args = {"train", "--model", "mlp", "--epochs", "2", "--batch-size", "64", "--limit", "1280", "--seed", "3",
@@ -971,15 +972,36 @@ void TestMultiWorker::chiefEvaluatesWithoutItsEvaluator()
         const QString config = writePipelineRun(dir, "eval_pipeline_run.json", {dir.filePath("eval-rows.csv")}, "auto", dir.filePath("eval-val.csv"));
         const QString cluster = clusterWithEvaluator();
         const QStringList common = {"train", "--config", config, "--threads", "1", "--no-record", "--json", "--strategy", "multi-worker-mirrored"};
+        // Its evaluator is told so, and ends at once instead of waiting for weights.
+        auto evaluator = startCli(common + QStringList{"--task", "evaluator:0"}, cluster);
         auto worker = startCli(common + QStringList{"--task", "worker:0"}, cluster);
         auto chief = startCli(common + QStringList{"--task", "chief:0"}, cluster);
-        const Finished c = finish(*chief), w = finish(*worker);
+        const Finished c = finish(*chief), w = finish(*worker), e = finish(*evaluator);
         QVERIFY2(c.code == 0, qPrintable(c.out));
         QVERIFY2(w.code == 0, qPrintable(w.out));
-        QVERIFY2(c.out.contains("note: the cluster's evaluator is not used"), qPrintable(c.out));
+        QVERIFY2(c.out.contains("note: the cluster's evaluator is not used: the run validates on its \"validation_pipeline\""), qPrintable(c.out));
         QVERIFY2(!c.out.contains("nothing listens") && evaluations(c.out).empty(), qPrintable(c.out));
         const nlohmann::json last = jsonLines(c.out).back();
         QVERIFY2(last.value("final", false) && last["val_loss"].is_number() && !last.contains("evaluator"), qPrintable(c.out));
+        QVERIFY2(e.code == 0, qPrintable(e.out));
+        QVERIFY2(e.out.contains("evaluator:0 has nothing to evaluate: the run validates on its \"validation_pipeline\""), qPrintable(e.out));
+    }
+    {
+        // A run that does not validate: the same, with the evaluator started after the chief
+        // (which waits for its worker meanwhile).
+        const QString cluster = clusterWithEvaluator();
+        const QStringList quiet = args + QStringList{"--no-validation"};
+        auto chief = startCli(quiet + QStringList{"--task", "chief:0"}, cluster);
+        QTest::qWait(1000);
+        auto evaluator = startCli(quiet + QStringList{"--task", "evaluator:0"}, cluster);
+        QTest::qWait(1000);
+        auto worker = startCli(quiet + QStringList{"--task", "worker:0"}, cluster);
+        const Finished e = finish(*evaluator), c = finish(*chief), w = finish(*worker);
+        QVERIFY2(c.code == 0, qPrintable(c.out));
+        QVERIFY2(w.code == 0, qPrintable(w.out));
+        QVERIFY2(c.out.contains("note: the cluster's evaluator is not used: the run does not validate"), qPrintable(c.out));
+        QVERIFY2(e.code == 0, qPrintable(e.out));
+        QVERIFY2(e.out.contains("evaluator:0 has nothing to evaluate: the run does not validate"), qPrintable(e.out));
     }
     {
         // An evaluator whose chief never comes.

@@ -135,6 +135,7 @@ private slots:
     void coordinatedRunStartsFromWeights();
     void initialWeightsArriveInParts();
     void multiWorkerEvaluatorEvaluatesSentWeights();
+    void taskWithoutStreamIsCancelled();
     void multiWorkerRunWithEvaluator_data();
     void multiWorkerRunWithEvaluator();
     void reservationHoldsTheWorker();
@@ -644,6 +645,52 @@ void TestWorker::initialWeightsArriveInParts()
     st = c.startTask("r3", cfg.toJson(), cluster, "worker", 0, join);
     QVERIFY(!st.ok());
     QVERIFY2(st.error().message.find("only a parameter-server worker joins a run in progress") != std::string::npos, st.error().message.c_str());
+}
+
+// A coordinator that dies between StartTask and opening the task's event stream leaves a task
+// nobody watches: a serving one (an evaluator, a ps task) would wait for it forever. It is
+// cancelled as when its stream breaks ("left"), and the worker is free again.
+void TestWorker::taskWithoutStreamIsCancelled()
+{
+    std::mutex mutex;
+    std::vector<std::string> states;
+    WorkerOptions o;
+    o.token = kToken;
+    o.firstStreamSeconds = 1;
+    o.onTaskState = [&](const std::string& state, const std::string&, const std::string&) {
+        std::lock_guard lock(mutex);
+        states.push_back(state);
+    };
+    auto started = WorkerDaemon::start(o);
+    QVERIFY2(started.ok(), started.ok() ? "" : started.error().toString().c_str());
+    auto daemon = std::move(started).value();
+    const std::string here = "127.0.0.1:" + std::to_string(daemon->port());
+    auto client = WorkerClient::connect("evaluator:0 at " + here, here, kToken);
+    QVERIFY(client.ok());
+    RunConfig cfg;
+    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    cfg.strategy.kind = "multi-worker-mirrored";
+    cfg.strategy.threads = 1;
+    cfg.validationLimit = 500;
+    const std::string cluster = R"({"cluster": {"chief": ["127.0.0.1:1"], "evaluator": [")" + here + R"("]}})";
+    Status st = (*client)->startTask("n1", cfg.toJson(), cluster, "evaluator", 0);
+    QVERIFY2(st.ok(), st.ok() ? "" : st.error().toString().c_str());
+    QCOMPARE(daemonState(daemon->port()), std::string("running"));
+    QTRY_VERIFY_WITH_TIMEOUT(daemonState(daemon->port()) != "running", 15000);
+    {
+        std::lock_guard lock(mutex);
+        QVERIFY2(!states.empty() && states.back() == "left", states.empty() ? "no state" : states.back().c_str());
+    }
+    // Free for the next run, whose stream is opened: that one is not cancelled.
+    st = (*client)->startTask("n2", cfg.toJson(), cluster, "evaluator", 0);
+    QVERIFY2(st.ok(), st.ok() ? "" : st.error().toString().c_str());
+    std::thread reader([&] { (void)(*client)->streamEvents("n2", [](const WorkerEvent&) {}); });
+    QTest::qWait(2500);
+    QCOMPARE(daemonState(daemon->port()), std::string("running"));
+    QVERIFY((*client)->cancel("n2", "done").ok());
+    reader.join();
+    std::lock_guard lock(mutex);
+    QCOMPARE(states.back(), std::string("completed"));
 }
 
 // A multi-worker-mirrored run's evaluator task evaluates the weights sent to it (the chief's after
