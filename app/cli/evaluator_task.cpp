@@ -252,11 +252,16 @@ UnusedEvaluator::UnusedEvaluator(const ts::RunConfig& cfg, const ts::ClusterSpec
     so.token = *token;
     so.who = spec.task().toString() + " (" + *spec.address(spec.task()) + ")";
     so.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
-    m_thread = std::thread([this, cfg, spec, so] { (void)ts::remote::releaseUnusedEvaluator(cfg, spec, so, m_stop); });
+    m_thread = std::thread([this, cfg, spec, so] {
+        (void)ts::remote::releaseUnusedEvaluator(cfg, spec, so, m_stop);
+        m_done = true;
+    });
 }
 
 UnusedEvaluator::~UnusedEvaluator()
 {
+    // A short run may end before the evaluator process listens: a moment's grace for it.
+    for (int i = 0; i < 30 && m_thread.joinable() && !m_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     m_stop = true;
     if (m_thread.joinable()) m_thread.join();
 }

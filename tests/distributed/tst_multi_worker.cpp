@@ -316,13 +316,7 @@ void TestMultiWorker::killedWorkerIsNamed()
     auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
     // Once the chief has finished an epoch (so mid-training, not during setup), SIGKILL the worker.
     QString seen;
-    QElapsedTimer wait;
-    wait.start();
-    while (!seen.contains("\"epoch\":2") && wait.elapsed() < 60000 && chief->state() != QProcess::NotRunning) {
-        chief->waitForReadyRead(200);
-        seen += QString::fromUtf8(chief->readAllStandardOutput());
-    }
-    QVERIFY2(seen.contains("\"epoch\":2"), qPrintable(seen));
+    QVERIFY2(tstest::readUntil(*chief, seen, "\"epoch\":2"), qPrintable(seen));
     QCOMPARE(chief->state(), QProcess::Running);
     ::kill(static_cast<pid_t>(worker->processId()), SIGKILL);
     QElapsedTimer timer;
@@ -1027,13 +1021,7 @@ void TestMultiWorker::evaluatorRejoinsAfterKill()
     auto worker = startCli(args + QStringList{"--task", "worker:0"}, cluster);
     auto chief = startCli(args + QStringList{"--task", "chief:0"}, cluster);
     QString seen;
-    QElapsedTimer wait;
-    wait.start();
-    while (!seen.contains("\"by\":\"evaluator:0\",\"epoch\":1") && wait.elapsed() < 60000 && chief->state() != QProcess::NotRunning) {
-        chief->waitForReadyRead(200);
-        seen += QString::fromUtf8(chief->readAllStandardOutput());
-    }
-    QVERIFY2(seen.contains("\"by\":\"evaluator:0\",\"epoch\":1"), qPrintable(seen));
+    QVERIFY2(tstest::readUntil(*chief, seen, "\"by\":\"evaluator:0\",\"epoch\":1"), qPrintable(seen));
     ::kill(static_cast<pid_t>(evaluator->processId()), SIGKILL);
     finish(*evaluator);
     auto again = startCli(args + QStringList{"--task", "evaluator:0"}, cluster);

@@ -65,6 +65,23 @@ std::unique_ptr<WorkerDaemon> startDaemon()
     return std::move(d).value();
 }
 
+// The seed MLP as a multi-worker-mirrored run whose evaluator evaluates `limit` test examples,
+// and a cluster of a (never started) chief and that evaluator at `evaluator`.
+RunConfig mirroredRunForEvaluator(int64_t limit)
+{
+    RunConfig cfg;
+    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    cfg.strategy.kind = "multi-worker-mirrored";
+    cfg.strategy.threads = 1;
+    cfg.validationLimit = limit;
+    return cfg;
+}
+
+std::string clusterWithEvaluatorAt(const std::string& evaluator)
+{
+    return R"({"cluster": {"chief": ["127.0.0.1:1"], "evaluator": [")" + evaluator + R"("]}})";
+}
+
 using tstest::WorkerProcess;
 using tstest::maxDiff;
 
@@ -667,12 +684,8 @@ void TestWorker::taskWithoutStreamIsCancelled()
     const std::string here = "127.0.0.1:" + std::to_string(daemon->port());
     auto client = WorkerClient::connect("evaluator:0 at " + here, here, kToken);
     QVERIFY(client.ok());
-    RunConfig cfg;
-    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
-    cfg.strategy.kind = "multi-worker-mirrored";
-    cfg.strategy.threads = 1;
-    cfg.validationLimit = 500;
-    const std::string cluster = R"({"cluster": {"chief": ["127.0.0.1:1"], "evaluator": [")" + here + R"("]}})";
+    const RunConfig cfg = mirroredRunForEvaluator(500);
+    const std::string cluster = clusterWithEvaluatorAt(here);
     Status st = (*client)->startTask("n1", cfg.toJson(), cluster, "evaluator", 0);
     QVERIFY2(st.ok(), st.ok() ? "" : st.error().toString().c_str());
     QCOMPARE(daemonState(daemon->port()), std::string("running"));
@@ -702,12 +715,8 @@ void TestWorker::multiWorkerEvaluatorEvaluatesSentWeights()
     auto client = WorkerClient::connect("evaluator:0 at " + here, here, kToken);
     QVERIFY(client.ok());
     WorkerClient& c = **client;
-    RunConfig cfg;
-    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
-    cfg.strategy.kind = "multi-worker-mirrored";
-    cfg.strategy.threads = 1;
-    cfg.validationLimit = 2000;
-    const std::string cluster = R"({"cluster": {"chief": ["127.0.0.1:1"], "evaluator": [")" + here + R"("]}})";
+    const RunConfig cfg = mirroredRunForEvaluator(2000);
+    const std::string cluster = clusterWithEvaluatorAt(here);
     // Only the chief sends its weights after each epoch.
     StartTaskOptions sends;
     sends.sendEpochWeights = true;
