@@ -98,8 +98,7 @@ int runEvaluatorTask(const TrainOptions& o, const ts::ClusterSpec& spec)
             printError(ts::makeError(ts::ErrorCode::IoError,
                                      self + ": " + chiefText + (handled == 0 ? " did not start an evaluation within " : " did not start the evaluation again within ") +
                                          seconds,
-                                     handled == 0 ? "start the chief too (the same command with its TF_CONFIG), or give it longer with --collective-timeout; "
-                                                    "a chief whose run does not validate, or validates on a \"validation_pipeline\", does not use its evaluator"
+                                     handled == 0 ? "start the chief too (the same command with its TF_CONFIG), or give it longer with --collective-timeout"
                                                   : "see the chief's output: its run was stopped, or failed"));
             return 1;
         }
@@ -182,32 +181,31 @@ void EvaluatorSide::evaluated(const ts::remote::SidecarResult& r)
 {
     const int64_t epoch = r.epoch;
     const std::string& by = r.by;
+    const ts::EvalResult* v = r.value ? &*r.value : nullptr;
+    ts::telemetry::EpochMetricsEvent m;
+    bool record = false;
     {
         // Weights of an attempt that failed after this epoch, which the restarted run replayed:
         // its own weights are being evaluated (or were skipped for newer ones).
         std::lock_guard lock(m_mutex);
         auto it = m_epochs.find(epoch);
         if (it == m_epochs.end() || it->second.submission != r.submission) return;
+        if (v) {
+            record = !m_runId.empty();
+            Epoch& ep = it->second;
+            ep.evaluated = true;
+            ep.value = *v;
+            // The whole epoch again (the store replaces its row by name), now with its validation.
+            m.stamp = ts::telemetry::Stamp{m_runId, ep.step, ep.wallUs, {}};
+            m.epoch = epoch;
+            m.metrics = {{"loss", ep.event.loss}, {"accuracy", ep.event.accuracy}, {"val_loss", v->loss}, {"val_accuracy", v->accuracy}};
+            m.seconds = ep.event.seconds;
+            m.samplesPerSec = ep.event.samplesPerSec;
+        }
     }
-    if (!r.value) {
+    if (!v) {
         warn("epoch " + std::to_string(epoch) + " could not be evaluated: " + r.error.toString());
         return;
-    }
-    const ts::EvalResult* v = &*r.value;
-    ts::telemetry::EpochMetricsEvent m;
-    bool record = false;
-    {
-        std::lock_guard lock(m_mutex);
-        record = !m_runId.empty();
-        Epoch& ep = m_epochs[epoch];
-        ep.evaluated = true;
-        ep.value = *v;
-        // The whole epoch again (the store replaces its row by name), now with its validation.
-        m.stamp = ts::telemetry::Stamp{m_runId, ep.step, ep.wallUs, {}};
-        m.epoch = epoch;
-        m.metrics = {{"loss", ep.event.loss}, {"accuracy", ep.event.accuracy}, {"val_loss", v->loss}, {"val_accuracy", v->accuracy}};
-        m.seconds = ep.event.seconds;
-        m.samplesPerSec = ep.event.samplesPerSec;
     }
     if (record) m_bus.publish(ts::telemetry::Event(std::move(m)));
     if (m_o.quiet) return;
@@ -258,10 +256,13 @@ UnusedEvaluator::UnusedEvaluator(const ts::RunConfig& cfg, const ts::ClusterSpec
     });
 }
 
+void UnusedEvaluator::finish()
+{
+    for (int i = 0; i < 30 && m_thread.joinable() && !m_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+}
+
 UnusedEvaluator::~UnusedEvaluator()
 {
-    // A short run may end before the evaluator process listens: a moment's grace for it.
-    for (int i = 0; i < 30 && m_thread.joinable() && !m_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
     m_stop = true;
     if (m_thread.joinable()) m_thread.join();
 }

@@ -77,11 +77,13 @@ private:
 
 // The chief's side when its run gives the cluster's evaluator nothing to evaluate (it does not
 // validate, or validates on a "validation_pipeline"): tells the evaluator so on a helper thread,
-// until it answers or this goes (up to 3 s later), so that the evaluator process exits instead
-// of waiting.
+// until it answers or this goes, so that the evaluator process exits instead of waiting.
 class UnusedEvaluator {
 public:
     UnusedEvaluator(const ts::RunConfig& cfg, const ts::ClusterSpec& spec, const TrainOptions& o);
+    // After the run: a short run may end before the evaluator process listens, so it is given
+    // up to 3 s more.
+    void finish();
     ~UnusedEvaluator();  // stops asking
 
 private:

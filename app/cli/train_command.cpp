@@ -698,6 +698,7 @@ int runTrain(const TrainOptions& options)
         sidecar->finish(result, interrupt.interrupted());
         interrupt.setAction(nullptr);
     }
+    if (unusedEvaluator && !interrupt.interrupted()) unusedEvaluator->finish();
     if (!prepared) {
         // A restart could not even be prepared (e.g. the cluster could not be re-joined).
         if (recording) recording->fitDone(result);

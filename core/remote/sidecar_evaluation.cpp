@@ -54,6 +54,7 @@ public:
         const uint64_t number = ++m_submissions;
         if (m_stopping) return number;
         if (m_pending) ++m_skipped;
+        m_latest[epoch] = number;
         m_pending = Job{epoch, number, std::move(weights)};
         m_cv.notify_all();
         return number;
@@ -201,6 +202,7 @@ private:
         if (m_link && !m_link->lost()) {
             auto v = m_link->evaluate(job.epoch, m_cancelled, &job.weights);
             if (v.ok()) {
+                if (stale(job)) return;
                 r.value = *v;
                 r.by = "evaluator:0";
                 ++m_evaluations["evaluator:0"];
@@ -217,6 +219,7 @@ private:
         const bool repeated = m_hereFailed.has_value();
         auto v = evaluateHere(job);
         if (!v.ok() && (m_cancelled || repeated)) return;
+        if (stale(job)) return;
         if (v.ok()) {
             r.value = *v;
             ++m_evaluations[m_task];
@@ -224,6 +227,14 @@ private:
             r.error = v.error();
         }
         m_onResult(r);
+    }
+
+    // The epoch was submitted again since (replayed after a restart): this result is of the
+    // weights of an attempt that failed; neither counted nor reported.
+    bool stale(const Job& job)
+    {
+        std::lock_guard lock(m_mutex);
+        return m_latest[job.epoch] != job.number;
     }
 
     Result<EvalResult> evaluateHere(const Job& job)
@@ -263,6 +274,7 @@ private:
     std::atomic<bool> m_cancelled{false};
     int64_t m_skipped = 0;  // under m_mutex until the thread is joined
     uint64_t m_submissions = 0;  // under m_mutex
+    std::map<int64_t, uint64_t> m_latest;  // each epoch's latest submission, under m_mutex
 
     // The helper thread's only (finish() reads them after joining it).
     std::thread m_thread;
@@ -312,8 +324,13 @@ Status releaseUnusedEvaluator(const RunConfig& cfg, const ClusterSpec& spec, con
     const auto deadline = std::chrono::steady_clock::now() + options.connectTimeout;
     for (;;) {
         if (stop) return makeError(ErrorCode::Cancelled, "the run ended before " + label + " answered");
-        if (client->heartbeat(1s).ok()) return client->startTask(options.runId, sent, tfConfig, "evaluator", 0, so);
-        if (std::chrono::steady_clock::now() >= deadline) return makeError(ErrorCode::IoError, label + " did not answer");
+        // One that answers but refuses may be busy with an old chief's task, which ends.
+        Status st = makeError(ErrorCode::IoError, label + " did not answer");
+        if (client->heartbeat(1s).ok()) {
+            st = client->startTask(options.runId, sent, tfConfig, "evaluator", 0, so);
+            if (st.ok()) return st;
+        }
+        if (std::chrono::steady_clock::now() >= deadline) return st;
         for (int i = 0; i < 10 && !stop; ++i) std::this_thread::sleep_for(100ms);
     }
 }

@@ -85,8 +85,8 @@ private:
 // validate, or validates on a "validation_pipeline"): starts the evaluator task anyway, with the
 // run's configuration, and that task completes at once saying why, so that a `train --task
 // evaluator:0` process ends instead of waiting for weights. Asks every second until the evaluator
-// answers, options.connectTimeout passes or `stop` is set (the run is over); any thread. Best
-// effort: the error says what failed.
+// answers and takes it, options.connectTimeout passes or `stop` is set (the run is over); any
+// thread. Best effort: the error says what failed last.
 Status releaseUnusedEvaluator(const RunConfig& cfg, const ClusterSpec& spec, const SidecarOptions& options, const std::atomic<bool>& stop);
 
 } // namespace ts::remote

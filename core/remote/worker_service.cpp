@@ -307,7 +307,7 @@ public:
     // between StartTask and opening the task's event stream when none was opened in time.
     void cancelIfNeverWatched()
     {
-        if (m_streamOpened || m_state != "running" || m_cancelRequested) return;
+        if (m_firstStreamSeconds <= 0 || m_streamOpened || m_state != "running" || m_cancelRequested) return;
         if (secondsSince(m_runStarted) < m_firstStreamSeconds) return;
         cancelForLostCoordinator("the coordinator " + m_coordinator + " opened no event stream for " + m_task + " of run " + m_runId + " within " +
                                  std::to_string(m_firstStreamSeconds) + " s of starting it: cancelling it");

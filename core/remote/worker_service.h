@@ -40,7 +40,7 @@ struct WorkerOptions {
     int64_t maxWeightsBytes = int64_t{2} << 30;  // largest initial-weights file (SendWeights) held
     // A task whose coordinator opens no event stream within this many seconds of its StartTask
     // is cancelled, as when the stream breaks: the coordinator died in between, and a serving
-    // task (ps, evaluator) would otherwise wait for it forever.
+    // task (ps, evaluator) would otherwise wait for it forever. 0: never.
     int firstStreamSeconds = 60;
     // A `train --task evaluator:0` process serves its evaluator task with these: tasks of any
     // other type are refused, tasks read their data from dataDir (when set) instead of the run

@@ -14,11 +14,15 @@
 
 #include <cmath>
 #include <csignal>
+#include <condition_variable>
 #include <map>
+#include <mutex>
 
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "remote/sidecar_evaluation.h"
+#include "train/run_config.h"
 #include "store/run_store.h"
 
 #include "distributed/local_evaluation.h"
@@ -188,6 +192,7 @@ private slots:
     void evaluatorTaskValidatesEachEpoch();
     void chiefEvaluatesWithoutItsEvaluator();
     void evaluatorRejoinsAfterKill();
+    void replayedEpochIsEvaluatedOnce();
 
 private:
     QTemporaryDir m_dir;
@@ -1043,6 +1048,70 @@ void TestMultiWorker::evaluatorRejoinsAfterKill()
     QVERIFY2(byEpoch.count(lostAt) && byEpoch.at(lostAt)["by"] == "chief:0", qPrintable(c.out));
     QVERIFY2(byEpoch.count(8) && byEpoch.at(8)["by"] == "evaluator:0", qPrintable(c.out));
     QCOMPARE(last["evaluator"]["rejoins"].get<int>(), 1);
+}
+
+// The chief's side (SidecarEvaluation) when an epoch is submitted again while its first weights
+// are being evaluated, as a run restarted from its backup replays epochs: the first result is of
+// the failed attempt's weights, and only the latest weights' result is reported and counted.
+void TestMultiWorker::replayedEpochIsEvaluatedOnce()
+{
+    // Nobody at the evaluator's address: the chief evaluates here, which takes a while.
+    auto spec = ClusterSpec::fromText(
+        R"({"cluster": {"chief": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}, "task": {"type": "chief", "index": 0}})", "test");
+    QVERIFY2(spec.ok(), spec.ok() ? "" : spec.error().toString().c_str());
+    RunConfig cfg;
+    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
+    cfg.strategy.kind = "multi-worker-mirrored";
+    cfg.strategy.threads = 1;
+    remote::SidecarOptions so;
+    so.runId = "replayed";
+    so.token = "abcdefabcdefabcdef";
+    so.who = "chief:0";
+    so.connectTimeout = std::chrono::milliseconds(0);  // no attempts before the first epoch
+    std::mutex mutex;
+    std::condition_variable cv;
+    std::vector<remote::SidecarResult> results;
+    bool noted = false;
+    auto made = remote::SidecarEvaluation::create(
+        cfg, *spec, so,
+        [&](const remote::SidecarResult& r) {
+            std::lock_guard lock(mutex);
+            results.push_back(r);
+        },
+        [&](const std::string&) {
+            std::lock_guard lock(mutex);
+            noted = true;  // said as the first evaluation begins: it is evaluated here
+            cv.notify_all();
+        });
+    QVERIFY2(made.ok(), made.ok() ? "" : made.error().toString().c_str());
+    auto& evaluation = **made;
+    auto weights = [](uint64_t seed) {
+        auto t = tstest::seedMlpTrainer();
+        if (!t.ok() || !(*t)->strategy().initialise(seed).ok()) return std::string();
+        auto bytes = (*t)->encodeWeights("weights " + std::to_string(seed));
+        return bytes.ok() ? *bytes : std::string();
+    };
+    const std::string failedAttempt = weights(1), replayed = weights(2);
+    QVERIFY(!failedAttempt.empty() && !replayed.empty());
+    evaluation.submit(1, failedAttempt);
+    {
+        std::unique_lock lock(mutex);
+        QVERIFY(cv.wait_for(lock, std::chrono::seconds(30), [&] { return noted; }));
+    }
+    const uint64_t latest = evaluation.submit(1, replayed);
+    const nlohmann::json summary = evaluation.finish("done");
+    QCOMPARE(summary["skipped"].get<int>(), 0);  // the first was in progress, not waiting
+    std::lock_guard lock(mutex);
+    QCOMPARE(results.size(), std::size_t{1});
+    QCOMPARE(results[0].submission, latest);
+    QVERIFY2(results[0].value.has_value(), results[0].error.toString().c_str());
+    QCOMPARE(summary["evaluations"]["chief:0"].get<int>(), 1);
+    auto expected = tstest::seedMlpTrainer();
+    QVERIFY(expected.ok() && (*expected)->strategy().initialise(2).ok());
+    auto here = tstest::evaluateOnTestSplit(**expected);
+    QVERIFY(here.ok());
+    QVERIFY2(std::abs(here->accuracy - results[0].value->accuracy) < 1e-9,
+             qPrintable(QString("%1 against %2").arg(here->accuracy).arg(results[0].value->accuracy)));
 }
 
 QTEST_GUILESS_MAIN(TestMultiWorker)
