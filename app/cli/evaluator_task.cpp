@@ -131,17 +131,27 @@ int runEvaluatorTask(const TrainOptions& o, const ts::ClusterSpec& spec)
     return kInterruptedExitCode;
 }
 
+namespace {
+
+// How the chief (this process's task in `spec`) reaches the evaluator.
+ts::Result<ts::remote::SidecarOptions> sidecarOptions(const ts::ClusterSpec& spec, const TrainOptions& o)
+{
+    ts::remote::SidecarOptions so;
+    TS_ASSIGN(so.token, ts::remote::loadToken(o.tokenFile));
+    // The evaluator task's own id (the recorded run's is not made yet).
+    so.runId = "eval-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
+    so.who = spec.task().toString() + " (" + *spec.address(spec.task()) + ")";
+    so.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
+    return so;
+}
+
+} // namespace
+
 ts::Result<std::unique_ptr<EvaluatorSide>> EvaluatorSide::start(const ts::RunConfig& cfg, const ts::ClusterSpec& spec, const TrainOptions& o,
                                                                  ts::telemetry::EventBus& bus)
 {
-    TS_ASSIGN(std::string token, ts::remote::loadToken(o.tokenFile));
+    TS_ASSIGN(const ts::remote::SidecarOptions so, sidecarOptions(spec, o));
     std::unique_ptr<EvaluatorSide> side(new EvaluatorSide(o, bus));
-    ts::remote::SidecarOptions so;
-    // The evaluator task's own id (the recorded run's is not made yet).
-    so.runId = "eval-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
-    so.token = token;
-    so.who = spec.task().toString() + " (" + *spec.address(spec.task()) + ")";
-    so.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
     EvaluatorSide* self = side.get();
     TS_ASSIGN(side->m_evaluation, ts::remote::SidecarEvaluation::create(
                                       cfg, spec, so,
@@ -169,7 +179,7 @@ void EvaluatorSide::epochDone(ts::Trainer& trainer, const ts::EpochEvent& e)
     auto bytes = trainer.encodeWeights("the chief's weights after epoch " + std::to_string(e.epoch));
     {
         std::lock_guard lock(m_mutex);
-        Epoch& ep = m_epochs[e.epoch] = Epoch{e, trainer.globalStep(), ts::telemetry::wallNowMicros(), 0, false, {}};
+        Epoch& ep = m_epochs[e.epoch] = Epoch{e, trainer.globalStep(), ts::telemetry::wallNowMicros(), 0, {}};
         // Numbered under the lock: the result may come back before submit() returns.
         if (bytes.ok()) ep.submission = m_evaluation->submit(e.epoch, std::move(bytes).value());
     }
@@ -193,7 +203,6 @@ void EvaluatorSide::evaluated(const ts::remote::SidecarResult& r)
         if (v) {
             record = !m_runId.empty();
             Epoch& ep = it->second;
-            ep.evaluated = true;
             ep.value = *v;
             // The whole epoch again (the store replaces its row by name), now with its validation.
             m.stamp = ts::telemetry::Stamp{m_runId, ep.step, ep.wallUs, {}};
@@ -243,22 +252,18 @@ void EvaluatorSide::cancel() { m_evaluation->cancel(); }
 
 UnusedEvaluator::UnusedEvaluator(const ts::RunConfig& cfg, const ts::ClusterSpec& spec, const TrainOptions& o)
 {
-    auto token = ts::remote::loadToken(o.tokenFile);
-    if (!token.ok()) return;  // the chief's own connections say so
-    ts::remote::SidecarOptions so;
-    so.runId = "eval-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
-    so.token = *token;
-    so.who = spec.task().toString() + " (" + *spec.address(spec.task()) + ")";
-    so.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
-    m_thread = std::thread([this, cfg, spec, so] {
+    auto so = sidecarOptions(spec, o);
+    if (!so.ok()) return;  // no token: the chief's own connections say so
+    m_done = m_released.get_future();
+    m_thread = std::thread([this, cfg, spec, so = std::move(so).value()] {
         (void)ts::remote::releaseUnusedEvaluator(cfg, spec, so, m_stop);
-        m_done = true;
+        m_released.set_value();
     });
 }
 
 void UnusedEvaluator::finish()
 {
-    for (int i = 0; i < 30 && m_thread.joinable() && !m_done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (m_done.valid()) m_done.wait_for(std::chrono::seconds(3));
 }
 
 UnusedEvaluator::~UnusedEvaluator()
@@ -274,9 +279,9 @@ void EvaluatorSide::finish(ts::Result<ts::FitResult>& result, bool interrupted)
     if (!result.ok()) return;
     std::lock_guard lock(m_mutex);
     auto it = m_epochs.find(result->last.epoch);
-    if (it != m_epochs.end() && it->second.evaluated) {
-        result->last.valLoss = it->second.value.loss;
-        result->last.valAccuracy = it->second.value.accuracy;
+    if (it != m_epochs.end() && it->second.value) {
+        result->last.valLoss = it->second.value->loss;
+        result->last.valAccuracy = it->second.value->accuracy;
     }
 }
 

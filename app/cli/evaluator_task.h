@@ -5,9 +5,11 @@
 
 #include <atomic>
 #include <cstdint>
+#include <future>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -68,8 +70,7 @@ private:
         int64_t step = 0;
         int64_t wallUs = 0;
         uint64_t submission = 0;  // its weights' (an older result of a replayed epoch is stale)
-        bool evaluated = false;
-        ts::EvalResult value;
+        std::optional<ts::EvalResult> value;  // once evaluated
     };
     std::map<int64_t, Epoch> m_epochs;  // under m_mutex
     nlohmann::json m_summary = nlohmann::json::object();
@@ -87,7 +88,9 @@ public:
     ~UnusedEvaluator();  // stops asking
 
 private:
-    std::atomic<bool> m_stop{false}, m_done{false};
+    std::atomic<bool> m_stop{false};
+    std::promise<void> m_released;  // the helper thread is done asking
+    std::future<void> m_done;
     std::thread m_thread;
 };
 

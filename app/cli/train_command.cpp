@@ -556,15 +556,15 @@ int runTrain(const TrainOptions& options)
     auto interrupted = [&interrupt] { return interrupt.interrupted(); };
     // A cluster with an evaluator task validates there (TF's side-car evaluator): no training
     // task validates at its epochs' ends, and the chief sends its weights after each epoch.
+    const bool hasEvaluator = clusterSpec && clusterSpec->count("evaluator") > 0;
     const std::string evaluatorIdle = ts::remote::RunEvaluator::nothingToEvaluate(cfg);
-    const bool sidecarValidates = clusterSpec && clusterSpec->count("evaluator") > 0 && evaluatorIdle.empty();
+    const bool sidecarValidates = hasEvaluator && evaluatorIdle.empty();
     std::optional<UnusedEvaluator> unusedEvaluator;  // told so, so that it exits
-    if (clusterSpec && clusterSpec->count("evaluator") > 0 && !sidecarValidates && coordinatingTask) {
+    std::unique_ptr<EvaluatorSide> sidecar;
+    if (hasEvaluator && coordinatingTask && !sidecarValidates) {
         if (!o.quiet) std::fprintf(stderr, "note: the cluster's evaluator is not used: %s\n", evaluatorIdle.c_str());
         unusedEvaluator.emplace(cfg, *clusterSpec, o);
-    }
-    std::unique_ptr<EvaluatorSide> sidecar;
-    if (sidecarValidates && coordinatingTask) {
+    } else if (hasEvaluator && coordinatingTask) {
         auto made = EvaluatorSide::start(cfg, *clusterSpec, o, bus);
         if (!made.ok()) {
             if (recording) recording->prepareFailed(cfg, made.error());

@@ -14,6 +14,9 @@
 #include "telemetry/tracer.h"
 
 namespace ts {
+
+bool isParameterServer(const std::string& kind) { return kind == "parameter-server" || kind == "parameter_server"; }
+
 namespace {
 
 // The loss scaler's state travels with the optimizer's in training-state backups.
@@ -501,7 +504,7 @@ Result<std::unique_ptr<Strategy>> Strategy::create(const StrategyConfig& config,
         s->m_processRank = config.processRank;
         s->m_processCount = config.crossProcess->size();
         if (devices.empty()) devices = {Device{DeviceKind::Cpu, 0}};
-    } else if (config.kind == "parameter-server" || config.kind == "parameter_server") {
+    } else if (isParameterServer(config.kind)) {
         return makeParameterServerStrategy(config, graph, loss);
     } else {
         return makeError(ErrorCode::InvalidArgument, "unknown strategy '" + config.kind + "'",

@@ -30,6 +30,9 @@ namespace ts {
 class Communicator;
 class ParameterStore;
 
+// "parameter-server" (or "parameter_server"): variables on ps tasks, workers push asynchronously.
+bool isParameterServer(const std::string& kind);
+
 struct StrategyConfig {
     std::string kind = "one-device";  // "one-device" | "mirrored" | "multi-worker-mirrored" | "parameter-server"
     std::vector<Device> devices;      // empty: cpu:0 (one-device, multi-worker) / cpu:0..cores-1 (mirrored)

@@ -97,11 +97,6 @@ struct Inbox {
     }
 };
 
-bool isParameterServer(const std::string& kind)
-{
-    return kind == "parameter-server" || kind == "parameter_server";
-}
-
 } // namespace
 
 bool Coordinator::supportsStrategy(const std::string& kind)
@@ -374,7 +369,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     // multi-worker-mirrored: while it is there, the training tasks do not validate and the chief
     // sends its weights after each epoch, which go to the evaluator (unless the run validates on
     // something else than the idx test split an evaluator reads: then the tasks validate).
-    Task* evaluatorTask = cfg.validate && (psRun || RunEvaluator::nothingToEvaluate(cfg).empty()) ? m_evaluator.get() : nullptr;
+    Task* evaluatorTask = RunEvaluator::nothingToEvaluate(cfg).empty() ? m_evaluator.get() : nullptr;
     Task* const evaluatorSlot = evaluatorTask;  // stays when the evaluator is lost (it may rejoin)
     auto attemptTasks = [&] { return tasksWith(evaluatorTask); };
     // With --restarts, the heartbeats probe a lost evaluator's daemon (probeEvaluator); once it

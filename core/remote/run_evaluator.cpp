@@ -44,6 +44,8 @@ Result<std::unique_ptr<RunEvaluator>> RunEvaluator::create(const RunConfig& cfg,
 
 std::string RunEvaluator::nothingToEvaluate(const RunConfig& cfg)
 {
+    // A parameter-server run's evaluator evaluates whenever it validates (its workers never do).
+    if (isParameterServer(cfg.strategy.kind)) return cfg.validate ? std::string() : "the run does not validate";
     // A "validation_pipeline" validates whatever "validate" says; a pipeline not over an idx
     // folder validates only on one.
     if (cfg.validationPipeline) return "the run validates on its \"validation_pipeline\", which its training tasks read";

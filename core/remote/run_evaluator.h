@@ -44,9 +44,9 @@ struct RunEvaluatorOptions {
 class RunEvaluator {
 public:
     static Result<std::unique_ptr<RunEvaluator>> create(const RunConfig& config, const ClusterSpec& spec, const RunEvaluatorOptions& options);
-    // Why the evaluator of a multi-worker-mirrored run has nothing to evaluate (empty: it
-    // evaluates): the run does not validate, or validates on a "validation_pipeline" (which its
-    // training tasks read: an evaluator reads the idx test split).
+    // Why a run's evaluator task has nothing to evaluate (empty: it evaluates): the run does not
+    // validate, or (multi-worker-mirrored) validates on a "validation_pipeline", which its
+    // training tasks read (an evaluator reads the idx test split).
     static std::string nothingToEvaluate(const RunConfig& config);
     ~RunEvaluator();
 

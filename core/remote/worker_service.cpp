@@ -41,11 +41,6 @@
 namespace ts::remote {
 namespace {
 
-bool isParameterServer(const std::string& kind)
-{
-    return kind == "parameter-server" || kind == "parameter_server";
-}
-
 double nowSeconds()
 {
     return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -735,7 +730,7 @@ private:
         eo.pullFromPs = isParameterServer(cfg.strategy.kind);
         // A run it has nothing to do for: its chief starts it anyway, so that it hears why and
         // ends (a `train --task evaluator:0` process exits) instead of waiting for weights.
-        if (const std::string why = eo.pullFromPs && cfg.validate ? std::string() : RunEvaluator::nothingToEvaluate(cfg); !why.empty())
+        if (const std::string why = RunEvaluator::nothingToEvaluate(cfg); !why.empty())
             return finish("completed", m_task + " has nothing to evaluate: " + why);
         auto created = RunEvaluator::create(cfg, spec, eo);
         if (!created.ok()) return finish("failed", created.error().message, created.error().hint);

@@ -9,17 +9,32 @@
 #include "common/result.h"
 #include "data/dataset.h"
 #include "model/spec.h"
+#include "train/run_config.h"
 #include "train/trainer.h"
 
 namespace tstest {
 
-// A one-thread trainer of the seed MLP (resources/models/seed_mlp.json).
+inline const std::string kSeedMlpFile = std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json";
+
+// A one-thread trainer of the seed MLP.
 inline ts::Result<std::unique_ptr<ts::Trainer>> seedMlpTrainer()
 {
-    TS_ASSIGN(ts::ModelSpec model, ts::loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json"));
+    TS_ASSIGN(ts::ModelSpec model, ts::loadModelFile(kSeedMlpFile));
     ts::TrainConfig tc;
     tc.strategy.threads = 1;
     return ts::Trainer::create(model, tc);
+}
+
+// The seed MLP as a one-thread multi-worker-mirrored run (validating on the first
+// `validationLimit` test examples; 0: all).
+inline ts::RunConfig mirroredSeedMlpRun(int64_t validationLimit = 0)
+{
+    ts::RunConfig cfg;
+    cfg.model = *ts::loadModelFile(kSeedMlpFile);
+    cfg.strategy.kind = "multi-worker-mirrored";
+    cfg.strategy.threads = 1;
+    cfg.validationLimit = validationLimit;
+    return cfg;
 }
 
 // `trainer`'s weights on the test split (`limit`: its first examples only; 0: all 10000).

@@ -887,9 +887,10 @@ void TestMultiWorker::evaluatorTaskValidatesEachEpoch()
         QCOMPARE(j["examples"].get<int>(), 10000);
     }
     // The training tasks did not validate: their epoch lines have none.
-    for (const auto& j : jsonLines(c.out))
+    const auto lines = jsonLines(c.out);
+    for (const auto& j : lines)
         if (j.contains("steps") && !j.value("final", false)) QVERIFY2(j["val_accuracy"].is_null(), qPrintable(c.out));
-    const nlohmann::json last = jsonLines(c.out).back();
+    const nlohmann::json last = lines.back();
     QVERIFY2(last.value("final", false), qPrintable(c.out));
     QCOMPARE(last["val_accuracy"].get<double>(), byEpoch.at(2)["val_accuracy"].get<double>());
     QCOMPARE(last["evaluator"]["evaluations"]["evaluator:0"].get<int>(), 2);
@@ -1059,13 +1060,10 @@ void TestMultiWorker::replayedEpochIsEvaluatedOnce()
     auto spec = ClusterSpec::fromText(
         R"({"cluster": {"chief": ["127.0.0.1:1"], "evaluator": ["127.0.0.1:2"]}, "task": {"type": "chief", "index": 0}})", "test");
     QVERIFY2(spec.ok(), spec.ok() ? "" : spec.error().toString().c_str());
-    RunConfig cfg;
-    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
-    cfg.strategy.kind = "multi-worker-mirrored";
-    cfg.strategy.threads = 1;
+    const RunConfig cfg = tstest::mirroredSeedMlpRun();
     remote::SidecarOptions so;
     so.runId = "replayed";
-    so.token = "abcdefabcdefabcdef";
+    so.token = kToken.toStdString();
     so.who = "chief:0";
     so.connectTimeout = std::chrono::milliseconds(0);  // no attempts before the first epoch
     std::mutex mutex;
@@ -1085,20 +1083,16 @@ void TestMultiWorker::replayedEpochIsEvaluatedOnce()
         });
     QVERIFY2(made.ok(), made.ok() ? "" : made.error().toString().c_str());
     auto& evaluation = **made;
-    auto weights = [](uint64_t seed) {
-        auto t = tstest::seedMlpTrainer();
-        if (!t.ok() || !(*t)->strategy().initialise(seed).ok()) return std::string();
-        auto bytes = (*t)->encodeWeights("weights " + std::to_string(seed));
-        return bytes.ok() ? *bytes : std::string();
-    };
-    const std::string failedAttempt = weights(1), replayed = weights(2);
-    QVERIFY(!failedAttempt.empty() && !replayed.empty());
-    evaluation.submit(1, failedAttempt);
+    auto first = tstest::seedMlpTrainer(), second = tstest::seedMlpTrainer();
+    QVERIFY(first.ok() && second.ok() && (*first)->strategy().initialise(1).ok() && (*second)->strategy().initialise(2).ok());
+    auto failedAttempt = (*first)->encodeWeights("weights 1"), replayed = (*second)->encodeWeights("weights 2");
+    QVERIFY(failedAttempt.ok() && replayed.ok());
+    evaluation.submit(1, *failedAttempt);
     {
         std::unique_lock lock(mutex);
         QVERIFY(cv.wait_for(lock, std::chrono::seconds(30), [&] { return noted; }));
     }
-    const uint64_t latest = evaluation.submit(1, replayed);
+    const uint64_t latest = evaluation.submit(1, *replayed);
     const nlohmann::json summary = evaluation.finish("done");
     QCOMPARE(summary["skipped"].get<int>(), 0);  // the first was in progress, not waiting
     std::lock_guard lock(mutex);
@@ -1106,9 +1100,7 @@ void TestMultiWorker::replayedEpochIsEvaluatedOnce()
     QCOMPARE(results[0].submission, latest);
     QVERIFY2(results[0].value.has_value(), results[0].error.toString().c_str());
     QCOMPARE(summary["evaluations"]["chief:0"].get<int>(), 1);
-    auto expected = tstest::seedMlpTrainer();
-    QVERIFY(expected.ok() && (*expected)->strategy().initialise(2).ok());
-    auto here = tstest::evaluateOnTestSplit(**expected);
+    auto here = tstest::evaluateOnTestSplit(**second);
     QVERIFY(here.ok());
     QVERIFY2(std::abs(here->accuracy - results[0].value->accuracy) < 1e-9,
              qPrintable(QString("%1 against %2").arg(here->accuracy).arg(results[0].value->accuracy)));

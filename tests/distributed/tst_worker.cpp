@@ -65,18 +65,7 @@ std::unique_ptr<WorkerDaemon> startDaemon()
     return std::move(d).value();
 }
 
-// The seed MLP as a multi-worker-mirrored run whose evaluator evaluates `limit` test examples,
-// and a cluster of a (never started) chief and that evaluator at `evaluator`.
-RunConfig mirroredRunForEvaluator(int64_t limit)
-{
-    RunConfig cfg;
-    cfg.model = *loadModelFile(std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json");
-    cfg.strategy.kind = "multi-worker-mirrored";
-    cfg.strategy.threads = 1;
-    cfg.validationLimit = limit;
-    return cfg;
-}
-
+// A cluster of a (never started) chief and an evaluator at `evaluator`.
 std::string clusterWithEvaluatorAt(const std::string& evaluator)
 {
     return R"({"cluster": {"chief": ["127.0.0.1:1"], "evaluator": [")" + evaluator + R"("]}})";
@@ -684,7 +673,7 @@ void TestWorker::taskWithoutStreamIsCancelled()
     const std::string here = "127.0.0.1:" + std::to_string(daemon->port());
     auto client = WorkerClient::connect("evaluator:0 at " + here, here, kToken);
     QVERIFY(client.ok());
-    const RunConfig cfg = mirroredRunForEvaluator(500);
+    const RunConfig cfg = tstest::mirroredSeedMlpRun(500);
     const std::string cluster = clusterWithEvaluatorAt(here);
     Status st = (*client)->startTask("n1", cfg.toJson(), cluster, "evaluator", 0);
     QVERIFY2(st.ok(), st.ok() ? "" : st.error().toString().c_str());
@@ -715,7 +704,7 @@ void TestWorker::multiWorkerEvaluatorEvaluatesSentWeights()
     auto client = WorkerClient::connect("evaluator:0 at " + here, here, kToken);
     QVERIFY(client.ok());
     WorkerClient& c = **client;
-    const RunConfig cfg = mirroredRunForEvaluator(2000);
+    const RunConfig cfg = tstest::mirroredSeedMlpRun(2000);
     const std::string cluster = clusterWithEvaluatorAt(here);
     // Only the chief sends its weights after each epoch.
     StartTaskOptions sends;
