@@ -149,7 +149,10 @@ int runBench(const BenchOptions& o);
 // escaped (messages quote file contents: a CSV header could hold terminal escape sequences).
 void printError(const ts::Error& e);
 
-// Shared by train and bench: resolves a file under resources/models by short name.
-std::string resolveModelPath(const std::string& nameOrPath);
+// Blanks train's progress bar (stderr, on a terminal) so that a line printed next starts clean.
+void clearProgressLine();
+
+// The id of a run the store does not record (--no-record, the evaluator task): prefix-pid-time.
+std::string unrecordedRunId(const std::string& prefix);
 
 } // namespace tscli

@@ -3,8 +3,6 @@
 // every task is started, their event streams are merged into one recorded run, and a worker
 // that dies or goes silent stops the run with an error naming it.
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -131,7 +129,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         }
     const std::string runId = recording && !recording->runId().empty()
                                   ? recording->runId()
-                                  : "run-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
+                                  : unrecordedRunId("run");
     const std::string where = (ps ? std::to_string(c.spec().count("worker")) + " worker(s) and " + std::to_string(c.spec().count("ps")) + " ps task(s)"
                                   : std::to_string(c.numTasks()) + " worker(s)") +
                               (c.spec().count("evaluator") == 0 || !cfg.validate ? ""

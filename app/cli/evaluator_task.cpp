@@ -7,8 +7,6 @@
 
 #include "evaluator_task.h"
 
-#include <unistd.h>
-
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -86,49 +84,54 @@ int runEvaluatorTask(const TrainOptions& o, const ts::ClusterSpec& spec)
                      waitText.c_str(), chiefText.c_str());
     // Until the run completes: a chief that stopped its task (cancelled, or to replace it) or
     // went away may start another (a restarted chief, say), within --collective-timeout.
+    struct Outcome {
+        int code;
+        std::optional<ts::Error> error;
+        std::string note;  // stderr, unless --quiet
+    };
+    std::optional<Outcome> outcome;
     int handled = 0;  // task ends seen
     std::unique_lock lock(mutex);
-    for (;;) {
+    while (!outcome) {
         const bool came = cv.wait_for(lock, wait, [&] { return starts > handled || ends > handled || interrupt.interrupted(); });
         if (came) cv.wait(lock, [&] { return ends > handled || interrupt.interrupted(); });
-        if (interrupt.interrupted()) break;
+        if (interrupt.interrupted()) {
+            outcome = Outcome{kInterruptedExitCode, {}, {}};
+            continue;
+        }
         if (!came) {
-            lock.unlock();
-            (*daemon)->shutdown();
-            printError(ts::makeError(ts::ErrorCode::IoError,
-                                     self + ": " + chiefText + (handled == 0 ? " did not start an evaluation within " : " did not start the evaluation again within ") +
-                                         seconds,
-                                     handled == 0 ? "start the chief too (the same command with its TF_CONFIG), or give it longer with --collective-timeout"
-                                                  : "see the chief's output: its run was stopped, or failed"));
-            return 1;
+            const std::string what = handled == 0 ? " did not start an evaluation within " : " did not start the evaluation again within ";
+            outcome = Outcome{1,
+                              ts::makeError(ts::ErrorCode::IoError, self + ": " + chiefText + what + seconds,
+                                            handled == 0 ? "start the chief too (the same command with its TF_CONFIG), or give it longer with --collective-timeout"
+                                                         : "see the chief's output: its run was stopped, or failed"),
+                              {}};
+            continue;
         }
         handled = ends;
-        const TaskEnd end = last;
-        if (end.state == "completed") {
-            lock.unlock();
-            (*daemon)->shutdown();
+        if (last.state == "completed") {
             // With a message: the chief's run gives it nothing to evaluate.
-            if (!o.quiet) std::fprintf(stderr, "%s\n", end.message.empty() ? (self + ": the run completed").c_str() : end.message.c_str());
-            return 0;
-        }
-        if (end.state == "failed") {
+            outcome = Outcome{0, {}, last.message.empty() ? self + ": the run completed" : last.message};
+        } else if (last.state == "failed") {
             // A task that failed at once: the chief's event stream may not be open yet. Serve a
             // moment longer, so the chief hears why (and evaluates itself) instead of finding
             // nobody there.
+            const TaskEnd end = last;
             cv.wait_for(lock, std::chrono::seconds(3), [&] { return interrupt.interrupted(); });
-            lock.unlock();
-            (*daemon)->shutdown();
-            printError(ts::makeError(ts::ErrorCode::IoError, self + ": " + end.message,
-                                     end.hint.empty() ? std::string("the chief evaluates on its own test split instead") : end.hint));
-            return 1;
-        }
-        if (!o.quiet)
+            outcome = Outcome{1,
+                              ts::makeError(ts::ErrorCode::IoError, self + ": " + end.message,
+                                            end.hint.empty() ? std::string("the chief evaluates on its own test split instead") : end.hint),
+                              {}};
+        } else if (!o.quiet) {
             std::fprintf(stderr, "%s: %s %s; waiting %s for it to start the evaluation again\n", self.c_str(), chiefText.c_str(),
-                         end.state == "left" ? "went away (it died, or was cut off)" : "stopped the evaluation", waitText.c_str());
+                         last.state == "left" ? "went away (it died, or was cut off)" : "stopped the evaluation", waitText.c_str());
+        }
     }
     lock.unlock();
     (*daemon)->shutdown();
-    return kInterruptedExitCode;
+    if (outcome->error) printError(*outcome->error);
+    if (!outcome->note.empty() && !o.quiet) std::fprintf(stderr, "%s\n", outcome->note.c_str());
+    return outcome->code;
 }
 
 namespace {
@@ -139,7 +142,7 @@ ts::Result<ts::remote::SidecarOptions> sidecarOptions(const ts::ClusterSpec& spe
     ts::remote::SidecarOptions so;
     TS_ASSIGN(so.token, ts::remote::loadToken(o.tokenFile));
     // The evaluator task's own id (the recorded run's is not made yet).
-    so.runId = "eval-" + std::to_string(::getpid()) + "-" + std::to_string(ts::telemetry::wallNowMicros());
+    so.runId = unrecordedRunId("eval");
     so.who = spec.task().toString() + " (" + *spec.address(spec.task()) + ")";
     so.connectTimeout = std::chrono::milliseconds(static_cast<int64_t>(o.collectiveTimeout * 1000));
     return so;
@@ -227,7 +230,7 @@ void EvaluatorSide::evaluated(const ts::remote::SidecarResult& r)
         std::snprintf(buf, sizeof buf, "Epoch %lld evaluated by %s: val_loss %.4f val_accuracy %.4f (%lld examples)\n",
                       static_cast<long long>(epoch), by.c_str(), v->loss, v->accuracy, static_cast<long long>(v->examples));
         line = buf;
-        if (isatty(STDERR_FILENO)) std::fputs(("\r" + std::string(110, ' ') + "\r").c_str(), stderr);  // the progress bar
+        clearProgressLine();
     }
     std::fputs(line.c_str(), stdout);  // one call: whole lines between the fit thread's
     std::fflush(stdout);

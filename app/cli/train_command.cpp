@@ -121,7 +121,7 @@ public:
             std::cout << j.dump() + "\n" << std::flush;  // one write: an evaluator's lines come from another thread
             return;
         }
-        if (m_tty) std::cerr << "\r" << std::string(110, ' ') << "\r";
+        if (m_tty) clearProgressLine();
         char line[256];
         int n = std::snprintf(line, sizeof line, "Epoch %lld/%lld: loss %.4f accuracy %.4f", static_cast<long long>(e.epoch),
                               static_cast<long long>(m_epochs), e.loss, e.accuracy);
@@ -139,8 +139,6 @@ private:
 };
 
 } // namespace
-
-std::string resolveModelPath(const std::string& nameOrPath) { return nameOrPath; }
 
 // Loads a model from a file, or one of the built-in models by name ("seed_mlp", "mlp", "cnn").
 ts::Result<ts::ModelSpec> loadModel(const std::string& nameOrPath)
@@ -666,8 +664,7 @@ int runTrain(const TrainOptions& options)
             };
         if (traceSink) {
             if (traceRunId.empty())
-                traceRunId = recording ? recording->runId() : "run-" + std::to_string(::getpid()) + "-" +
-                                             std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+                traceRunId = recording ? recording->runId() : unrecordedRunId("run");
             traceSink->setMetadata("model", run.model.name);
             traceSink->setMetadata("strategy", run.trainer->strategy().name());
             traceSink->setMetadata("replicas", std::to_string(run.trainer->strategy().numReplicas()));
