@@ -76,7 +76,9 @@ Result<PartitionPlan> partitionVariables(const std::vector<VariableInfo>& variab
             continue;
         }
         const int64_t bytes = n * 4;  // float32 variables
-        const int64_t shards = std::max<int64_t>(1, std::min({static_cast<int64_t>(numPs), rows, bytes / options.minShardBytes}));
+        int64_t shards = std::max<int64_t>(1, std::min({static_cast<int64_t>(numPs), rows, bytes / options.minShardBytes}));
+        // Rows are whole: fewer shards while the smallest (rows / shards of them) is below the minimum.
+        while (shards > 1 && rows / shards * rowSize * 4 < options.minShardBytes) --shards;
         for (int64_t s = 0; s < shards; ++s) {
             const int64_t rb = rows * s / shards, re = rows * (s + 1) / shards;
             // Fewest elements so far wins; a variable's shards land on distinct ps tasks because

@@ -5,8 +5,9 @@
 // Policies (TF's ParameterServerStrategy variable_partitioner, in its vocabulary):
 //  - round-robin: variable i lives whole on ps (i mod numPs).
 //  - by-size (TF's MinSizePartitioner): a variable of B bytes is cut along its first dimension
-//    into min(numPs, rows, max(1, B / minShardBytes)) near-equal row ranges, so no shard is
-//    smaller than minShardBytes unless the variable itself is; each shard goes to the ps that
+//    into at most min(numPs, rows, max(1, B / minShardBytes)) near-equal row ranges, fewer where
+//    whole rows would leave one below minShardBytes, so no shard is smaller than minShardBytes
+//    unless the variable itself is; each shard goes to the ps that
 //    holds the fewest elements so far (lowest index on ties), which balances the load.
 // Contract: value types, no threads, no I/O; errors are InvalidArgument naming the variable.
 

@@ -1,5 +1,6 @@
 #include "remote/parameter_service.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <mutex>
@@ -77,7 +78,7 @@ public:
         if (auto st = checkRun(*ctx, call, req->run_id(), false); !st.ok()) return st;
         if (m_initialised) return refuse(*ctx, grpc::StatusCode::ALREADY_EXISTS, call, m_label + " of run " + m_runId + " is already initialised");
         reply->set_max_part_bytes(m_maxMessageBytes);
-        if (req->slices_size() > 0) {
+        if (req->layout() || req->slices_size() > 0) {
             // The layout part (again, if an initialiser started over): the shard is allocated.
             if (req->slices_size() != req->slice_sizes_size())
                 return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "need one size per slice");
@@ -221,8 +222,8 @@ public:
         const int64_t n = static_cast<int64_t>(req->grads().size() / 4);
         if (req->offset() < 0 || n > m_total - req->offset())
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
-                          "gradients for [" + std::to_string(req->offset()) + ", " + std::to_string(req->offset() + n) + "), " + m_label +
-                              " holds " + std::to_string(m_total) + " values");
+                          std::to_string(n) + " gradients at offset " + std::to_string(req->offset()) + ", " + m_label + " holds " +
+                              std::to_string(m_total) + " values");
         const float lr = req->learning_rate();
         if (!std::isfinite(lr) || lr < 0) return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, "learning_rate must be finite and >= 0");
         if (req->pulled_version() < 0 || req->pulled_version() > m_stats.version)
@@ -391,11 +392,12 @@ public:
             out.status = refuse(ctx, grpc::StatusCode::OUT_OF_RANGE, call, "offset " + std::to_string(offset) + " is outside the shard's " + std::to_string(m_total) + " values");
             return out;
         }
-        const int64_t budget = std::min(maxBytes, m_maxMessageBytes) - kPartEnvelopeBytes - extraBytes;
+        // max_bytes comes from the network: clamped before the arithmetic (INT64_MIN would wrap).
+        const int64_t bound = std::clamp<int64_t>(maxBytes, 0, m_maxMessageBytes);
+        const int64_t budget = bound - kPartEnvelopeBytes - extraBytes;
         out.elements = std::min(m_total - offset, std::max<int64_t>(0, budget) / (4 * perValue));
         if (out.elements == 0 && offset < m_total)
-            out.status = refuse(ctx, grpc::StatusCode::RESOURCE_EXHAUSTED, call,
-                                "a part of " + std::to_string(std::min(maxBytes, m_maxMessageBytes)) + " bytes cannot carry a value");
+            out.status = refuse(ctx, grpc::StatusCode::RESOURCE_EXHAUSTED, call, "a part of " + std::to_string(bound) + " bytes cannot carry a value");
         return out;
     }
 

@@ -57,8 +57,9 @@ public:
     // optimizer and backend (empty: the best for cpu:0). Replaces any previous shard. With
     // `traceBus` (it must outlive the hosting: unhost() first), every update applied and every
     // pull served is published on it as a SpanEvent (lane thread "shard"). With `onEpoch`, ps:0
-    // tells each epoch of the run's step schedule that completed, in order, from a gRPC thread
-    // (no lock of this service held; not after unhost() returned).
+    // tells each epoch of the run's step schedule that completed, in order, from a gRPC thread,
+    // not after unhost() returned. It runs under the service's claim lock (which gives the order
+    // and the "not after"): it must be quick and must not call host() or unhost().
     Status host(const std::string& runId, const std::string& label, const nlohmann::json& optimizer, const std::string& backend,
                 telemetry::EventBus* traceBus = nullptr, std::function<void(const EpochDone&)> onEpoch = {});
     // Stops hosting: later calls for the run are refused.

@@ -261,6 +261,17 @@ public:
         if (lane.error) return *lane.error;
         return okStatus();
     }
+
+    // An asynchronous push that failed, without waiting for the ones in flight: the next call
+    // reports it (parameter_store.h), pull() and claimStep() too, not only the next push().
+    Status pushFailure()
+    {
+        for (auto& lane : lanes) {
+            std::lock_guard lock(lane->mutex);
+            if (lane->error) return *lane->error;
+        }
+        return okStatus();
+    }
 };
 
 RemoteParameterStore::RemoteParameterStore(std::unique_ptr<Impl> impl) : m_impl(std::move(impl)) {}
@@ -364,6 +375,7 @@ Status RemoteParameterStore::begin(const std::vector<StoreVariable>& variables, 
             // The layout first (it waits for a ps still starting), then the values in parts.
             InitializeRequest layout;
             layout.set_run_id(d.options.runId);
+            layout.set_layout(true);
             for (const auto& s : lane->slices) {
                 layout.add_slices(s.toString());
                 layout.add_slice_sizes(s.count);
@@ -489,6 +501,7 @@ Status RemoteParameterStore::pull()
 {
     Impl& d = *m_impl;
     if (d.cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+    TS_TRY(d.pushFailure());
     const std::size_t n = d.lanes.size();
     std::vector<Status> results(n);
     std::vector<std::thread> threads;
@@ -574,6 +587,7 @@ Result<StepGrant> RemoteParameterStore::claimStep(int64_t batchesPerEpoch, const
 {
     Impl& d = *m_impl;
     if (d.cancelled) return makeError(ErrorCode::Cancelled, "the run was cancelled");
+    TS_TRY(d.pushFailure());
     Lane& lane = *d.lanes.front();
     ClaimRequest req;
     req.set_run_id(d.options.runId);

@@ -5,6 +5,8 @@
 // oversized ones; a ps killed mid-run is detected and named.
 
 #include <algorithm>
+#include <limits>
+
 #include <QtTest>
 
 #include <cmath>
@@ -157,6 +159,7 @@ private slots:
     void partitionRejectsBadOptions();
     void trainsWithOnePs();
     void trainsWithTwoPs();
+    void psTaskWithoutVariables();
     void refusesPushWithoutToken();
     void psTaskAppliesPushesAndRefusesMalformedOnes();
     void snapshotRestoresTheOptimizer_data();
@@ -242,6 +245,20 @@ void TestParameterServer::partitionBySize()
         for (const auto& s : ps) kernelShards += s.name == "dense/kernel";
     QCOMPARE(kernelShards, 2);
     checkCovers(*two, vars);
+    // Whole rows: 3 rows of 400 KB with a 512 KiB minimum make 2 shards by bytes, but 1 + 2 rows
+    // would leave a 400 KB one; the variable stays whole.
+    o.minShardBytes = 512 << 10;
+    const std::vector<VariableInfo> wide = {{"wide", {3, 100000}}};
+    auto rows = partitionVariables(wide, 2, o);
+    QVERIFY(rows.ok());
+    QCOMPARE(rows->perPs[0].size(), std::size_t(1));
+    QCOMPARE(rows->perPs[0][0].toString(), std::string("wide[0:3]"));
+    QVERIFY(rows->perPs[1].empty());
+    // 4 rows: 2 shards of 2 rows (800 KB each).
+    auto even = partitionVariables({{"wide", {4, 100000}}}, 2, o);
+    QVERIFY(even.ok());
+    QCOMPARE(even->perPs[0][0].toString(), std::string("wide[0:2]"));
+    QCOMPARE(even->perPs[1][0].toString(), std::string("wide[2:4]"));
 }
 
 void TestParameterServer::partitionSplitsAlongFirstDimension()
@@ -734,6 +751,41 @@ void TestParameterServer::trainsWithTwoPs()
     trainEndToEnd(2, {"--partitioner", "by-size", "--min-shard-bytes", "65536"});
 }
 
+// Round-robin with more ps tasks than variables leaves a ps task without any (TF allows it): it
+// holds an empty shard and the run trains as usual. Its layout used to be taken for a values part
+// and refused until the workers gave up after 60 s.
+void TestParameterServer::psTaskWithoutVariables()
+{
+    QTemporaryDir dir;
+    Cluster c = startCluster(dir.path(), 2, 3);
+    for (const auto& p : c.ps) QVERIFY(p->port > 0);
+    // One Dense layer: a kernel (ps:0) and a bias (ps:1); ps:2 gets nothing.
+    const QString model = dir.filePath("linear.json");
+    {
+        QFile f(model);
+        QVERIFY(f.open(QIODevice::WriteOnly));
+        f.write(R"({"format": "trainstudio-model", "version": 1, "name": "linear",
+                    "layers": [{"id": "input", "type": "Input", "attrs": {"shape": [784]}},
+                               {"id": "dense", "type": "Dense", "inputs": ["input"], "attrs": {"activation": "softmax", "units": 10}}],
+                    "outputs": ["dense"],
+                    "compile": {"optimizer": {"type": "adam", "learning_rate": 0.001}, "loss": "sparse_categorical_crossentropy", "metrics": ["accuracy"]}})");
+    }
+    QStringList args = trainArgs(c.file, 1);
+    args[args.indexOf("mlp")] = model;
+    auto coord = startCoordinator(args + QStringList{"--limit", "3200", "--no-record", "--json"});
+    QVERIFY(coord->waitForFinished(60000));
+    QString out, err;
+    const auto j = finishedSummary(*coord, out, err);
+    QVERIFY2(coord->exitCode() == 0 && !j.is_discarded() && j.value("final", false), qPrintable(out + err));
+    const auto& tasks = j["tasks"];
+    const int64_t steps = tasks["worker:0"].value("steps", int64_t{0}) + tasks["worker:1"].value("steps", int64_t{0});
+    QVERIFY2(steps > 0 && steps == tasks["ps:0"].value("steps_completed", int64_t{-1}), j.dump().c_str());
+    for (const char* ps : {"ps:0", "ps:1", "ps:2"}) QVERIFY2(tasks[ps].value("updates", int64_t{-1}) == steps, j.dump().c_str());
+    QCOMPARE(tasks["ps:0"].value("elements", int64_t{-1}), int64_t{7840});
+    QCOMPARE(tasks["ps:1"].value("elements", int64_t{-1}), int64_t{10});
+    QCOMPARE(tasks["ps:2"].value("elements", int64_t{-1}), int64_t{0});
+}
+
 void TestParameterServer::refusesPushWithoutToken()
 {
     WorkerOptions o;
@@ -936,6 +988,8 @@ void TestParameterServer::psTaskAppliesPushesAndRefusesMalformedOnes()
     QCOMPARE(after.values().size(), std::size_t(8));
     PullReply tiny;
     QCOMPARE(pull(tiny, 100).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);  // a bound no value fits
+    // A negative bound is no bound at all (INT64_MIN wrapped around to "send everything").
+    QCOMPARE(pull(tiny, std::numeric_limits<int64_t>::min()).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
     float w[2];
     std::memcpy(w, after.values().data(), sizeof w);
     // SGD with the run's optimizer: w - 0.5 * g, twice.
