@@ -4,6 +4,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <map>
+#include <new>
 #include <optional>
 #include <random>
 #include <mutex>
@@ -388,14 +389,18 @@ public:
 
     void abort(const std::string& reason) override
     {
+        bool cause = true;
         {
             std::lock_guard lock(m_abortMutex);
             if (m_aborted) return;
             m_reason = reason;
             m_aborted = true;
+            // A rank whose collective already failed is a victim: its reason quotes the culprit's,
+            // and writing it would replace the culprit's (a cancelled run then read as a failure).
+            cause = !m_failed;
         }
         // Tell the others why before the sockets close, so their errors can say it.
-        if (m_client) {
+        if (m_client && cause) {
             const std::string why = rankName(m_opt.rank) + ": " + reason;
             (void)m_client->set(m_opt.group + "/abort", std::vector<char>(why.begin(), why.end()), std::chrono::seconds(2));
         }
@@ -461,6 +466,13 @@ private:
         try {
             fn();
             return okStatus();
+        } catch (const std::bad_alloc&) {
+            // This rank's own failure (a staging buffer), not a peer's: no culprit to look for,
+            // not restartable as a network fault is. The peers learn it as from abort().
+            Error e = makeError(ErrorCode::OutOfMemory, what + " on " + rankName(m_opt.rank) + " failed: out of host memory for its buffers",
+                                "free memory on that machine, or train a smaller model");
+            abort(e.message);
+            return e;
         } catch (const std::exception& e) {
             return failed(what, e.what());
         }

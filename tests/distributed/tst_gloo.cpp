@@ -143,6 +143,7 @@ private slots:
     void rendezvousOverTls();
     void abortUnblocksPeers();
     void abortReleasesOwnPendingCall();
+    void victimsAbortKeepsTheCause();
     void vanishedPeerIsNamed();
     void badOptions();
     void settingsMustAgree();
@@ -382,6 +383,25 @@ void TestGloo::abortUnblocksPeers()
     Status later = ranks[1]->barrier(1);
     QVERIFY(!later.ok());
     QCOMPARE(later.error().code, ErrorCode::Cancelled);
+}
+
+// Rank 0 is cancelled; rank 1's all-reduce fails because of it, and rank 1 aborts in turn (as
+// Strategy::runAll does) with a reason that quotes rank 0's. Rank 2, arriving last, must still
+// read rank 0's cancellation (Cancelled: the run is not restarted), not rank 1's failure.
+void TestGloo::victimsAbortKeepsTheCause()
+{
+    auto server = startServer();
+    auto ranks = makeRanks(server->port(), 3, "victim");
+    ranks[0]->abort(Communicator::kCancelledReason);
+    Tensor t = Tensor::zeros({1000});
+    Status first = ranks[1]->allReduceSum(1, t);
+    QVERIFY(!first.ok());
+    QCOMPARE(first.error().code, ErrorCode::Cancelled);
+    ranks[1]->abort("cpu:0: " + first.error().message);
+    Status last = ranks[2]->allReduceSum(2, t);
+    QVERIFY(!last.ok());
+    QVERIFY2(last.error().code == ErrorCode::Cancelled, last.error().toString().c_str());
+    QVERIFY2(last.error().message.find("rank 0 (worker:0): the run was cancelled") != std::string::npos, last.error().message.c_str());
 }
 
 void TestGloo::abortReleasesOwnPendingCall()
