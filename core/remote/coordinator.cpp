@@ -325,7 +325,16 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             std::this_thread::sleep_for(250ms);
             ready = preflight(1s, 1s);
         }
-        if (m_cancel) ready = makeError(ErrorCode::Cancelled, "the run was cancelled while waiting to restart");
+        if (m_cancel) {
+            // Stopped by the user (coordinator.h: a cancel() gives cancelled = true), not a failure
+            // to restart; the backup stays for a later start.
+            bus.publish(tm::Event(tm::LogEvent{taskStamp(runId, "coordinator", "", 0), tm::LogLevel::Info,
+                                               "cancelled while waiting to restart the run (" + r.error().message + ")"}));
+            bus.publish(tm::Event(tm::RunStateEvent{taskStamp(runId, "coordinator", "", 0), tm::RunState::Cancelled, {}}));
+            FitResult cancelled;
+            cancelled.cancelled = true;
+            return cancelled;
+        }
         if (!ready.ok()) {
             Error e = ready.takeError();
             e.message = "cannot restart the run: " + e.message;
@@ -833,7 +842,17 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                         if (std::find(m_devices.begin(), m_devices.end(), d) == m_devices.end()) m_devices.push_back(std::move(d));
                     }
                 bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, t.label + ": " + t.state}));
-                if (t.state == "cancelled") anyCancelled = true;
+                if (t.state == "cancelled" && psRun && !t.ps && !m_cancel) {
+                    // Stopped on its machine (its daemon shut down), not by this run: a lost
+                    // worker whose steps go to the others, not the run's cancellation (ps:0 would
+                    // keep its steps held, and the others wait for them forever).
+                    std::lock_guard g(inbox.mutex);
+                    inbox.failures.emplace_back(i, makeError(ErrorCode::IoError, t.label + ": its task was stopped on its machine (its trainstudio-worker shut down)",
+                                                             "start that trainstudio-worker again; with --restarts the run takes it back"));
+                    inbox.cv.notify_all();
+                } else if (t.state == "cancelled") {
+                    anyCancelled = true;
+                }
             } else if (e.kind == "error") {
                 Error err = makeError(ErrorCode::Internal, t.label + ": " + f.value("message", ""), f.value("hint", ""));
                 if (m_cancel) {
@@ -1039,8 +1058,14 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         for (auto& t : m_tasks)
             if (t->ps) (void)t->client->cancel(taskRun, reason);
         // Wait for the ps tasks' ends (their final statistics), still watching for failures.
+        // A dropped worker's failures are old news (its heartbeats may still lapse now).
+        auto liveFailure = [&]() -> const Error* {
+            for (const auto& [i, e] : inbox.failures)
+                if (!dropped[i]) return &e;
+            return nullptr;
+        };
         lock.lock();
-        inbox.cv.wait(lock, [&] { return inbox.allEnded() || !inbox.failures.empty(); });
+        inbox.cv.wait(lock, [&] { return inbox.allEnded() || liveFailure() != nullptr; });
         while (!inbox.events.empty()) {
             auto [i, e] = std::move(inbox.events.front());
             inbox.events.pop_front();
@@ -1052,7 +1077,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             } else
                 (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
         }
-        if (!inbox.failures.empty() && !failure) failure = inbox.failures.front().second;
+        if (const Error* e = liveFailure(); e && !failure) failure = *e;
         lock.unlock();
     }
     if (!psRun && chiefSendsWeights) {

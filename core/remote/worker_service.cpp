@@ -59,10 +59,23 @@ public:
           m_maxWeightsBytes(o.maxWeightsBytes), m_firstStreamSeconds(o.firstStreamSeconds), m_onlyTaskType(o.onlyTaskType), m_dataDir(o.dataDir), m_onTaskState(o.onTaskState) {}
     ~WorkerService() override { shutdown(); }
 
-    void setName(std::string name) { m_name = std::move(name); }
+    // The daemon names itself host:port once it listens, while calls may already arrive.
+    void setName(std::string name)
+    {
+        std::lock_guard lock(m_mutex);
+        m_name = std::move(name);
+    }
+    std::string name()
+    {
+        std::lock_guard lock(m_mutex);
+        return m_name;
+    }
 
     void shutdown()
     {
+        // No StartTask in flight: one past its m_shutdown check would start a task after this
+        // join, or join m_thread together with it.
+        std::lock_guard starting(m_startMutex);
         std::unique_lock lock(m_mutex);
         m_shutdown = true;
         if (m_trainer) m_trainer->cancel();
@@ -76,7 +89,7 @@ public:
     grpc::Status Identify(grpc::ServerContext* ctx, const IdentifyRequest*, IdentifyReply* reply) override
     {
         if (auto st = checkToken(*ctx, m_token, "Worker.Identify"); !st.ok()) return st;
-        reply->set_worker(m_name);
+        reply->set_worker(name());
         reply->set_version(TS_VERSION);
         char host[256] = {};
         ::gethostname(host, sizeof host - 1);
@@ -168,7 +181,7 @@ public:
                           source + ": a " + (ps ? "parameter-server" : "multi-worker-mirrored") + " run has no " + type + " tasks to start");
         if (!m_onlyTaskType.empty() && type != m_onlyTaskType)
             return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
-                          source + ": " + m_name + " takes only " + m_onlyTaskType + " tasks (it is a train --task " + m_onlyTaskType +
+                          source + ": " + name() + " takes only " + m_onlyTaskType + " tasks (it is a train --task " + m_onlyTaskType +
                               " process, not a trainstudio-worker)");
         if (!m_dataDir.empty()) {
             cfg->dataDir = m_dataDir;
@@ -253,7 +266,7 @@ public:
         } leave{*this};
         const auto end = [&] { return m_eventsBase + m_events.size(); };
         for (;;) {
-            m_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return sent < end() || m_state != "running" || m_shutdown; });
+            m_cv.wait_for(lock, std::chrono::milliseconds(200), [&] { return sent < end() || m_state != "running"; });
             if (m_runId != runId) return grpc::Status(grpc::StatusCode::ABORTED, "a new run replaced " + runId);
             // A parameter-server worker's new task of the same run (it rejoined): this stream was
             // the old task's, and its coordinator is not gone.
@@ -261,7 +274,10 @@ public:
             if (ctx->IsCancelled()) return coordinatorGone(lock, ctx->peer());
             std::vector<Event> batch(m_events.begin() + static_cast<std::ptrdiff_t>(sent - m_eventsBase), m_events.end());
             sent = end();
-            const bool finished = m_state != "running" || m_shutdown;
+            // Not at shutdown itself: the task's last events (its "cancelled") come first, so the
+            // coordinator does not take a daemon stopped mid-task for a clean end. shutdown()
+            // cancels the task and joins it before the server's grace period ends the stream.
+            const bool finished = m_state != "running";
             lock.unlock();
             bool delivered = true;
             for (const auto& e : batch)
@@ -595,10 +611,15 @@ private:
                 j["skipped_steps"] = e.skippedSteps;
             }
             m_s.publish("step", e.step, j);
+            m_lastStep = e.step;
         }
         // Here, not from the bus: the steps replayed after the resume follow it on the stream, so
         // the coordinator rewinds the record before they arrive, never after.
-        void onResume(const TrainingPosition& at, const std::string&) override { m_s.publish("resumed", at.step, {{"after_step", at.step}}); }
+        void onResume(const TrainingPosition& at, const std::string&) override
+        {
+            m_s.publish("resumed", at.step, {{"after_step", at.step}});
+            m_lastStep = at.step;
+        }
         void onEpoch(const EpochEvent& e) override
         {
             // For the run's evaluator task (through the coordinator); on the training thread, so
@@ -608,19 +629,26 @@ private:
                                 {"samples_per_sec", e.samplesPerSec}, {"seconds", e.seconds}};
             if (std::isfinite(e.valLoss)) j["val_loss"] = e.valLoss;
             if (std::isfinite(e.valAccuracy)) j["val_accuracy"] = e.valAccuracy;
-            m_s.publish("epoch", m_s.m_step, j);
+            m_s.publish("epoch", m_lastStep, j);
         }
 
     private:
         WorkerService& m_s;
+        // The training thread's own: m_s.m_step also moves with the forwarded telemetry's steps.
+        int64_t m_lastStep = 0;
     };
 
     void finish(const std::string& state, const std::string& message, const std::string& hint = {})
     {
+        int64_t step = 0;
+        {
+            std::lock_guard lock(m_mutex);  // publish() moves it on the forwarding thread too
+            step = m_step;
+        }
         // A task that ends otherwise with a message (an evaluator with nothing to evaluate) says it as a note.
-        if (!message.empty() && state == "failed") publish("error", m_step, {{"message", message}, {"hint", hint}, {"where", m_task}});
-        else if (!message.empty()) publish("log", m_step, {{"level", static_cast<int>(telemetry::LogLevel::Info)}, {"message", message}});
-        publish("state", m_step, {{"state", state}, {"message", message}});
+        if (!message.empty() && state == "failed") publish("error", step, {{"message", message}, {"hint", hint}, {"where", m_task}});
+        else if (!message.empty()) publish("log", step, {{"level", static_cast<int>(telemetry::LogLevel::Info)}, {"message", message}});
+        publish("state", step, {{"state", state}, {"message", message}});
         bool left = false;
         {
             std::lock_guard lock(m_mutex);

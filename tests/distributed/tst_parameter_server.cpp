@@ -168,6 +168,7 @@ private slots:
     void killedPsIsNamed();
     void killedWorkersStepsGoToTheOther();
     void silentWorkersStepsGoToTheOther();
+    void stoppedWorkersStepsGoToTheOther();
     void lostWorkerRejoins_data();
     void lostWorkerRejoins();
     void slowWorkerTakesFewerSteps();
@@ -1263,6 +1264,14 @@ void TestParameterServer::silentWorkersStepsGoToTheOther()
     lostWorkerIsReplaced(SIGSTOP);
 }
 
+// SIGTERM: worker 1's daemon shuts down in order, cancelling its task. That is not the run's
+// cancellation: the worker is lost at once, and its held steps go to worker 0 (the run was
+// recorded as cancelled, or waited for the held steps while a restarted daemon answered).
+void TestParameterServer::stoppedWorkersStepsGoToTheOther()
+{
+    lostWorkerIsReplaced(SIGTERM);
+}
+
 // A worker that stalls (SIGSTOP for 1.5 s, under the 3 s heartbeat) does not hold the epoch
 // back: worker 0 takes the steps meanwhile, so it ends with many more; nobody is lost, and
 // every step of every epoch is trained once.
@@ -1318,6 +1327,7 @@ void TestParameterServer::lostWorkerIsReplaced(int signal)
     const QString named = QString("warning: worker:1 at 127.0.0.1:%1").arg(victim.port);
     QVERIFY2(err.contains(named) && err.contains("the run goes on without worker:1"), qPrintable(err));
     if (signal == SIGSTOP) QVERIFY2(err.contains("stopped responding"), qPrintable(err));
+    if (signal == SIGTERM) QVERIFY2(err.contains(named + ": its task was stopped on its machine"), qPrintable(err));
     const auto j = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
     QVERIFY2(!j.is_discarded() && j.value("final", false), qPrintable(out));
     const auto& tasks = j["tasks"];
