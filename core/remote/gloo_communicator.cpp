@@ -262,6 +262,10 @@ public:
                 if (services.count(lp) || services.count(pp)) continue;
                 m_meshSockets.insert(ino);
             }
+            // This rendezvous only, from now on: one that rank 0 starts anew at the same
+            // address (a restarted run) must not take this process's heartbeats as claims, or
+            // its abort reason as the new group's.
+            m_client->pin();
             m_connected = true;
         } catch (const std::exception& e) {
             if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);

@@ -2,8 +2,10 @@
 #include "remote/listen_check.h"
 
 #include <condition_variable>
+#include <cstdio>
 #include <map>
 #include <mutex>
+#include <random>
 
 #include "rendezvous.grpc.pb.h"
 
@@ -13,14 +15,26 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr std::size_t kMaxKeyBytes = 1024;
 constexpr int64_t kMaxWaitMs = 10 * 60 * 1000;  // a blocked call never outlives ten minutes
+// Metadata naming a server's incarnation: sent with every reply, and by a pinned client with
+// every call (RendezvousClient::pin).
+constexpr const char* kIncarnationKey = "ts-rendezvous-incarnation";
+
+std::string newIncarnation()
+{
+    std::random_device rd;
+    char buf[17];
+    std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+    return buf;
+}
 
 class RendezvousService final : public Rendezvous::Service {
 public:
-    RendezvousService(std::string token, int maxValueBytes) : m_token(std::move(token)), m_maxValue(maxValueBytes) {}
+    RendezvousService(std::string token, int maxValueBytes) : m_token(std::move(token)), m_maxValue(maxValueBytes), m_incarnation(newIncarnation()) {}
 
     grpc::Status Set(grpc::ServerContext* ctx, const SetRequest* req, SetReply*) override
     {
         if (auto st = checkToken(*ctx, m_token, "Rendezvous.Set"); !st.ok()) return st;
+        if (auto st = checkIncarnation(*ctx, "Rendezvous.Set"); !st.ok()) return st;
         if (auto st = checkKey(*ctx, req->key()); !st.ok()) return st;
         if (req->value().size() > static_cast<std::size_t>(m_maxValue)) {
             logLine("refused Rendezvous.Set from " + ctx->peer() + ": value of " + std::to_string(req->value().size()) + " bytes");
@@ -37,6 +51,7 @@ public:
     grpc::Status Get(grpc::ServerContext* ctx, const GetRequest* req, GetReply* reply) override
     {
         if (auto st = checkToken(*ctx, m_token, "Rendezvous.Get"); !st.ok()) return st;
+        if (auto st = checkIncarnation(*ctx, "Rendezvous.Get"); !st.ok()) return st;
         if (auto st = checkKey(*ctx, req->key()); !st.ok()) return st;
         std::unique_lock lock(m_mutex);
         if (!waitFor(lock, ctx, {req->key()}, req->timeout_ms()))
@@ -48,6 +63,7 @@ public:
     grpc::Status Wait(grpc::ServerContext* ctx, const WaitRequest* req, WaitReply*) override
     {
         if (auto st = checkToken(*ctx, m_token, "Rendezvous.Wait"); !st.ok()) return st;
+        if (auto st = checkIncarnation(*ctx, "Rendezvous.Wait"); !st.ok()) return st;
         std::vector<std::string> keys(req->keys().begin(), req->keys().end());
         for (const auto& k : keys)
             if (auto st = checkKey(*ctx, k); !st.ok()) return st;
@@ -60,6 +76,7 @@ public:
     grpc::Status Heartbeat(grpc::ServerContext* ctx, const HeartbeatRequest* req, HeartbeatReply* reply) override
     {
         if (auto st = checkToken(*ctx, m_token, "Rendezvous.Heartbeat"); !st.ok()) return st;
+        if (auto st = checkIncarnation(*ctx, "Rendezvous.Heartbeat"); !st.ok()) return st;
         if (auto st = checkKey(*ctx, req->group()); !st.ok()) return st;
         if (req->size() < 1 || req->size() > 65536 || req->rank() < 0 || req->rank() >= req->size()) {
             logLine("refused Rendezvous.Heartbeat from " + ctx->peer() + ": rank " + std::to_string(req->rank()) + " of " + std::to_string(req->size()));
@@ -118,6 +135,18 @@ private:
     // A waiter woken by shutdown(): the group it was joining is gone (its run ended or restarts).
     static grpc::Status closing() { return grpc::Status(grpc::StatusCode::UNAVAILABLE, kRendezvousClosing); }
 
+    // Says which server this is, and refuses a client pinned to another one (a process still
+    // holding the group of an earlier attempt, its rendezvous gone).
+    grpc::Status checkIncarnation(grpc::ServerContext& ctx, const char* call)
+    {
+        ctx.AddInitialMetadata(kIncarnationKey, m_incarnation);
+        const auto& md = ctx.client_metadata();
+        const auto it = md.find(kIncarnationKey);
+        if (it == md.end() || std::string_view(it->second.data(), it->second.size()) == m_incarnation) return grpc::Status::OK;
+        logLine("refused " + std::string(call) + " from " + ctx.peer() + ": it joined an earlier rendezvous at this address");
+        return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, kRendezvousRestarted);
+    }
+
     grpc::Status checkKey(const grpc::ServerContext& ctx, const std::string& key)
     {
         if (key.empty() || key.size() > kMaxKeyBytes) {
@@ -146,6 +175,7 @@ private:
 
     std::string m_token;
     int m_maxValue;
+    const std::string m_incarnation;
     std::mutex m_mutex;
     std::condition_variable m_cv;
     std::map<std::string, std::string> m_values;
@@ -207,6 +237,18 @@ public:
     std::string address, token;
     bool tls = false;
     std::unique_ptr<Rendezvous::Stub> stub;
+    mutable std::mutex incarnationMutex;
+    std::string seen, pinned;  // the last server that answered; the one pin() fixed
+
+    // After a call that the server answered: which server that was.
+    void learn(const grpc::ClientContext& ctx)
+    {
+        const auto& md = ctx.GetServerInitialMetadata();
+        const auto it = md.find(kIncarnationKey);
+        if (it == md.end()) return;
+        std::lock_guard lock(incarnationMutex);
+        seen.assign(it->second.data(), it->second.size());
+    }
 
     Error fail(const grpc::Status& st, const std::string& what) const
     {
@@ -224,6 +266,10 @@ public:
     void prepare(grpc::ClientContext& ctx, std::chrono::milliseconds timeout) const
     {
         attachToken(ctx, token);
+        {
+            std::lock_guard lock(incarnationMutex);
+            if (!pinned.empty()) ctx.AddMetadata(kIncarnationKey, pinned);
+        }
         ctx.set_deadline(std::chrono::system_clock::now() + timeout);
         // Tasks start in any order: a call made before the coordinator listens waits for it
         // (until the deadline) instead of failing at once.
@@ -257,6 +303,7 @@ Status RendezvousClient::set(const std::string& key, const std::vector<char>& va
     req.set_value(std::string(value.begin(), value.end()));
     SetReply reply;
     const grpc::Status st = m_impl->stub->Set(&ctx, req, &reply);
+    if (st.ok()) m_impl->learn(ctx);
     if (!st.ok()) return m_impl->fail(st, "set " + key);
     return okStatus();
 }
@@ -271,6 +318,7 @@ Result<std::vector<char>> RendezvousClient::get(const std::string& key, std::chr
     req.set_timeout_ms(timeout.count());
     GetReply reply;
     const grpc::Status st = m_impl->stub->Get(&ctx, req, &reply);
+    if (st.ok()) m_impl->learn(ctx);
     if (!st.ok()) return m_impl->fail(st, "get " + key);
     return std::vector<char>(reply.value().begin(), reply.value().end());
 }
@@ -284,6 +332,7 @@ Status RendezvousClient::wait(const std::vector<std::string>& keys, std::chrono:
     req.set_timeout_ms(timeout.count());
     WaitReply reply;
     const grpc::Status st = m_impl->stub->Wait(&ctx, req, &reply);
+    if (st.ok()) m_impl->learn(ctx);
     if (!st.ok()) return m_impl->fail(st, "wait for " + std::to_string(keys.size()) + " key(s)" + (keys.empty() ? "" : " (" + keys.front() + ", ...)"));
     return okStatus();
 }
@@ -305,6 +354,12 @@ Status RendezvousClient::reach(std::chrono::milliseconds timeout, std::optional<
     return m_impl->fail(st, "reach");
 }
 
+void RendezvousClient::pin()
+{
+    std::lock_guard lock(m_impl->incarnationMutex);
+    m_impl->pinned = m_impl->seen;
+}
+
 Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
                                                      const std::string& instance, std::string* heldBy, bool* groupRunning,
                                                      std::chrono::milliseconds deadline)
@@ -319,6 +374,7 @@ Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, i
     req.set_instance(instance);
     HeartbeatReply reply;
     const grpc::Status st = m_impl->stub->Heartbeat(&ctx, req, &reply);
+    if (st.ok()) m_impl->learn(ctx);
     if (!st.ok()) return m_impl->fail(st, "heartbeat");
     if (heldBy) *heldBy = reply.held_by();
     if (groupRunning) *groupRunning = reply.group_running();

@@ -46,6 +46,9 @@ std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, i
 // What a call waiting at a rendezvous that shuts down gets (UNAVAILABLE): the group it was
 // joining is gone, because its run ended or rank 0 restarts it.
 inline constexpr const char* kRendezvousClosing = "the rendezvous is shutting down (its run ended or is restarting)";
+// What a pinned client (pin()) gets from a rendezvous that is not the one it pinned
+// (FAILED_PRECONDITION): rank 0 restarted the run and serves a new one at the same address.
+inline constexpr const char* kRendezvousRestarted = "the rendezvous restarted since this process joined its group (rank 0 restarted the run)";
 
 class RendezvousClient {
 public:
@@ -69,6 +72,12 @@ public:
     // answers; otherwise why not (connectTrouble: DNS, nothing listening, a TLS mismatch), the
     // trouble in *trouble when given.
     Status reach(std::chrono::milliseconds timeout, std::optional<ConnectTrouble>* trouble = nullptr);
+
+    // From now on only the server that answered the last call is served: a server started since
+    // at the same address (rank 0 restarting the run, with the same group names) refuses this
+    // client (kRendezvousRestarted) instead of taking its heartbeats as claims in the new group
+    // or its abort reason as the new group's. Called once the group's mesh has connected.
+    void pin();
 
     class Impl;
 private:

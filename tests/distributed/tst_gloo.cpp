@@ -144,6 +144,7 @@ private slots:
     void abortUnblocksPeers();
     void abortReleasesOwnPendingCall();
     void victimsAbortKeepsTheCause();
+    void restartedRendezvousRefusesOldGroup();
     void vanishedPeerIsNamed();
     void badOptions();
     void settingsMustAgree();
@@ -402,6 +403,37 @@ void TestGloo::victimsAbortKeepsTheCause()
     QVERIFY(!last.ok());
     QVERIFY2(last.error().code == ErrorCode::Cancelled, last.error().toString().c_str());
     QVERIFY2(last.error().message.find("rank 0 (worker:0): the run was cancelled") != std::string::npos, last.error().message.c_str());
+}
+
+// Rank 0 restarts the run: a new rendezvous at the same address, with the same group name. The
+// old group's communicators, still alive until their processes get to it, must not claim ranks
+// in it with their heartbeats (a new process for that rank was then refused as "held") nor leave
+// their abort reason there for the next attempt's errors to quote.
+void TestGloo::restartedRendezvousRefusesOldGroup()
+{
+    auto server = startServer();
+    const std::string address = "127.0.0.1:" + std::to_string(server->port());
+    auto ranks = makeRanks(server->port(), 2, "train");
+    server.reset();
+    RendezvousServer::Options o;
+    o.token = kToken;
+    o.bindAddress = address;
+    auto again = RendezvousServer::start(o);
+    QVERIFY2(again.ok(), again.ok() ? "" : again.error().toString().c_str());
+    std::this_thread::sleep_for(1s);  // five of the old ranks' heartbeat periods
+    ranks[0]->abort("an old attempt's reason");
+    auto fresh = RendezvousClient::connect(address, kToken);
+    QVERIFY(fresh.ok());
+    std::string heldBy;
+    bool running = false;
+    auto beat = (*fresh)->heartbeat("train", 1, 2, 10s, "a-new-process", &heldBy, &running);
+    QVERIFY2(beat.ok(), beat.ok() ? "" : beat.error().toString().c_str());
+    QVERIFY2(heldBy.empty() && !running, ("held by " + heldBy).c_str());
+    QVERIFY(!(*fresh)->get("train/abort", 100ms).ok());
+    // A client that joined the new one is served as before.
+    QVERIFY((*fresh)->set("train/k", {'v'}).ok());
+    (*fresh)->pin();
+    QVERIFY((*fresh)->get("train/k", 100ms).ok());
 }
 
 void TestGloo::abortReleasesOwnPendingCall()
