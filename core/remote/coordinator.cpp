@@ -842,12 +842,17 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                         if (std::find(m_devices.begin(), m_devices.end(), d) == m_devices.end()) m_devices.push_back(std::move(d));
                     }
                 bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, t.label + ": " + t.state}));
-                if (t.state == "cancelled" && psRun && !t.ps && !m_cancel) {
+                const std::string reason = f.value("reason", "");
+                const bool asked = m_cancel || reason == "done" || reason == "failed";  // by this coordinator
+                if (t.state == "cancelled" && !asked && !t.ps && (psRun || reason == "shutdown")) {
                     // Stopped on its machine (its daemon shut down), not by this run: a lost
-                    // worker whose steps go to the others, not the run's cancellation (ps:0 would
-                    // keep its steps held, and the others wait for them forever).
+                    // worker, not the run's cancellation. parameter-server: its steps go to the
+                    // others (ps:0 would keep them held, and the others wait for them forever);
+                    // multi-worker: the run fails naming it (--restarts starts it again).
                     std::lock_guard g(inbox.mutex);
-                    inbox.failures.emplace_back(i, makeError(ErrorCode::IoError, t.label + ": its task was stopped on its machine (its trainstudio-worker shut down)",
+                    inbox.failures.emplace_back(i, makeError(ErrorCode::IoError,
+                                                             t.label + ": its task was stopped on its machine" +
+                                                                 (reason == "shutdown" ? " (its trainstudio-worker shut down)" : ""),
                                                              "start that trainstudio-worker again; with --restarts the run takes it back"));
                     inbox.cv.notify_all();
                 } else if (t.state == "cancelled") {

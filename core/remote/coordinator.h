@@ -126,7 +126,8 @@ public:
     nlohmann::json devices() const { return m_devices; }
     // The weights the last run() ended with (Keras names and layouts, host tensors): the ps
     // tasks' (parameter-server) or the chief's, which it sends at its end (multi-worker-mirrored).
-    // A run stopped by cancel() keeps them too; empty after a failed run.
+    // A run stopped by cancel() keeps them too; empty after a failed run, and after a cancel() while
+    // waiting to restart one (the backup holds the weights to resume from).
     const std::vector<std::pair<std::string, Tensor>>& finalWeights() const { return m_finalWeights; }
     const ClusterSpec& spec() const { return m_options.spec; }
     // How many times the last run() was restarted from its backup, and how many lost

@@ -399,8 +399,9 @@ public:
             if (m_aborted) return;
             m_reason = reason;
             m_aborted = true;
-            // A rank whose collective already failed is a victim: its reason quotes the culprit's,
-            // and writing it would replace the culprit's (a cancelled run then read as a failure).
+            // A rank whose collective already failed wrote nothing: the peers find the cause as it
+            // did (the abort key, or the heartbeats). Its reason here quotes that cause, and
+            // writing it would replace a culprit's (a cancelled run then read as a failure).
             cause = !m_failed;
         }
         // Tell the others why before the sockets close, so their errors can say it.
@@ -516,6 +517,8 @@ private:
             if (auto why = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); why.ok())
                 return std::string(why->begin(), why->end());
             auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance);
+            if (!silent.ok() && silent.error().message.find(kRendezvousRestarted) != std::string::npos)
+                return rankName(0) + " restarted the run (its rendezvous at " + m_opt.rendezvousAddress + " is a new one)";
             if (!silent.ok())
                 return "the coordinator's rendezvous at " + m_opt.rendezvousAddress + " is unreachable (" + rankName(0) + " may have died)";
             if (!silent->empty()) {
@@ -758,7 +761,11 @@ private:
                 if (m_connected && silent.ok() && !silent->empty()) watchdog(*silent);
                 // The rendezvous lives in rank 0's process: when it stops answering (rank 0
                 // frozen, or its machine cut off) nobody can report rank 0 silent, so say it here.
-                if (m_connected && !silent.ok() && m_opt.rank != 0 && now - answered > 3 * m_opt.heartbeat)
+                // Answered, but by a new rendezvous (pinned: RendezvousClient::pin): rank 0 started
+                // the run again, and this group is over.
+                if (m_connected && !silent.ok() && silent.error().message.find(kRendezvousRestarted) != std::string::npos)
+                    watchdog({0}, "it restarted the run: its rendezvous at " + m_opt.rendezvousAddress + " is a new one");
+                else if (m_connected && !silent.ok() && m_opt.rank != 0 && now - answered > 3 * m_opt.heartbeat)
                     watchdog({0}, "its rendezvous service at " + m_opt.rendezvousAddress + " has not answered for " +
                                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - answered).count()) + " ms");
                 lock.lock();

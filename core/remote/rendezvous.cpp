@@ -21,9 +21,15 @@ constexpr const char* kIncarnationKey = "ts-rendezvous-incarnation";
 
 std::string newIncarnation()
 {
-    std::random_device rd;
-    char buf[17];
-    std::snprintf(buf, sizeof buf, "%08x%08x", rd(), rd());
+    uint64_t v = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull;
+    try {
+        std::random_device rd;
+        v ^= (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    } catch (const std::exception&) {
+        // No entropy source: the clock still tells a restarted server from the one before.
+    }
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
     return buf;
 }
 

@@ -78,6 +78,9 @@ public:
         std::lock_guard starting(m_startMutex);
         std::unique_lock lock(m_mutex);
         m_shutdown = true;
+        // The task's "cancelled" says why (its state event's reason): the coordinator takes a
+        // task stopped on its machine for a lost one, not for the run's cancellation.
+        if (m_state == "running" && !m_cancelRequested) m_cancelReason = "shutdown";
         if (m_trainer) m_trainer->cancel();
         if (m_store) m_store->cancel();
         m_cancelRequested = true;
@@ -641,14 +644,18 @@ private:
     void finish(const std::string& state, const std::string& message, const std::string& hint = {})
     {
         int64_t step = 0;
+        std::string reason;  // a cancelled task's: the Cancel's reason ("done", "failed"), "shutdown", or none
         {
-            std::lock_guard lock(m_mutex);  // publish() moves it on the forwarding thread too
+            std::lock_guard lock(m_mutex);  // publish() moves m_step on the forwarding thread too
             step = m_step;
+            reason = m_cancelReason;
         }
         // A task that ends otherwise with a message (an evaluator with nothing to evaluate) says it as a note.
         if (!message.empty() && state == "failed") publish("error", step, {{"message", message}, {"hint", hint}, {"where", m_task}});
         else if (!message.empty()) publish("log", step, {{"level", static_cast<int>(telemetry::LogLevel::Info)}, {"message", message}});
-        publish("state", step, {{"state", state}, {"message", message}});
+        nlohmann::json fields = {{"state", state}, {"message", message}};
+        if (state == "cancelled" && !reason.empty()) fields["reason"] = reason;
+        publish("state", step, fields);
         bool left = false;
         {
             std::lock_guard lock(m_mutex);
@@ -669,7 +676,7 @@ private:
         std::string reason;
         {
             std::lock_guard lock(m_mutex);
-            reason = m_shutdown && !m_cancelRequested ? "shutdown" : m_cancelReason;
+            reason = m_cancelReason;  // "shutdown" when the daemon stopped it
         }
         finish(reason == "done" ? "completed" : "cancelled", {});
     }

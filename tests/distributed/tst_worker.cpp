@@ -152,6 +152,7 @@ private slots:
     void preflightNamesUnreachableWorker();
     void preflightNamesForeignServer();
     void killedWorkerIsNamed();
+    void stoppedDaemonIsNamed();
     void restartedRunResumesFromBackup();
     void killedCoordinatorCancelsTasks();
     void interruptedCoordinatorRecordsCancelled();
@@ -1299,6 +1300,26 @@ void TestWorker::preflightNamesUnreachableWorker()
     const QString ready = QString::fromUtf8(probe->readAllStandardOutput());
     QCOMPARE(probe->exitCode(), 0);
     QCOMPARE(ready.count("ready    "), 2);
+}
+
+// A daemon stopped in order (SIGTERM: a reboot, systemctl stop) cancels its task. That is not
+// the user's Stop: the run fails naming the task (it was recorded as cancelled, and --restarts
+// did not start it again).
+void TestWorker::stoppedDaemonIsNamed()
+{
+    QTemporaryDir dir;
+    auto chief = spawnWorker(dir.path(), "chief");
+    QVERIFY(chief->port > 0);
+    const QString cluster = writeCluster(dir.path(), {chief->port});
+    auto coord = startCoordinator(coordinatorArgs(cluster, 1000000) + QStringList{"--no-record"});
+    QString seen;
+    QVERIFY2(tstest::readUntil(*coord, seen, "Epoch 2:"), qPrintable(seen));
+    ::kill(static_cast<pid_t>(chief->process->processId()), SIGTERM);
+    QVERIFY(coord->waitForFinished(30000));
+    const QString out = seen + QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 1, qPrintable(out));
+    QVERIFY2(out.contains(QString("chief:0 at 127.0.0.1:%1: its task was stopped on its machine (its trainstudio-worker shut down)").arg(chief->port)),
+             qPrintable(out));
 }
 
 void TestWorker::killedWorkerIsNamed()
