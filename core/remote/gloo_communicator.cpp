@@ -157,22 +157,6 @@ void sumInto(float* __restrict x, const float* __restrict y, size_t n)
 
 const gloo::ReductionFunction<float> kSum(gloo::SUM, &sumInto);
 
-// Names one join of one process at the rendezvous (a claim on its rank).
-std::string randomInstance()
-{
-    uint64_t v = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull ^
-                 static_cast<uint64_t>(::getpid());
-    try {
-        std::random_device rd;
-        v ^= (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    } catch (const std::exception&) {
-        // No entropy source: the clock and the process id still tell two processes apart.
-    }
-    char text[24];
-    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
-    return text;
-}
-
 class GlooCommunicator final : public Communicator {
 public:
     explicit GlooCommunicator(GlooOptions options) : m_opt(std::move(options)) {}
@@ -799,7 +783,7 @@ private:
     std::set<ino_t> m_meshSockets;  // written before m_connected is set, read-only after
 
     std::thread m_heartbeat;
-    const std::string m_instance = randomInstance();  // this join's claim on its rank
+    const std::string m_instance = randomId();  // this join's claim on its rank
     std::mutex m_heldByMutex;
     std::string m_heldBy;  // set by the heartbeat: another live process holds this rank
     std::mutex m_hbMutex;

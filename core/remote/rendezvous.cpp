@@ -7,6 +7,8 @@
 #include <mutex>
 #include <random>
 
+#include <unistd.h>
+
 #include "rendezvous.grpc.pb.h"
 
 namespace ts::remote {
@@ -19,23 +21,10 @@ constexpr int64_t kMaxWaitMs = 10 * 60 * 1000;  // a blocked call never outlives
 // every call (RendezvousClient::pin).
 constexpr const char* kIncarnationKey = "ts-rendezvous-incarnation";
 
-std::string newIncarnation()
-{
-    uint64_t v = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull;
-    try {
-        std::random_device rd;
-        v ^= (static_cast<uint64_t>(rd()) << 32) ^ rd();
-    } catch (const std::exception&) {
-        // No entropy source: the clock still tells a restarted server from the one before.
-    }
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-    return buf;
-}
 
 class RendezvousService final : public Rendezvous::Service {
 public:
-    RendezvousService(std::string token, int maxValueBytes) : m_token(std::move(token)), m_maxValue(maxValueBytes), m_incarnation(newIncarnation()) {}
+    RendezvousService(std::string token, int maxValueBytes) : m_token(std::move(token)), m_maxValue(maxValueBytes), m_incarnation(randomId()) {}
 
     grpc::Status Set(grpc::ServerContext* ctx, const SetRequest* req, SetReply*) override
     {
@@ -190,6 +179,21 @@ private:
 };
 
 } // namespace
+
+std::string randomId()
+{
+    uint64_t v = static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) * 0x9E3779B97F4A7C15ull ^
+                 static_cast<uint64_t>(::getpid());
+    try {
+        std::random_device rd;
+        v ^= (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    } catch (const std::exception&) {
+        // No entropy source: the clock and the process id still tell two processes apart.
+    }
+    char text[24];
+    std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(v));
+    return text;
+}
 
 std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes)
 {

@@ -40,6 +40,10 @@ private:
     std::unique_ptr<Impl> m_impl;
 };
 
+// 16 hex digits that tell processes (and a restarted server) apart: random, or from the clock and
+// the process id where there is no entropy source.
+std::string randomId();
+
 // The service alone, to serve next to others on one port (trainstudio-worker does).
 std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes = 1 << 20);
 
