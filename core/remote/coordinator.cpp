@@ -482,7 +482,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     evaluatorTask = nullptr;
                     continue;
                 }
-                for (std::size_t j = 0; j < k; ++j) (void)order[j]->client->cancel(taskRun, "failed");
+                for (std::size_t j = 0; j < k; ++j) (void)order[j]->client->cancel(taskRun, kCancelFailed);
                 bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
                 return finish(Result<FitResult>(st.error()), 0);
             }
@@ -505,7 +505,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         for (auto& s : senders) s.join();
         for (std::size_t i = 0; i < m_tasks.size(); ++i) {
             if (sent[i].ok()) continue;
-            for (Task* other : attemptTasks()) (void)other->client->cancel(taskRun, "failed");
+            for (Task* other : attemptTasks()) (void)other->client->cancel(taskRun, kCancelFailed);
             Error e = sent[i].takeError();
             bus.publish(tm::Event(tm::ErrorEvent{stamp(m_tasks[i]->id.toString(), "", 0), e.message, e.hint, m_tasks[i]->label}));
             return finish(Result<FitResult>(e), 0);
@@ -526,13 +526,13 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         Status st = tf.ok() ? t.client->startTask(taskRun, sidecar ? withoutValidation : runConfig, *tf, t.id.type, t.id.index, start)
                             : Status(tf.error());
         if (!st.ok() && &t == evaluatorTask) {
-            (void)t.client->cancel(taskRun, "failed");  // its reservation
+            (void)t.client->cancel(taskRun, kCancelFailed);  // its reservation
             evaluatorUnavailable(st.error(), 0, !t.client->heartbeat(1s).ok());
             evaluatorTask = nullptr;
             continue;
         }
         if (!st.ok()) {
-            for (Task* other : attemptTasks()) (void)other->client->cancel(taskRun, "failed");
+            for (Task* other : attemptTasks()) (void)other->client->cancel(taskRun, kCancelFailed);
             bus.publish(tm::Event(tm::ErrorEvent{stamp(t.id.toString(), "", 0), st.error().message, st.error().hint, t.label}));
             return finish(Result<FitResult>(st.error()), 0);
         }
@@ -647,7 +647,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             if (who.state == "running") {
                 // Its old task (a stopped machine that came back): it ends at once, but not before
                 // the Cancel returns.
-                (void)t.client->cancel(taskRun, "failed");
+                (void)t.client->cancel(taskRun, kCancelFailed);
                 for (int k = 0; k < 20; ++k) {
                     auto p = t.client->heartbeat(1s);
                     if (!p.ok() || p->state != "running") break;
@@ -661,7 +661,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             fresh.initialWeightsName.clear();
             auto tf = m_options.spec.tfConfigFor(t.id);
             Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, fresh) : Status(tf.error());
-            if (!st.ok()) (void)t.client->cancel(taskRun, "failed");  // its reservation
+            if (!st.ok()) (void)t.client->cancel(taskRun, kCancelFailed);  // its reservation
             return st;
         };
         if (Status st = again(); !st.ok()) {
@@ -765,7 +765,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         t.client->cancelStream();
         dropping[i] = true;  // no comeback before this Cancel has come back
         droppers.emplace_back([&t, &taskRun, &flag = dropping[i]] {
-            (void)t.client->cancel(taskRun, "failed");
+            (void)t.client->cancel(taskRun, kCancelFailed);
             flag = false;
         });
         if (m_restarts + m_rejoins < allowedRestarts) probe[i] = true;
@@ -781,7 +781,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
     auto rejoinWorker = [&](std::size_t i) -> Status {
         Task& t = *m_tasks[i];
         TS_ASSIGN(const WorkerPulse pulse, t.client->heartbeat(1s));
-        if (pulse.state == "running") (void)t.client->cancel(taskRun, "failed");  // its old task, still there
+        if (pulse.state == "running") (void)t.client->cancel(taskRun, kCancelFailed);  // its old task, still there
         TS_TRY(t.client->reserve(taskRun, m_who, 30));
         TS_TRY(evaluator->store()->readmit(t.id.toString(), "its daemon answers again"));
         StartTaskOptions again = start;
@@ -792,7 +792,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         Status st = tf.ok() ? t.client->startTask(taskRun, runConfig, *tf, t.id.type, t.id.index, again) : Status(tf.error());
         if (!st.ok()) {
             (void)evaluator->store()->release(t.id.toString(), "its new task did not start: " + st.error().message);
-            (void)t.client->cancel(taskRun, "failed");
+            (void)t.client->cancel(taskRun, kCancelFailed);
             return st;
         }
         return okStatus();
@@ -843,8 +843,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     }
                 bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, t.label + ": " + t.state}));
                 const std::string reason = f.value("reason", "");
-                const bool asked = m_cancel || reason == "done" || reason == "failed";  // by this coordinator
-                if (t.state == "cancelled" && !asked && !t.ps && (psRun || reason == "shutdown")) {
+                const bool asked = m_cancel || reason == kCancelDone || reason == kCancelFailed;  // by this coordinator
+                if (t.state == "cancelled" && !asked && !t.ps && (psRun || reason == kCancelShutdown)) {
                     // Stopped on its machine (its daemon shut down), not by this run: a lost
                     // worker, not the run's cancellation. parameter-server: its steps go to the
                     // others (ps:0 would keep them held, and the others wait for them forever);
@@ -852,7 +852,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     std::lock_guard g(inbox.mutex);
                     inbox.failures.emplace_back(i, makeError(ErrorCode::IoError,
                                                              t.label + ": its task was stopped on its machine" +
-                                                                 (reason == "shutdown" ? " (its trainstudio-worker shut down)" : ""),
+                                                                 (reason == kCancelShutdown ? " (its trainstudio-worker shut down)" : ""),
                                                              "start that trainstudio-worker again; with --restarts the run takes it back"));
                     inbox.cv.notify_all();
                 } else if (t.state == "cancelled") {
@@ -1058,7 +1058,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             fit.last.valLoss = std::numeric_limits<double>::quiet_NaN();
             fit.last.valAccuracy = std::numeric_limits<double>::quiet_NaN();
         }
-        const std::string reason = failure ? "failed" : m_cancel ? "" : "done";
+        const std::string reason = failure ? kCancelFailed : m_cancel ? "" : kCancelDone;
         stopEvaluator(reason);
         for (auto& t : m_tasks)
             if (t->ps) (void)t->client->cancel(taskRun, reason);
@@ -1095,13 +1095,13 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             fit.last.valLoss = std::numeric_limits<double>::quiet_NaN();
             fit.last.valAccuracy = std::numeric_limits<double>::quiet_NaN();
         }
-        stopEvaluator(failure ? "failed" : m_cancel ? "" : "done");
+        stopEvaluator(failure ? kCancelFailed : m_cancel ? "" : kCancelDone);
     }
     stopBeats = true;
     beats.join();
     // Stop the others: they would wait for the failed one until their collective timeout.
     if (failure) {
-        for (Task* t : everyTask()) (void)t->client->cancel(taskRun, "failed");
+        for (Task* t : everyTask()) (void)t->client->cancel(taskRun, kCancelFailed);
         // What the tasks measured up to the failure (their last breakdowns, samples and spans
         // leave in batches) is still on its way: let the streams end on their own for a moment
         // (not waiting for a silent task's, which a frozen machine never ends).

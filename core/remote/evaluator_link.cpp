@@ -114,7 +114,7 @@ Result<EvalResult> EvaluatorLink::evaluate(int64_t epoch, const std::atomic<bool
         if (now - requested > limit) {
             m_gone = !pulse.ok();
             lock.unlock();
-            (void)m_client.cancel(m_taskRun, "failed");  // the hung task, so its machine is free again
+            (void)m_client.cancel(m_taskRun, kCancelFailed);  // the hung task, so its machine is free again
             lock.lock();
             return lose(m_label + " did not finish evaluating epoch " + std::to_string(epoch) + " within " +
                             std::to_string(static_cast<int>(limit.count())) + " s",

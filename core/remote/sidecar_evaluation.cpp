@@ -75,7 +75,7 @@ public:
             if (!m_stopping) {
                 m_stopping = true;
                 m_reason = reason;
-                if (reason != "done") {
+                if (reason != kCancelDone) {
                     m_cancelled = true;  // ends an evaluation in progress, drops the one waiting
                     m_pending.reset();
                 }
@@ -162,7 +162,7 @@ private:
             if (!who.ok()) return st;  // not there (any more): asked again later
             if (who->state == "running" && who->runId == m_o.runId) {
                 // This run's old task (its stream broke, say): replaced by a new one once it ended.
-                (void)m_client->cancel(m_o.runId, "failed");
+                (void)m_client->cancel(m_o.runId, kCancelFailed);
                 for (int i = 0; i < 30 && who.ok() && who->state == "running"; ++i) {
                     std::this_thread::sleep_for(100ms);
                     who = m_client->identify(1s);

@@ -67,7 +67,7 @@ public:
     // The chief's weights after `epoch` (safetensors bytes). Returns at once, with the number its
     // result carries (an epoch replayed after a restart is submitted again: its first result is stale).
     uint64_t submit(int64_t epoch, std::string weights);
-    // The run is over: `reason` "done" (completed: waits for what was submitted), "failed" or ""
+    // The run is over: `reason` kCancelDone (completed: waits for what was submitted), kCancelFailed or ""
     // (cancelled: drops what waits). Stops the evaluator task; returns the summary: evaluations by
     // whom, epochs skipped, the evaluator's loss and rejoins. Idempotent.
     nlohmann::json finish(const std::string& reason);

@@ -60,6 +60,12 @@ struct StartTaskOptions {
     bool sendEpochWeights = false;            // a multi-worker chief: its weights after each epoch, for the evaluator
 };
 
+// Why a task is stopped: CancelRequest.reason, and the "reason" of a cancelled task's state
+// event. A cancel without one is the user's (Ctrl-C, Stop).
+inline constexpr const char* kCancelDone = "done";          // the run is over (how a ps task ends normally)
+inline constexpr const char* kCancelFailed = "failed";      // another task of the run failed
+inline constexpr const char* kCancelShutdown = "shutdown";  // its trainstudio-worker shut down (state events only)
+
 class WorkerClient {
 public:
     // ownConnection: a connection of its own, not shared with other channels to the same
@@ -92,7 +98,7 @@ public:
     // Ends the open stream and refuses later ones (the run is over) until allowStreams().
     void cancelStream();
     void allowStreams();
-    // Stops the task; `reason` as CancelRequest's: "done", "failed" or "" (cancelled).
+    // Stops the task; `reason` as CancelRequest's: kCancelDone, kCancelFailed or "" (cancelled).
     Status cancel(const std::string& runId, const std::string& reason = {});
     Result<WorkerPulse> heartbeat(std::chrono::milliseconds timeout);
 

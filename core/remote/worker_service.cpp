@@ -29,6 +29,7 @@
 #include "remote/ps_client.h"
 #include "remote/run_evaluator.h"
 #include "remote/rendezvous.h"
+#include "remote/worker_client.h"
 #include "telemetry/bus.h"
 #include "telemetry/sampler.h"
 #include "train/run_config.h"
@@ -80,7 +81,7 @@ public:
         m_shutdown = true;
         // The task's "cancelled" says why (its state event's reason): the coordinator takes a
         // task stopped on its machine for a lost one, not for the run's cancellation.
-        if (m_state == "running" && !m_cancelRequested) m_cancelReason = "shutdown";
+        if (m_state == "running" && !m_cancelRequested) m_cancelReason = kCancelShutdown;
         if (m_trainer) m_trainer->cancel();
         if (m_store) m_store->cancel();
         m_cancelRequested = true;
@@ -348,8 +349,8 @@ public:
         if (m_trainer) m_trainer->cancel();
         if (m_store) m_store->cancel();
         m_cv.notify_all();
-        logLine((m_cancelReason == "done"     ? "stopping " + m_task + " of run " + m_runId + ": the run is over"
-                 : m_cancelReason == "failed" ? "stopping " + m_task + " of run " + m_runId + ": another task of the run failed"
+        logLine((m_cancelReason == kCancelDone     ? "stopping " + m_task + " of run " + m_runId + ": the run is over"
+                 : m_cancelReason == kCancelFailed ? "stopping " + m_task + " of run " + m_runId + ": another task of the run failed"
                                               : "cancelling run " + m_runId) +
                 " (asked by " + ctx->peer() + ")");
         return grpc::Status::OK;
@@ -644,7 +645,7 @@ private:
     void finish(const std::string& state, const std::string& message, const std::string& hint = {})
     {
         int64_t step = 0;
-        std::string reason;  // a cancelled task's: the Cancel's reason ("done", "failed"), "shutdown", or none
+        std::string reason;  // a cancelled task's: the Cancel's reason (kCancelDone, kCancelFailed), kCancelShutdown, or none
         {
             std::lock_guard lock(m_mutex);  // publish() moves m_step on the forwarding thread too
             step = m_step;
@@ -676,9 +677,9 @@ private:
         std::string reason;
         {
             std::lock_guard lock(m_mutex);
-            reason = m_cancelReason;  // "shutdown" when the daemon stopped it
+            reason = m_cancelReason;  // kCancelShutdown when the daemon stopped it
         }
-        finish(reason == "done" ? "completed" : "cancelled", {});
+        finish(reason == kCancelDone ? "completed" : "cancelled", {});
     }
 
     // A ps task: host this run's shard until the coordinator stops the task (Cancel), which is
