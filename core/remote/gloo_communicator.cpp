@@ -178,18 +178,33 @@ public:
         // A task restarted after a crash, while rank 0 still runs the group its previous process
         // left, waits in claimRank (group_running) until rank 0 serves the next group.
         TS_TRY(claimRank());
+        if (m_opt.size > 1) {
+            m_joinBefore = socketInodes();
+            m_joining = true;
+        }
         startHeartbeat();
         if (m_opt.size == 1) return okStatus();
+        Status joined = joinMesh();
+        std::lock_guard lock(m_joinMutex);
+        m_joining = false;
+        // The heartbeat gave up on the join just as it succeeded: its reason stands.
+        if (m_joinFailure) return *m_joinFailure;
+        if (joined.ok()) m_connected = true;
+        return joined;
+    }
+
+    Status joinMesh()
+    {
         try {
             gloo::transport::tcp::attr attr;
             attr.hostname = m_opt.hostname;
             m_device = gloo::transport::tcp::CreateDevice(attr);
             m_context = std::make_shared<gloo::rendezvous::Context>(m_opt.rank, m_opt.size);
             m_context->setTimeout(m_opt.timeout);
-            // Waits give up on Ctrl-C, and when the heartbeat finds this rank held by another
-            // process (this one's claim lapsed while it was not running).
+            // Waits give up on Ctrl-C, when the heartbeat finds this rank held by another process
+            // (this one's claim lapsed while it was not running), and when it gave up the join.
             GrpcStore store(*m_client, m_opt.group + "/", m_opt.timeout,
-                            [this] { return cancelled() || !heldBy().empty(); });
+                            [this] { return cancelled() || !heldBy().empty() || joinAbandoned(); });
             // Every task must describe the same cluster. Otherwise Gloo fails inside its address
             // exchange ("enforce fail at address.cc: 136 vs 68") or waits for a rank that the
             // others do not have: compare first, and name the task that differs.
@@ -228,30 +243,13 @@ public:
                 m_maxChunkBytes = std::min<int64_t>(m_maxChunkBytes, std::atoll(std::string(v.begin(), v.end()).c_str()));
             }
             m_maxChunkBytes = std::max<int64_t>(m_maxChunkBytes, 4096);
-            // The mesh's sockets: new since connecting, minus gRPC's (to or from a service port:
-            // the rendezvous, a worker daemon), which may have connected meanwhile.
-            std::set<int> services(m_opt.servicePorts.begin(), m_opt.servicePorts.end());
-            if (auto rp = HostPort::parse(m_opt.rendezvousAddress); rp.ok()) services.insert(rp->port);
-            auto portOf = [](const sockaddr_storage& a) {
-                if (a.ss_family == AF_INET) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port));
-                if (a.ss_family == AF_INET6) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port));
-                return -1;
-            };
-            for (const auto& [ino, fd] : socketInodes()) {
-                if (before.count(ino)) continue;
-                sockaddr_storage local{}, peer{};
-                socklen_t llen = sizeof local, plen = sizeof peer;
-                const int lp = ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 ? portOf(local) : -1;
-                const int pp = ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 ? portOf(peer) : -1;
-                if (services.count(lp) || services.count(pp)) continue;
-                m_meshSockets.insert(ino);
-            }
+            m_meshSockets = glooSocketsSince(before);
             // This rendezvous only, from now on: one that rank 0 starts anew at the same
             // address (a restarted run) must not take this process's heartbeats as claims, or
             // its abort reason as the new group's.
             m_client->pin();
-            m_connected = true;
         } catch (const std::exception& e) {
+            if (auto why = joinFailure()) return *why;
             if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
             if (const std::string holder = heldBy(); !holder.empty()) return takenError(holder);
             // The rendezvous closed under this join: rank 0 stopped (its own error says why).
@@ -643,6 +641,71 @@ private:
     }
 
     bool cancelled() const { return m_opt.cancelled && m_opt.cancelled(); }
+
+    // The sockets new since `before` but Gloo's: minus gRPC's (to or from a service port: the
+    // rendezvous, a worker daemon), which may have connected meanwhile.
+    std::set<ino_t> glooSocketsSince(const std::map<ino_t, int>& before) const
+    {
+        std::set<int> services(m_opt.servicePorts.begin(), m_opt.servicePorts.end());
+        if (auto rp = HostPort::parse(m_opt.rendezvousAddress); rp.ok()) services.insert(rp->port);
+        auto portOf = [](const sockaddr_storage& a) {
+            if (a.ss_family == AF_INET) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in*>(&a)->sin_port));
+            if (a.ss_family == AF_INET6) return static_cast<int>(ntohs(reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port));
+            return -1;
+        };
+        std::set<ino_t> out;
+        for (const auto& [ino, fd] : socketInodes()) {
+            if (before.count(ino)) continue;
+            sockaddr_storage local{}, peer{};
+            socklen_t llen = sizeof local, plen = sizeof peer;
+            const int lp = ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 ? portOf(local) : -1;
+            const int pp = ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 ? portOf(peer) : -1;
+            if (services.count(lp) || services.count(pp)) continue;
+            out.insert(ino);
+        }
+        return out;
+    }
+
+    // Watches a join from the heartbeat thread. Gloo waits up to five collective timeouts for a
+    // pair to connect (150 s by default) and hears nothing from outside meanwhile, so Ctrl-C,
+    // another process taking this rank, a peer that died mid-join or rank 0 going away would wait
+    // that out. On any, the reason is kept for connect() to report, the store's waits end
+    // (joinAbandoned), and the sockets made since the join began (Gloo's listening and connecting
+    // pairs) are shut down, which fails Gloo's wait at once. Again on each beat, for pairs Gloo
+    // made after the last.
+    void guardJoin(const std::vector<int>& lost, std::chrono::milliseconds rendezvousQuiet)
+    {
+        std::optional<Error> why;
+        if (cancelled()) {
+            why = makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
+        } else if (const std::string holder = heldBy(); !holder.empty()) {
+            why = takenError(holder);
+        } else if (!lost.empty()) {
+            std::string names;
+            for (int r : lost) names += (names.empty() ? "" : ", ") + rankName(r);
+            why = makeError(ErrorCode::IoError,
+                            rankName(m_opt.rank) + ": " + names + " stopped responding while the cluster formed (no heartbeat for " +
+                                std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
+                            "that task died or froze after it started: start it again, then the others (a backup resumes the run)");
+        } else if (m_opt.rank != 0 && rendezvousQuiet > 3 * m_opt.heartbeat) {
+            why = makeError(ErrorCode::IoError,
+                            rankName(m_opt.rank) + ": " + rendezvousOwner() + " stopped answering while this task joined the cluster (for " +
+                                std::to_string(rendezvousQuiet.count()) + " ms)",
+                            "see " + rankName(0) + "'s error; start every task again once it is fixed");
+        }
+        std::lock_guard lock(m_joinMutex);
+        if (!m_joining) return;
+        if (why && !m_joinFailure) m_joinFailure = std::move(why);
+        if (m_joinFailure) shutdownSockets(glooSocketsSince(m_joinBefore));
+    }
+
+    std::optional<Error> joinFailure()
+    {
+        std::lock_guard lock(m_joinMutex);
+        return m_joinFailure;
+    }
+    bool joinAbandoned() { return joinFailure().has_value(); }
+
     std::string waitedText() const { return std::to_string(std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout).count()) + " s"; }
 
     // "rank 0 (chief:0 at h0:2222)", and the rendezvous's address when that does not name it.
@@ -732,13 +795,16 @@ private:
             while (!m_stopHeartbeat) {
                 lock.unlock();
                 std::string holder;
-                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat, m_instance, &holder);
+                std::vector<int> lost;
+                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat, m_instance, &holder, nullptr,
+                                                  std::chrono::seconds(2), &lost);
                 const auto now = std::chrono::steady_clock::now();
                 if (!m_connected && silent.ok() && !holder.empty()) {
                     std::lock_guard held(m_heldByMutex);
                     m_heldBy = holder;
                 }
                 if (silent.ok()) answered = now;
+                if (m_joining) guardJoin(lost, std::chrono::duration_cast<std::chrono::milliseconds>(now - answered));
                 // Once connected every rank has beaten, so silence means a dead or cut-off
                 // peer: fail now rather than at the transfer timeout. (A dead peer's closed
                 // sockets usually fail the transfer even sooner.)
@@ -781,6 +847,11 @@ private:
     std::optional<Error> m_failed;
     std::atomic<bool> m_connected{false};
     std::set<ino_t> m_meshSockets;  // written before m_connected is set, read-only after
+
+    std::mutex m_joinMutex;
+    std::atomic<bool> m_joining{false};  // from the claim to the mesh's end (connected or not); set under m_joinMutex
+    std::map<ino_t, int> m_joinBefore;   // the process's sockets when the join began
+    std::optional<Error> m_joinFailure;  // why the heartbeat gave the join up
 
     std::thread m_heartbeat;
     const std::string m_instance = randomId();  // this join's claim on its rank

@@ -17,6 +17,9 @@
 //    task that stopped responding, found through the ranks' heartbeats to the rendezvous service
 //    (a rank is silent after 3 heartbeat periods), or the rank that aborted and why.
 //    After a failure or abort() every later call fails; make a new communicator to continue.
+//    Joining: a peer that started and then went silent, Ctrl-C (options.cancelled) or another
+//    process holding this rank end the join within a heartbeat period or so, also while Gloo
+//    connects the mesh (where it would otherwise wait five timeouts).
 //  - Ownership: owns its Gloo context, rendezvous channel and heartbeat thread.
 //  - Process state: sets SIGPIPE to ignored if it was at its default (Gloo writes to sockets a
 //    dead peer may have closed; the default action would kill the process).

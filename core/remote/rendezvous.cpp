@@ -1,6 +1,7 @@
 #include "remote/rendezvous.h"
 #include "remote/listen_check.h"
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdio>
 #include <map>
@@ -24,12 +25,15 @@ constexpr const char* kIncarnationKey = "ts-rendezvous-incarnation";
 
 class RendezvousService final : public Rendezvous::Service {
 public:
-    RendezvousService(std::string token, int maxValueBytes) : m_token(std::move(token)), m_maxValue(maxValueBytes), m_incarnation(randomId()) {}
+    RendezvousService(std::string token, int maxValueBytes, std::chrono::milliseconds idleExpiry)
+        : m_token(std::move(token)), m_maxValue(maxValueBytes), m_idleExpiry(std::max(idleExpiry, std::chrono::milliseconds(1))),
+          m_incarnation(randomId())
+    {
+    }
 
     grpc::Status Set(grpc::ServerContext* ctx, const SetRequest* req, SetReply*) override
     {
-        if (auto st = checkToken(*ctx, m_token, "Rendezvous.Set"); !st.ok()) return st;
-        if (auto st = checkIncarnation(*ctx, "Rendezvous.Set"); !st.ok()) return st;
+        if (auto st = admit(*ctx, "Rendezvous.Set"); !st.ok()) return st;
         if (auto st = checkKey(*ctx, req->key()); !st.ok()) return st;
         if (req->value().size() > static_cast<std::size_t>(m_maxValue)) {
             logLine("refused Rendezvous.Set from " + ctx->peer() + ": value of " + std::to_string(req->value().size()) + " bytes");
@@ -37,7 +41,9 @@ public:
         }
         {
             std::lock_guard lock(m_mutex);
-            m_values[req->key()] = req->value();
+            const auto now = Clock::now();
+            m_values[req->key()] = {req->value(), now};
+            sweep(now);
         }
         m_cv.notify_all();
         return grpc::Status::OK;
@@ -45,20 +51,20 @@ public:
 
     grpc::Status Get(grpc::ServerContext* ctx, const GetRequest* req, GetReply* reply) override
     {
-        if (auto st = checkToken(*ctx, m_token, "Rendezvous.Get"); !st.ok()) return st;
-        if (auto st = checkIncarnation(*ctx, "Rendezvous.Get"); !st.ok()) return st;
+        if (auto st = admit(*ctx, "Rendezvous.Get"); !st.ok()) return st;
         if (auto st = checkKey(*ctx, req->key()); !st.ok()) return st;
         std::unique_lock lock(m_mutex);
         if (!waitFor(lock, ctx, {req->key()}, req->timeout_ms()))
             return m_shutdown ? closing() : grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED, "key " + req->key() + " was not set in time");
-        reply->set_value(m_values[req->key()]);
+        Value& v = m_values[req->key()];
+        v.touched = Clock::now();
+        reply->set_value(v.bytes);
         return grpc::Status::OK;
     }
 
     grpc::Status Wait(grpc::ServerContext* ctx, const WaitRequest* req, WaitReply*) override
     {
-        if (auto st = checkToken(*ctx, m_token, "Rendezvous.Wait"); !st.ok()) return st;
-        if (auto st = checkIncarnation(*ctx, "Rendezvous.Wait"); !st.ok()) return st;
+        if (auto st = admit(*ctx, "Rendezvous.Wait"); !st.ok()) return st;
         std::vector<std::string> keys(req->keys().begin(), req->keys().end());
         for (const auto& k : keys)
             if (auto st = checkKey(*ctx, k); !st.ok()) return st;
@@ -70,8 +76,7 @@ public:
 
     grpc::Status Heartbeat(grpc::ServerContext* ctx, const HeartbeatRequest* req, HeartbeatReply* reply) override
     {
-        if (auto st = checkToken(*ctx, m_token, "Rendezvous.Heartbeat"); !st.ok()) return st;
-        if (auto st = checkIncarnation(*ctx, "Rendezvous.Heartbeat"); !st.ok()) return st;
+        if (auto st = admit(*ctx, "Rendezvous.Heartbeat"); !st.ok()) return st;
         if (auto st = checkKey(*ctx, req->group()); !st.ok()) return st;
         if (req->size() < 1 || req->size() > 65536 || req->rank() < 0 || req->rank() >= req->size()) {
             logLine("refused Rendezvous.Heartbeat from " + ctx->peer() + ": rank " + std::to_string(req->rank()) + " of " + std::to_string(req->size()));
@@ -79,8 +84,10 @@ public:
         }
         const auto now = Clock::now();
         std::lock_guard lock(m_mutex);
+        sweep(now);
         Group& g = m_groups[req->group()];
         if (g.lastSeen.empty()) g.created = now;
+        g.touched = now;
         const auto silence = std::chrono::milliseconds(std::max<int64_t>(1, req->silence_ms()));
         if (!req->instance().empty()) {
             Claim& c = g.claims[req->rank()];
@@ -90,8 +97,11 @@ public:
                 reply->set_held_by(c.peer);
                 return grpc::Status::OK;
             }
-            // A lapsed claim in a group that formed: its holder trained with the others and left
-            // (crashed). Its replacement joins the group rank 0 serves after noticing, not this one.
+            // A lapsed claim in a group that formed: its holder joined with the others and left
+            // (crashed). Its replacement joins the group rank 0 serves after noticing, not this one:
+            // once every rank has claimed, the others may have read the old holder's Gloo address
+            // (or connected to it), so a new address cannot join that mesh. The others notice
+            // within a few heartbeats (lost_ranks), while connecting as while training.
             if (!c.instance.empty() && c.instance != req->instance() && g.formed) {
                 reply->set_group_running(true);
                 return grpc::Status::OK;
@@ -103,7 +113,9 @@ public:
         for (int r = 0; r < req->size(); ++r) {
             auto it = g.lastSeen.find(r);
             const auto since = it == g.lastSeen.end() ? g.created : it->second;
-            if (now - since > silence) reply->add_silent_ranks(r);
+            if (now - since <= silence) continue;
+            reply->add_silent_ranks(r);
+            if (it != g.lastSeen.end()) reply->add_lost_ranks(r);
         }
         return grpc::Status::OK;
     }
@@ -120,8 +132,12 @@ private:
         std::string instance, peer;
         Clock::time_point lastSeen;
     };
+    struct Value {
+        std::string bytes;
+        Clock::time_point touched;  // set or read
+    };
     struct Group {
-        Clock::time_point created;
+        Clock::time_point created, touched;  // touched: the last heartbeat for any of its ranks
         std::map<int, Clock::time_point> lastSeen;
         std::map<int, Claim> claims;  // by rank: the instance that holds it
         bool formed = false;          // every rank has been claimed
@@ -130,10 +146,11 @@ private:
     // A waiter woken by shutdown(): the group it was joining is gone (its run ended or restarts).
     static grpc::Status closing() { return grpc::Status(grpc::StatusCode::UNAVAILABLE, kRendezvousClosing); }
 
-    // Says which server this is, and refuses a client pinned to another one (a process still
-    // holding the group of an earlier attempt, its rendezvous gone).
-    grpc::Status checkIncarnation(grpc::ServerContext& ctx, const char* call)
+    // Every call: the token, then which server this is, refusing a client pinned to another one
+    // (a process still holding the group of an earlier attempt, its rendezvous gone).
+    grpc::Status admit(grpc::ServerContext& ctx, const char* call)
     {
+        if (auto st = checkToken(ctx, m_token, call); !st.ok()) return st;
         ctx.AddInitialMetadata(kIncarnationKey, m_incarnation);
         const auto& md = ctx.client_metadata();
         const auto it = md.find(kIncarnationKey);
@@ -168,12 +185,34 @@ private:
         return true;
     }
 
+    // A long-lived server (a trainstudio-worker serves one rendezvous for every run it
+    // coordinates, a group per run and attempt) forgets what nobody uses any more: a group none of
+    // whose ranks has beaten for m_idleExpiry, and the keys under it ("<group>/...") or under no
+    // live group that nobody set or read for as long. A running group's ranks beat every second or
+    // so, and its keys are only read while it forms or fails, so nothing in use is lost.
+    void sweep(Clock::time_point now)
+    {
+        if (now < m_nextSweep) return;
+        m_nextSweep = now + std::min<Clock::duration>(m_idleExpiry / 4, std::chrono::minutes(1));
+        for (auto it = m_groups.begin(); it != m_groups.end();)
+            it = now - it->second.touched > m_idleExpiry ? m_groups.erase(it) : std::next(it);
+        for (auto it = m_values.begin(); it != m_values.end();) {
+            const bool idle = now - it->second.touched > m_idleExpiry;
+            const bool live = idle && std::any_of(m_groups.begin(), m_groups.end(), [&](const auto& g) {
+                                  return it->first.size() > g.first.size() && it->first.starts_with(g.first) && it->first[g.first.size()] == '/';
+                              });
+            it = idle && !live ? m_values.erase(it) : std::next(it);
+        }
+    }
+
     std::string m_token;
     int m_maxValue;
+    const Clock::duration m_idleExpiry;
+    Clock::time_point m_nextSweep{};
     const std::string m_incarnation;
     std::mutex m_mutex;
     std::condition_variable m_cv;
-    std::map<std::string, std::string> m_values;
+    std::map<std::string, Value> m_values;
     std::map<std::string, Group> m_groups;
     bool m_shutdown = false;
 };
@@ -195,9 +234,9 @@ std::string randomId()
     return text;
 }
 
-std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes)
+std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes, std::chrono::milliseconds idleExpiry)
 {
-    return std::make_unique<RendezvousService>(token, maxValueBytes);
+    return std::make_unique<RendezvousService>(token, maxValueBytes, idleExpiry);
 }
 
 class RendezvousServer::Impl {
@@ -227,7 +266,7 @@ Result<std::unique_ptr<RendezvousServer>> RendezvousServer::start(const Options&
     TS_TRY(checkCanListen(options.bindAddress, "the rendezvous"));
     TS_ASSIGN(auto creds, serverCredentials(options.tls));
     auto impl = std::make_unique<Impl>();
-    impl->service = std::make_unique<RendezvousService>(options.token, options.maxValueBytes);
+    impl->service = std::make_unique<RendezvousService>(options.token, options.maxValueBytes, options.idleExpiry);
     grpc::ServerBuilder builder;
     // gRPC turns SO_REUSEPORT on by default: a second server on a taken port then "listens" too
     // and the kernel splits connections between the two at random.
@@ -372,7 +411,7 @@ void RendezvousClient::pin()
 
 Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
                                                      const std::string& instance, std::string* heldBy, bool* groupRunning,
-                                                     std::chrono::milliseconds deadline)
+                                                     std::chrono::milliseconds deadline, std::vector<int>* lost)
 {
     grpc::ClientContext ctx;
     m_impl->prepare(ctx, deadline);
@@ -388,6 +427,7 @@ Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, i
     if (!st.ok()) return m_impl->fail(st, "heartbeat");
     if (heldBy) *heldBy = reply.held_by();
     if (groupRunning) *groupRunning = reply.group_running();
+    if (lost) lost->assign(reply.lost_ranks().begin(), reply.lost_ranks().end());
     return std::vector<int>(reply.silent_ranks().begin(), reply.silent_ranks().end());
 }
 

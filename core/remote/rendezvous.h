@@ -21,12 +21,17 @@
 
 namespace ts::remote {
 
+inline constexpr std::chrono::milliseconds kRendezvousIdleExpiry = std::chrono::minutes(15);
+
 class RendezvousServer {
 public:
     struct Options {
         std::string bindAddress = "127.0.0.1:0";   // port 0: an ephemeral port (see port())
         std::string token;                          // required
         int maxValueBytes = 1 << 20;                // bounds memory per key and message size
+        // A group no rank has beaten for this long is forgotten, with its keys (and keys under no
+        // group untouched as long): bounds the memory of a server that lives across many runs.
+        std::chrono::milliseconds idleExpiry = kRendezvousIdleExpiry;
         TlsFiles tls;
     };
     static Result<std::unique_ptr<RendezvousServer>> start(const Options& options);
@@ -45,7 +50,8 @@ private:
 std::string randomId();
 
 // The service alone, to serve next to others on one port (trainstudio-worker does).
-std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes = 1 << 20);
+std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes = 1 << 20,
+                                                    std::chrono::milliseconds idleExpiry = kRendezvousIdleExpiry);
 
 // What a call waiting at a rendezvous that shuts down gets (UNAVAILABLE): the group it was
 // joining is gone, because its run ended or rank 0 restarts it.
@@ -68,9 +74,10 @@ public:
     // `instance`, the rank is claimed for it: when another instance holds it and beat within
     // `silence`, *heldBy gets that one's peer address and this beat does not count. *groupRunning:
     // the group formed and this rank's previous holder left it; the beat does not count either.
+    // *lost: the silent ranks that had beaten before (died or froze, rather than not started).
     Result<std::vector<int>> heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
                                        const std::string& instance = {}, std::string* heldBy = nullptr, bool* groupRunning = nullptr,
-                                       std::chrono::milliseconds deadline = std::chrono::seconds(2));
+                                       std::chrono::milliseconds deadline = std::chrono::seconds(2), std::vector<int>* lost = nullptr);
 
     // One attempt to reach the service now, without waiting for it to come up: OK when it
     // answers; otherwise why not (connectTrouble: DNS, nothing listening, a TLS mismatch), the

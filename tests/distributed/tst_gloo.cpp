@@ -5,6 +5,8 @@
 #include <QtTest>
 
 #include <csignal>
+#include <cstring>
+#include <unistd.h>
 #include <cstdlib>
 #include <future>
 #include <thread>
@@ -144,6 +146,9 @@ private slots:
     void abortUnblocksPeers();
     void abortReleasesOwnPendingCall();
     void victimsAbortKeepsTheCause();
+    void idleGroupsAreForgotten();
+    void peerLostWhileJoiningIsNamed();
+    void cancelWhileConnectingEndsPromptly();
     void restartedRendezvousRefusesOldGroup();
     void vanishedPeerIsNamed();
     void badOptions();
@@ -213,8 +218,15 @@ void TestGloo::rendezvousBounds()
     QVERIFY(silent.ok());
     QVERIFY(silent->empty());
     std::this_thread::sleep_for(150ms);
-    silent = c->heartbeat("g", 0, 2, 100ms);
+    std::vector<int> lost{7};
+    silent = c->heartbeat("g", 0, 2, 100ms, {}, nullptr, nullptr, 2s, &lost);
     QCOMPARE(*silent, std::vector<int>{1});
+    QVERIFY(lost.empty());  // rank 1 has not started: silent, not lost
+    QVERIFY(c->heartbeat("g", 1, 2, 100ms).ok());
+    std::this_thread::sleep_for(150ms);
+    silent = c->heartbeat("g", 0, 2, 100ms, {}, nullptr, nullptr, 2s, &lost);
+    QCOMPARE(*silent, std::vector<int>{1});
+    QCOMPARE(lost, std::vector<int>{1});  // it beat, then went quiet
     // Claims: before a group forms, a rank whose holder went silent passes to a new process (one
     // that crashed while joining, started again); once every rank joined, its replacement is told
     // the group is running (it waits for rank 0's next group) and does not take the rank over.
@@ -434,6 +446,124 @@ void TestGloo::restartedRendezvousRefusesOldGroup()
     QVERIFY((*fresh)->set("train/k", {'v'}).ok());
     (*fresh)->pin();
     QVERIFY((*fresh)->get("train/k", 100ms).ok());
+}
+
+// A server that outlives its runs (a trainstudio-worker) forgets groups nobody beats for any more,
+// with their keys, and keys under no group untouched as long; a group still beating keeps its keys
+// however old they are.
+void TestGloo::idleGroupsAreForgotten()
+{
+    RendezvousServer::Options o;
+    o.token = kToken;
+    o.idleExpiry = 400ms;
+    auto server = std::move(RendezvousServer::start(o)).value();
+    auto c = std::move(RendezvousClient::connect("127.0.0.1:" + std::to_string(server->port()), kToken)).value();
+    QVERIFY(c->heartbeat("run-1", 0, 2, 10s, "a").ok());
+    QVERIFY(c->heartbeat("run-1", 1, 2, 10s, "b").ok());  // formed
+    QVERIFY(c->set("run-1/0", {'x'}).ok());
+    QVERIFY(c->set("loose", {'y'}).ok());
+    QVERIFY(c->heartbeat("run-2", 0, 1, 10s, "c").ok());
+    QVERIFY(c->set("run-2/0", {'z'}).ok());
+    QVERIFY(c->set("run-2-other/0", {'w'}).ok());  // shares a prefix, not the group
+    for (int i = 0; i < 10; ++i) {  // 1 s: run-2 keeps beating, run-1 has stopped
+        std::this_thread::sleep_for(100ms);
+        QVERIFY(c->heartbeat("run-2", 0, 1, 10s, "c").ok());
+    }
+    QVERIFY(c->set("fresh", {'f'}).ok());  // any call sweeps
+    QVERIFY(!c->get("run-1/0", 0ms).ok());
+    QVERIFY(!c->get("loose", 0ms).ok());
+    QVERIFY(!c->get("run-2-other/0", 0ms).ok());
+    QVERIFY(c->get("run-2/0", 0ms).ok());
+    QVERIFY(c->get("fresh", 0ms).ok());
+    // run-1 is gone with its claims: a new process takes rank 1 as in a new group.
+    std::string held;
+    bool running = true;
+    QVERIFY(c->heartbeat("run-1", 1, 2, 10s, "d", &held, &running).ok());
+    QVERIFY(held.empty() && !running);
+}
+
+namespace {
+// A child process of this test (runPeer) joining `group` as rank 1 of 2, stopped (SIGSTOP) once it
+// has published its Gloo address and waits for rank 0's: a task that froze while the cluster formed.
+struct FrozenPeer {
+    std::unique_ptr<QProcess> process;
+    ~FrozenPeer()
+    {
+        if (process && process->state() != QProcess::NotRunning) {
+            ::kill(static_cast<pid_t>(process->processId()), SIGKILL);
+            process->waitForFinished(5000);
+        }
+    }
+};
+
+Status freezePeerAfterItsAddress(FrozenPeer& peer, RendezvousClient& c, int port, const std::string& group)
+{
+    peer.process = std::make_unique<QProcess>();
+    QProcessEnvironment env = QProcessEnvironment::systemEnvironment();
+    env.insert("TS_GLOO_PEER_RANK", "1");
+    env.insert("TS_GLOO_PEER_SIZE", "2");
+    env.insert("TS_GLOO_PEER_PORT", QString::number(port));
+    env.insert("TS_GLOO_PEER_GROUP", QString::fromStdString(group));
+    peer.process->setProcessEnvironment(env);
+    peer.process->start(QCoreApplication::applicationFilePath(), {});
+    // What rank 0 publishes before the pairs' addresses, so that rank 1 goes on to publish its
+    // own: its cluster (compared before Gloo's exchange), then its host name under Gloo's key
+    // (Debian's Gloo; rank 0 writes the same later, being on this machine).
+    const std::string cluster = "[worker:0, worker:1]";
+    TS_TRY(c.set(group + "/cluster/0", std::vector<char>(cluster.begin(), cluster.end())));
+    char host[256] = {};
+    ::gethostname(host, sizeof host - 1);
+    TS_TRY(c.set(group + "/rank_0", std::vector<char>(host, host + std::strlen(host))));
+    TS_TRY(c.wait({group + "/1"}, 30s));  // Gloo's key for rank 1's pair addresses
+    ::kill(static_cast<pid_t>(peer.process->processId()), SIGSTOP);
+    return okStatus();
+}
+} // namespace
+
+// Gloo waits up to five transfer timeouts for a pair to connect: a peer that froze after it
+// published its address (or died) left the others there for 100 s here. The heartbeat names it
+// within a few beats instead. (Whether rank 0 listens or connects depends on the ports; either way.)
+void TestGloo::peerLostWhileJoiningIsNamed()
+{
+    auto server = startServer();
+    auto c = std::move(RendezvousClient::connect("127.0.0.1:" + std::to_string(server->port()), kToken)).value();
+    for (int attempt = 0; attempt < 2; ++attempt) {
+        const std::string group = "frozen-" + std::to_string(attempt);
+        FrozenPeer peer;
+        Status frozen = freezePeerAfterItsAddress(peer, *c, server->port(), group);
+        QVERIFY2(frozen.ok(), frozen.ok() ? "" : frozen.error().toString().c_str());
+        const auto t0 = std::chrono::steady_clock::now();
+        auto joined = makeGlooCommunicator(options(server->port(), 0, 2, group));
+        const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        QVERIFY(!joined.ok());
+        QVERIFY2(joined.error().message.find("rank 1 (worker:1) stopped responding while the cluster formed") != std::string::npos,
+                 joined.error().toString().c_str());
+        QVERIFY2(secs < 8, qPrintable(QString::number(secs)));
+    }
+}
+
+// Ctrl-C while Gloo connects a pair (past the rendezvous's waits, which always heard it): the join
+// ends within a heartbeat, Cancelled, not after Gloo's connect timeout.
+void TestGloo::cancelWhileConnectingEndsPromptly()
+{
+    auto server = startServer();
+    auto c = std::move(RendezvousClient::connect("127.0.0.1:" + std::to_string(server->port()), kToken)).value();
+    FrozenPeer peer;
+    Status frozen = freezePeerAfterItsAddress(peer, *c, server->port(), "cancel-connect");
+    QVERIFY2(frozen.ok(), frozen.ok() ? "" : frozen.error().toString().c_str());
+    std::atomic<bool> cancel{false};
+    GlooOptions o = options(server->port(), 0, 2, "cancel-connect");
+    o.heartbeat = 1500ms;  // the frozen peer counts as lost only after 4.5 s
+    o.cancelled = [&] { return cancel.load(); };
+    const auto t0 = std::chrono::steady_clock::now();
+    auto pending = std::async(std::launch::async, [&] { return makeGlooCommunicator(o); });
+    std::this_thread::sleep_for(500ms);
+    cancel = true;
+    auto joined = pending.get();
+    const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    QVERIFY(!joined.ok());
+    QVERIFY2(joined.error().code == ErrorCode::Cancelled, joined.error().toString().c_str());
+    QVERIFY2(secs < 4, qPrintable(QString::number(secs)));
 }
 
 void TestGloo::abortReleasesOwnPendingCall()
