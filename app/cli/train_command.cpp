@@ -241,7 +241,8 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
         ->check(CLI::NonNegativeNumber);
     c->add_option("--restarts", o.restarts,
                   "with --backup-dir: when the run fails (e.g. a multi-worker peer died), start it again from its backup up to N "
-                  "times; multi-worker tasks re-join the cluster and wait for the restarted peer. In a parameter-server run a lost "
+                  "times; multi-worker tasks re-join the cluster and wait for the restarted peer (also when a task is lost while the "
+                  "cluster forms). In a parameter-server run a lost "
                   "worker or evaluator rejoins with a new task once its daemon answers again; each rejoin counts as a restart")
         ->check(CLI::Range(0, 100));
 }
@@ -571,8 +572,18 @@ int runTrain(const TrainOptions& options)
         }
         sidecar = std::move(made).value();
     }
+    // Restarts spent forming the cluster: with --restarts, a cluster that did not form (a task
+    // died or froze while it formed, or never came) is formed again, as a supervisor restarting
+    // that task expects; each time counts as one of the run's restarts.
+    int formRestarts = 0;
     if (clusterSpec) {
         auto joined = joinCluster(*clusterSpec, o, interrupted);
+        while (!joined.ok() && !interrupt.interrupted() && formRestarts < cfg.backup.restarts && ts::restartableFailure(joined.error())) {
+            ++formRestarts;
+            std::fprintf(stderr, "warning: the cluster did not form: %s\n  forming it again (restart %d of %d)\n",
+                         joined.error().message.c_str(), formRestarts, cfg.backup.restarts);
+            joined = joinCluster(*clusterSpec, o, interrupted);
+        }
         if (!joined.ok() && interrupt.interrupted()) return tscli::kInterruptedExitCode;  // nothing started, nothing to record
         if (!joined.ok()) {
             // The coordinating task records the attempt: the history shows which task never came.
@@ -674,16 +685,17 @@ int runTrain(const TrainOptions& options)
         if (run.pipeline && recording) run.pipeline->setTelemetry(&bus, recording->runId());
         result = run.trainer->fit(*run.trainSource(), sidecarValidates ? nullptr : run.validationSource(), listener.get());
         printWarnings();
-        if (result.ok() || attempt >= cfg.backup.restarts || !ts::restartableFailure(result.error())) break;
+        const int restartsUsed = formRestarts + attempt;
+        if (result.ok() || restartsUsed >= cfg.backup.restarts || !ts::restartableFailure(result.error())) break;
         const std::string why = result.error().message;
         std::fprintf(stderr, "warning: the run failed at step %lld: %s\n  restarting it from its backup (restart %d of %d)\n",
-                     static_cast<long long>(run.trainer->globalStep()), why.c_str(), attempt + 1, cfg.backup.restarts);
+                     static_cast<long long>(run.trainer->globalStep()), why.c_str(), restartsUsed + 1, cfg.backup.restarts);
         ts::telemetry::LogEvent e;
         e.stamp.runId = recording ? recording->runId() : std::string();
         e.stamp.step = run.trainer->globalStep();
         e.stamp.wallTimeUs = ts::telemetry::wallNowMicros();
         e.level = ts::telemetry::LogLevel::Warning;
-        e.message = "the run failed (" + why + "); restarting it from its backup (restart " + std::to_string(attempt + 1) +
+        e.message = "the run failed (" + why + "); restarting it from its backup (restart " + std::to_string(restartsUsed + 1) +
                     " of " + std::to_string(cfg.backup.restarts) + ")";
         bus.publish(ts::telemetry::Event(std::move(e)));
     }

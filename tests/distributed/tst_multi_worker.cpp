@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "io/safetensors.h"
+#include "remote/rendezvous.h"
 #include "remote/sidecar_evaluation.h"
 #include "train/run_config.h"
 #include "store/run_store.h"
@@ -180,6 +181,7 @@ private slots:
     void suspendedChiefSaysSo();
     void interruptedChiefStopsTheCluster();
     void interruptedWorkerIsNotRestarted();
+    void lostWhileFormingIsFormedAgain();
     void restartFromBackupEqualsContinuous();
     void separateNetworkNamespaces_data();
     void separateNetworkNamespaces();
@@ -413,6 +415,61 @@ void TestMultiWorker::interruptedWorkerIsNotRestarted()
     const QJsonArray runs = tstest::recordedRuns(db);
     QCOMPARE(runs.size(), 1);
     QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
+}
+
+// A task that claimed its rank and then died before the mesh connected (faked here: it beats for
+// worker:0 at the chief's rendezvous for a second, then goes quiet) is named by the chief within
+// seconds, where Gloo alone waited out its connect timeout; with --restarts the chief forms the
+// cluster again, and the task's replacement joins and trains.
+void TestMultiWorker::lostWhileFormingIsFormedAgain()
+{
+    QTemporaryDir dir;
+    const std::vector<int> ports = {freePort(), freePort()};
+    const QString cluster = clusterJson(ports);
+    QStringList args = trainArgs();
+    args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--collective-timeout" << "60";
+    const QString named = QString("rank 1 (worker:0 at 127.0.0.1:%1) stopped responding while the cluster formed").arg(ports[1]);
+    auto fakeWorker = [&]() -> QString {
+        auto c = remote::RendezvousClient::connect("127.0.0.1:" + std::to_string(ports[0]), kToken.toStdString());
+        if (!c.ok()) return QString::fromStdString(c.error().toString());
+        QElapsedTimer t;
+        t.start();
+        int beats = 0;
+        while (beats < 5 && t.elapsed() < 30000) {
+            std::string held;
+            auto b = (*c)->heartbeat("train", 1, 2, std::chrono::seconds(3), "fake-worker", &held, nullptr, std::chrono::milliseconds(500));
+            if (b.ok() && held.empty()) ++beats;
+            QTest::qWait(200);
+        }
+        return beats == 5 ? QString() : QString("the chief's rendezvous did not take the fake's claim");
+    };
+    for (const bool restarts : {false, true}) {
+        QStringList backup;
+        if (restarts) backup << "--restarts" << "1";
+        QElapsedTimer timer;
+        timer.start();
+        auto chief = startCli(args + backup + (restarts ? QStringList{"--backup-dir", dir.filePath("chief")} : QStringList{}) +
+                                  QStringList{"--task", "chief:0"},
+                              cluster);
+        const QString fake = fakeWorker();
+        QVERIFY2(fake.isEmpty(), qPrintable(fake));
+        if (!restarts) {
+            const Finished c = finish(*chief, 60000);
+            QVERIFY2(c.code == 2 && c.out.contains(named), qPrintable(c.out));
+            QVERIFY2(timer.elapsed() < 20000, qPrintable(QString("took %1 ms").arg(timer.elapsed())));
+            continue;
+        }
+        QString err;
+        while (!err.contains("forming it again") && timer.elapsed() < 60000 && chief->state() == QProcess::Running) {
+            chief->waitForReadyRead(100);
+            err += QString::fromUtf8(chief->readAllStandardError());
+        }
+        QVERIFY2(err.contains(named) && err.contains("forming it again (restart 1 of 1)"), qPrintable(err));
+        auto worker = startCli(args + backup + QStringList{"--backup-dir", dir.filePath("worker"), "--task", "worker:0"}, cluster);
+        const Finished c = finish(*chief);
+        const Finished w = finish(*worker);
+        QVERIFY2(c.code == 0 && w.code == 0, qPrintable(c.out + "\n---\n" + w.out));
+    }
 }
 
 // A chief and worker:0 training with `args` (plus each one's extra flags); with `killWorker` the
