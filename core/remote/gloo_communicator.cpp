@@ -178,18 +178,28 @@ public:
         // A task restarted after a crash, while rank 0 still runs the group its previous process
         // left, waits in claimRank (group_running) until rank 0 serves the next group.
         TS_TRY(claimRank());
-        if (m_opt.size > 1) {
-            m_joinBefore = socketInodes();
-            m_joining = true;
-        }
+        m_joining = m_opt.size > 1;
         startHeartbeat();
         if (m_opt.size == 1) return okStatus();
         Status joined = joinMesh();
-        std::lock_guard lock(m_joinMutex);
-        m_joining = false;
-        // The heartbeat gave up on the join just as it succeeded: its reason stands.
-        if (m_joinFailure) return *m_joinFailure;
-        if (joined.ok()) m_connected = true;
+        bool tell = false;
+        {
+            std::lock_guard lock(m_joinMutex);
+            m_joining = false;
+            // The heartbeat gave up on the join just as it succeeded: its reason stands.
+            if (m_joinFailure) joined = Status(*m_joinFailure);
+            else if (joined.ok()) m_connected = true;
+            tell = !joined.ok() && (m_joinFailureIsOurs || (!m_joinFailure && joined.error().code == ErrorCode::Cancelled));
+        }
+        // A join given up here for a reason of this rank's own (Ctrl-C, a peer found lost) is told
+        // to the others under the group's abort key, so that theirs say why instead of, seconds
+        // later, that this rank stopped responding. Not a refusal (the others find a difference
+        // themselves, and a refused second copy must not end the first's group), not a reason
+        // read from that key, and not a timeout (every rank has its own).
+        if (tell) {
+            const std::string why = joined.error().message;
+            (void)m_client->set(m_opt.group + "/abort", std::vector<char>(why.begin(), why.end()), std::chrono::seconds(1));
+        }
         return joined;
     }
 
@@ -221,6 +231,10 @@ public:
                                      "start every task with the same TF_CONFIG \"cluster\" (only \"task\" differs between them)");
             }
             const auto before = socketInodes();
+            {
+                std::lock_guard lock(m_joinMutex);
+                m_joinBefore = before;  // from now on a join given up shuts Gloo's new sockets down
+            }
             m_context->connectFullMesh(store, m_device);
             // Synchronous pairs (blocking socket reads and writes on the calling thread, no busy
             // polling): in Gloo's default asynchronous mode every message goes through its event
@@ -261,16 +275,14 @@ public:
             // Name the ranks that never showed up: every rank heartbeats from the start, so a
             // silent one was not started, has another token (the rendezvous refuses it) or cannot
             // reach the rendezvous.
-            std::string absent;
             // Silent for 3 heartbeats, or for half the wait when that is shorter (a short
             // --collective-timeout), but always longer than one heartbeat of a live rank.
             const auto silence = std::max<std::chrono::milliseconds>(std::min<std::chrono::milliseconds>(3 * m_opt.heartbeat, m_opt.timeout / 2),
                                                                      m_opt.heartbeat + std::chrono::milliseconds(250));
             auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance);
             if (!silent.ok() && silent.error().code == ErrorCode::InvalidArgument) return tokenRefused();
-            if (silent.ok())
-                for (int r : *silent) absent += (absent.empty() ? "" : ", ") + rankName(r);
-            else if (m_opt.rank != 0) {
+            const std::string absent = silent.ok() ? rankList(*silent) : std::string();
+            if (!silent.ok() && m_opt.rank != 0) {
                 std::optional<ConnectTrouble> trouble;
                 (void)m_client->reach(std::chrono::milliseconds(1000), &trouble);
                 return rendezvousSilent(trouble);
@@ -430,6 +442,14 @@ private:
     }
     static std::string shortened(const std::string& s) { return s.size() <= 400 ? s : s.substr(0, 400) + "...]"; }
 
+    // "rank 1 (worker:0 at ...), rank 2 (...)"
+    std::string rankList(const std::vector<int>& ranks) const
+    {
+        std::string out;
+        for (int r : ranks) out += (out.empty() ? "" : ", ") + rankName(r);
+        return out;
+    }
+
     std::string rankName(int r) const
     {
         if (r >= 0 && r < static_cast<int>(m_opt.rankNames.size())) return "rank " + std::to_string(r) + " (" + m_opt.rankNames[static_cast<std::size_t>(r)] + ")";
@@ -504,9 +524,7 @@ private:
             if (!silent.ok())
                 return "the coordinator's rendezvous at " + m_opt.rendezvousAddress + " is unreachable (" + rankName(0) + " may have died)";
             if (!silent->empty()) {
-                std::string names;
-                for (int r : *silent) names += (names.empty() ? "" : ", ") + rankName(r);
-                return names + (silent->size() == 1 ? " stopped" : " stopped") + " responding (no heartbeat for " +
+                return rankList(*silent) + " stopped responding (no heartbeat for " +
                        std::to_string(silence.count()) + " ms)";
             }
             if (std::chrono::steady_clock::now() >= deadline) return "every rank still answers heartbeats; a peer was too slow or its connection broke";
@@ -516,8 +534,7 @@ private:
 
     void watchdog(const std::vector<int>& silent, const std::string& how = {})
     {
-        std::string names;
-        for (int r : silent) names += (names.empty() ? "" : ", ") + rankName(r);
+        const std::string names = rankList(silent);
         {
             std::lock_guard lock(m_abortMutex);
             if (m_aborted || m_failed) return;
@@ -642,8 +659,9 @@ private:
 
     bool cancelled() const { return m_opt.cancelled && m_opt.cancelled(); }
 
-    // The sockets new since `before` but Gloo's: minus gRPC's (to or from a service port: the
-    // rendezvous, a worker daemon), which may have connected meanwhile.
+    // The sockets new since `before` that may be Gloo's: TCP over IP (not a local socket or
+    // gRPC's name lookups), minus gRPC's (to or from a service port: the rendezvous, a worker
+    // daemon), which may have connected meanwhile.
     std::set<ino_t> glooSocketsSince(const std::map<ino_t, int>& before) const
     {
         std::set<int> services(m_opt.servicePorts.begin(), m_opt.servicePorts.end());
@@ -656,9 +674,14 @@ private:
         std::set<ino_t> out;
         for (const auto& [ino, fd] : socketInodes()) {
             if (before.count(ino)) continue;
+            int type = 0;
+            socklen_t tlen = sizeof type;
+            if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &tlen) != 0 || type != SOCK_STREAM) continue;
             sockaddr_storage local{}, peer{};
             socklen_t llen = sizeof local, plen = sizeof peer;
-            const int lp = ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) == 0 ? portOf(local) : -1;
+            if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &llen) != 0 || (local.ss_family != AF_INET && local.ss_family != AF_INET6))
+                continue;
+            const int lp = portOf(local);
             const int pp = ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &plen) == 0 ? portOf(peer) : -1;
             if (services.count(lp) || services.count(pp)) continue;
             out.insert(ino);
@@ -668,35 +691,49 @@ private:
 
     // Watches a join from the heartbeat thread. Gloo waits up to five collective timeouts for a
     // pair to connect (150 s by default) and hears nothing from outside meanwhile, so Ctrl-C,
-    // another process taking this rank, a peer that died mid-join or rank 0 going away would wait
-    // that out. On any, the reason is kept for connect() to report, the store's waits end
-    // (joinAbandoned), and the sockets made since the join began (Gloo's listening and connecting
-    // pairs) are shut down, which fails Gloo's wait at once. Again on each beat, for pairs Gloo
-    // made after the last.
+    // another process taking this rank, a peer that gave up its join or died in it, or rank 0
+    // going away would wait that out. On any, the reason is kept for connect() to report, the
+    // store's waits end (joinAbandoned), and once Gloo's exchange has begun the sockets made
+    // since (its listening and connecting pairs) are shut down, which fails Gloo's wait at once.
+    // Again on each beat, for pairs Gloo made after the last. `lost`: ranks lost on two beats in
+    // a row (one late beat is not a death).
     void guardJoin(const std::vector<int>& lost, std::chrono::milliseconds rendezvousQuiet)
     {
         std::optional<Error> why;
+        bool ours = false;  // this rank's own reason, to tell the others
         if (cancelled()) {
             why = makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
+            ours = true;
         } else if (const std::string holder = heldBy(); !holder.empty()) {
             why = takenError(holder);
+        } else if (auto peer = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); peer.ok()) {
+            // Another rank gave its join up and said why.
+            const std::string text(peer->begin(), peer->end());
+            const bool stopped = text.find(kCancelledWhileJoining) != std::string::npos;
+            why = makeError(stopped ? ErrorCode::Cancelled : ErrorCode::IoError, rankName(m_opt.rank) + ": the cluster did not form: " + text,
+                            stopped ? "the join was stopped on that task (Ctrl-C or Stop), so every task ends; start them all again"
+                                    : "see that task's error; start every task again once it is fixed");
         } else if (!lost.empty()) {
-            std::string names;
-            for (int r : lost) names += (names.empty() ? "" : ", ") + rankName(r);
+            const std::string suspended = suspensionNote();
             why = makeError(ErrorCode::IoError,
-                            rankName(m_opt.rank) + ": " + names + " stopped responding while the cluster formed (no heartbeat for " +
+                            rankName(m_opt.rank) + ": " + suspended + rankList(lost) + " stopped responding while the cluster formed (no heartbeat for " +
                                 std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
-                            "that task died or froze after it started: start it again, then the others (a backup resumes the run)");
+                            suspended.empty() ? "that task died or froze after it started: start it again, then the others (a backup resumes the run)"
+                                              : "do not stop a task while the cluster forms; start the tasks again");
+            ours = suspended.empty();
         } else if (m_opt.rank != 0 && rendezvousQuiet > 3 * m_opt.heartbeat) {
             why = makeError(ErrorCode::IoError,
-                            rankName(m_opt.rank) + ": " + rendezvousOwner() + " stopped answering while this task joined the cluster (for " +
+                            rankName(m_opt.rank) + ": " + suspensionNote() + rendezvousOwner() + " stopped answering while this task joined the cluster (for " +
                                 std::to_string(rendezvousQuiet.count()) + " ms)",
                             "see " + rankName(0) + "'s error; start every task again once it is fixed");
         }
         std::lock_guard lock(m_joinMutex);
         if (!m_joining) return;
-        if (why && !m_joinFailure) m_joinFailure = std::move(why);
-        if (m_joinFailure) shutdownSockets(glooSocketsSince(m_joinBefore));
+        if (why && !m_joinFailure) {
+            m_joinFailure = std::move(why);
+            m_joinFailureIsOurs = ours;
+        }
+        if (m_joinFailure && m_joinBefore) shutdownSockets(glooSocketsSince(*m_joinBefore));
     }
 
     std::optional<Error> joinFailure()
@@ -788,6 +825,7 @@ private:
         m_heartbeat = std::thread([this] {
             std::unique_lock lock(m_hbMutex);
             auto answered = std::chrono::steady_clock::now();
+            int lostStreak = 0;  // beats in a row that reported lost ranks
             auto markAwake = [this] {
                 m_lastWakeMs = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
             };
@@ -798,13 +836,14 @@ private:
                 std::vector<int> lost;
                 auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat, m_instance, &holder, nullptr,
                                                   std::chrono::seconds(2), &lost);
+                lostStreak = silent.ok() && !lost.empty() ? lostStreak + 1 : 0;
                 const auto now = std::chrono::steady_clock::now();
                 if (!m_connected && silent.ok() && !holder.empty()) {
                     std::lock_guard held(m_heldByMutex);
                     m_heldBy = holder;
                 }
                 if (silent.ok()) answered = now;
-                if (m_joining) guardJoin(lost, std::chrono::duration_cast<std::chrono::milliseconds>(now - answered));
+                if (m_joining) guardJoin(lostStreak >= 2 ? lost : std::vector<int>{}, std::chrono::duration_cast<std::chrono::milliseconds>(now - answered));
                 // Once connected every rank has beaten, so silence means a dead or cut-off
                 // peer: fail now rather than at the transfer timeout. (A dead peer's closed
                 // sockets usually fail the transfer even sooner.)
@@ -849,9 +888,10 @@ private:
     std::set<ino_t> m_meshSockets;  // written before m_connected is set, read-only after
 
     std::mutex m_joinMutex;
-    std::atomic<bool> m_joining{false};  // from the claim to the mesh's end (connected or not); set under m_joinMutex
-    std::map<ino_t, int> m_joinBefore;   // the process's sockets when the join began
+    std::atomic<bool> m_joining{false};  // from the claim to the mesh's end (connected or not)
+    std::optional<std::map<ino_t, int>> m_joinBefore;  // the process's sockets when Gloo's exchange began
     std::optional<Error> m_joinFailure;  // why the heartbeat gave the join up
+    bool m_joinFailureIsOurs = false;    // and whether to tell the others (not read from them)
 
     std::thread m_heartbeat;
     const std::string m_instance = randomId();  // this join's claim on its rank

@@ -17,9 +17,10 @@
 //    task that stopped responding, found through the ranks' heartbeats to the rendezvous service
 //    (a rank is silent after 3 heartbeat periods), or the rank that aborted and why.
 //    After a failure or abort() every later call fails; make a new communicator to continue.
-//    Joining: a peer that started and then went silent, Ctrl-C (options.cancelled) or another
-//    process holding this rank end the join within a heartbeat period or so, also while Gloo
-//    connects the mesh (where it would otherwise wait five timeouts).
+//    Joining: a peer that joined and then went silent (once every rank has claimed its rank),
+//    a peer that gave its join up (its reason, under the group's abort key), Ctrl-C
+//    (options.cancelled) or another process holding this rank end the join within a few
+//    heartbeat periods, also while Gloo connects the mesh (where it would wait five timeouts).
 //  - Ownership: owns its Gloo context, rendezvous channel and heartbeat thread.
 //  - Process state: sets SIGPIPE to ignored if it was at its default (Gloo writes to sockets a
 //    dead peer may have closed; the default action would kill the process).
@@ -50,7 +51,8 @@ struct GlooOptions {
     std::chrono::milliseconds timeout{30000};
     std::chrono::milliseconds heartbeat{1000};
     // Polled while waiting for the other ranks to join: true ends the wait (Cancelled), so a
-    // task cancelled before its peers arrive does not sit out the whole timeout.
+    // task cancelled before its peers arrive does not sit out the whole timeout. Called from the
+    // joining thread and the heartbeat thread: must be thread-safe.
     std::function<bool()> cancelled;
     // Told, a few seconds into a wait for the rendezvous and then every 10 s, what is being
     // waited for and why it does not answer yet ("nothing listens at h0:2222 (connection refused)"),

@@ -84,10 +84,10 @@ public:
         }
         const auto now = Clock::now();
         std::lock_guard lock(m_mutex);
-        sweep(now);
         Group& g = m_groups[req->group()];
         if (g.lastSeen.empty()) g.created = now;
         g.touched = now;
+        sweep(now);  // never this group: touched now
         const auto silence = std::chrono::milliseconds(std::max<int64_t>(1, req->silence_ms()));
         if (!req->instance().empty()) {
             Claim& c = g.claims[req->rank()];
@@ -115,7 +115,10 @@ public:
             const auto since = it == g.lastSeen.end() ? g.created : it->second;
             if (now - since <= silence) continue;
             reply->add_silent_ranks(r);
-            if (it != g.lastSeen.end()) reply->add_lost_ranks(r);
+            // Lost: it joined, and the others may depend on it. Before every rank has claimed, no
+            // rank's Gloo address has been read (Gloo first waits for all host names), and a
+            // replacement takes the lapsed claim over (above): not lost, only silent.
+            if (g.formed && it != g.lastSeen.end()) reply->add_lost_ranks(r);
         }
         return grpc::Status::OK;
     }

@@ -74,7 +74,8 @@ public:
     // `instance`, the rank is claimed for it: when another instance holds it and beat within
     // `silence`, *heldBy gets that one's peer address and this beat does not count. *groupRunning:
     // the group formed and this rank's previous holder left it; the beat does not count either.
-    // *lost: the silent ranks that had beaten before (died or froze, rather than not started).
+    // *lost: once every rank has claimed, the silent ranks that had beaten before (died or froze,
+    // rather than not started).
     Result<std::vector<int>> heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
                                        const std::string& instance = {}, std::string* heldBy = nullptr, bool* groupRunning = nullptr,
                                        std::chrono::milliseconds deadline = std::chrono::seconds(2), std::vector<int>* lost = nullptr);
