@@ -281,7 +281,7 @@ public:
                                                                      m_opt.heartbeat + std::chrono::milliseconds(250));
             auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance);
             if (!silent.ok() && silent.error().code == ErrorCode::InvalidArgument) return tokenRefused();
-            const std::string absent = silent.ok() ? rankList(*silent) : std::string();
+            const std::string absent = silent.ok() ? rankList(silent->silent) : std::string();
             if (!silent.ok() && m_opt.rank != 0) {
                 std::optional<ConnectTrouble> trouble;
                 (void)m_client->reach(std::chrono::milliseconds(1000), &trouble);
@@ -523,8 +523,8 @@ private:
                 return rankName(0) + " restarted the run (its rendezvous at " + m_opt.rendezvousAddress + " is a new one)";
             if (!silent.ok())
                 return "the coordinator's rendezvous at " + m_opt.rendezvousAddress + " is unreachable (" + rankName(0) + " may have died)";
-            if (!silent->empty()) {
-                return rankList(*silent) + " stopped responding (no heartbeat for " +
+            if (!silent->silent.empty()) {
+                return rankList(silent->silent) + " stopped responding (no heartbeat for " +
                        std::to_string(silence.count()) + " ms)";
             }
             if (std::chrono::steady_clock::now() >= deadline) return "every rank still answers heartbeats; a peer was too slow or its connection broke";
@@ -602,11 +602,10 @@ private:
         auto nextProbe = start;
         auto nextReport = start + std::chrono::seconds(3);
         for (;;) {
-            std::string now;
-            bool running = false;
             // A short deadline per beat: a rendezvous not served yet would hold it for seconds.
-            auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance, &now, &running,
-                                            std::chrono::milliseconds(500));
+            auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance, std::chrono::milliseconds(500));
+            const std::string now = beat.ok() ? beat->heldBy : std::string();
+            const bool running = beat.ok() && beat->groupRunning;
             if (beat.ok() && now.empty() && !running) return okStatus();
             if (!beat.ok() && beat.error().code == ErrorCode::InvalidArgument) return tokenRefused();
             groupRunning = beat.ok() && running;
@@ -832,22 +831,20 @@ private:
             markAwake();
             while (!m_stopHeartbeat) {
                 lock.unlock();
-                std::string holder;
-                std::vector<int> lost;
-                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat, m_instance, &holder, nullptr,
-                                                  std::chrono::seconds(2), &lost);
-                lostStreak = silent.ok() && !lost.empty() ? lostStreak + 1 : 0;
+                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat, m_instance);
+                lostStreak = silent.ok() && !silent->lost.empty() ? lostStreak + 1 : 0;
                 const auto now = std::chrono::steady_clock::now();
-                if (!m_connected && silent.ok() && !holder.empty()) {
+                if (!m_connected && silent.ok() && !silent->heldBy.empty()) {
                     std::lock_guard held(m_heldByMutex);
-                    m_heldBy = holder;
+                    m_heldBy = silent->heldBy;
                 }
                 if (silent.ok()) answered = now;
-                if (m_joining) guardJoin(lostStreak >= 2 ? lost : std::vector<int>{}, std::chrono::duration_cast<std::chrono::milliseconds>(now - answered));
+                if (m_joining)
+                    guardJoin(lostStreak >= 2 ? silent->lost : std::vector<int>{}, std::chrono::duration_cast<std::chrono::milliseconds>(now - answered));
                 // Once connected every rank has beaten, so silence means a dead or cut-off
                 // peer: fail now rather than at the transfer timeout. (A dead peer's closed
                 // sockets usually fail the transfer even sooner.)
-                if (m_connected && silent.ok() && !silent->empty()) watchdog(*silent);
+                if (m_connected && silent.ok() && !silent->silent.empty()) watchdog(silent->silent);
                 // The rendezvous lives in rank 0's process: when it stops answering (rank 0
                 // frozen, or its machine cut off) nobody can report rank 0 silent, so say it here.
                 // Answered, but by a new rendezvous (pinned: RendezvousClient::pin): rank 0 started

@@ -412,9 +412,8 @@ void RendezvousClient::pin()
     m_impl->pinned = m_impl->seen;
 }
 
-Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
-                                                     const std::string& instance, std::string* heldBy, bool* groupRunning,
-                                                     std::chrono::milliseconds deadline, std::vector<int>* lost)
+Result<RendezvousClient::Beat> RendezvousClient::heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
+                                                           const std::string& instance, std::chrono::milliseconds deadline)
 {
     grpc::ClientContext ctx;
     m_impl->prepare(ctx, deadline);
@@ -428,10 +427,12 @@ Result<std::vector<int>> RendezvousClient::heartbeat(const std::string& group, i
     const grpc::Status st = m_impl->stub->Heartbeat(&ctx, req, &reply);
     if (st.ok()) m_impl->learn(ctx);
     if (!st.ok()) return m_impl->fail(st, "heartbeat");
-    if (heldBy) *heldBy = reply.held_by();
-    if (groupRunning) *groupRunning = reply.group_running();
-    if (lost) lost->assign(reply.lost_ranks().begin(), reply.lost_ranks().end());
-    return std::vector<int>(reply.silent_ranks().begin(), reply.silent_ranks().end());
+    Beat beat;
+    beat.silent.assign(reply.silent_ranks().begin(), reply.silent_ranks().end());
+    beat.lost.assign(reply.lost_ranks().begin(), reply.lost_ranks().end());
+    beat.heldBy = reply.held_by();
+    beat.groupRunning = reply.group_running();
+    return beat;
 }
 
 } // namespace ts::remote

@@ -70,15 +70,21 @@ public:
     Status set(const std::string& key, const std::vector<char>& value, std::chrono::milliseconds timeout = std::chrono::seconds(30));
     Result<std::vector<char>> get(const std::string& key, std::chrono::milliseconds timeout);
     Status wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout);
-    // Says `rank` of `group` is alive; returns the ranks silent for longer than `silence`. With an
-    // `instance`, the rank is claimed for it: when another instance holds it and beat within
-    // `silence`, *heldBy gets that one's peer address and this beat does not count. *groupRunning:
-    // the group formed and this rank's previous holder left it; the beat does not count either.
-    // *lost: once every rank has claimed, the silent ranks that had beaten before (died or froze,
-    // rather than not started).
-    Result<std::vector<int>> heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence,
-                                       const std::string& instance = {}, std::string* heldBy = nullptr, bool* groupRunning = nullptr,
-                                       std::chrono::milliseconds deadline = std::chrono::seconds(2), std::vector<int>* lost = nullptr);
+    struct Beat {
+        std::vector<int> silent;  // the group's ranks silent for longer than `silence`
+        // Once every rank has claimed: the silent ranks that had beaten before (died or froze,
+        // rather than not started).
+        std::vector<int> lost;
+        // With an instance: another live instance holds the rank (its peer address); this beat
+        // did not count.
+        std::string heldBy;
+        // The group formed and this rank's previous holder left it; the beat did not count either.
+        bool groupRunning = false;
+    };
+    // Says `rank` of `group` is alive. With an `instance`, the rank is claimed for it: a claim
+    // whose holder has been silent for `silence` lapses.
+    Result<Beat> heartbeat(const std::string& group, int rank, int size, std::chrono::milliseconds silence, const std::string& instance = {},
+                           std::chrono::milliseconds deadline = std::chrono::seconds(2));
 
     // One attempt to reach the service now, without waiting for it to come up: OK when it
     // answers; otherwise why not (connectTrouble: DNS, nothing listening, a TLS mismatch), the

@@ -217,37 +217,38 @@ void TestGloo::rendezvousBounds()
     // Heartbeats: a rank that never beat is silent once `silence` has passed.
     auto silent = c->heartbeat("g", 0, 2, 100ms);
     QVERIFY(silent.ok());
-    QVERIFY(silent->empty());
+    QVERIFY(silent->silent.empty());
     std::this_thread::sleep_for(150ms);
     silent = c->heartbeat("g", 0, 2, 100ms);
-    QCOMPARE(*silent, std::vector<int>{1});
+    QCOMPARE(silent->silent, std::vector<int>{1});
     // Lost ranks: claimed, then quiet, once every rank has claimed. Before that a quiet rank is
     // only silent (a restarted process may still take it over), as is one that never beat.
-    std::vector<int> lost{7};
     QVERIFY(c->heartbeat("lost", 0, 3, 300ms, "r0").ok() && c->heartbeat("lost", 1, 3, 300ms, "r1").ok());
     std::this_thread::sleep_for(400ms);
-    silent = c->heartbeat("lost", 0, 3, 300ms, "r0", nullptr, nullptr, 2s, &lost);
-    QCOMPARE(*silent, (std::vector<int>{1, 2}));
-    QVERIFY(lost.empty());
+    silent = c->heartbeat("lost", 0, 3, 300ms, "r0");
+    QCOMPARE(silent->silent, (std::vector<int>{1, 2}));
+    QVERIFY(silent->lost.empty());
     QVERIFY(c->heartbeat("lost", 2, 3, 300ms, "r2").ok());  // formed
-    silent = c->heartbeat("lost", 0, 3, 300ms, "r0", nullptr, nullptr, 2s, &lost);
-    QCOMPARE(*silent, std::vector<int>{1});
-    QCOMPARE(lost, std::vector<int>{1});
+    silent = c->heartbeat("lost", 0, 3, 300ms, "r0");
+    QCOMPARE(silent->silent, std::vector<int>{1});
+    QCOMPARE(silent->lost, std::vector<int>{1});
     // Claims: before a group forms, a rank whose holder went silent passes to a new process (one
     // that crashed while joining, started again); once every rank joined, its replacement is told
     // the group is running (it waits for rank 0's next group) and does not take the rank over.
-    std::string held;
-    bool running = true;
-    QVERIFY(c->heartbeat("claims", 0, 2, 100ms, "a", &held, &running).ok() && held.empty() && !running);
-    QVERIFY(c->heartbeat("claims", 0, 2, 100ms, "b", &held, &running).ok());
-    QVERIFY(!held.empty() && !running);  // "a" still beats: a task started twice
+    // Whether `instance` now holds `rank` of "claims"; "held" or "running" when not, and why.
+    auto claim = [&](int rank, const std::string& instance) -> std::string {
+        auto b = c->heartbeat("claims", rank, 2, 100ms, instance);
+        if (!b.ok()) return b.error().toString();
+        return !b->heldBy.empty() ? "held" : b->groupRunning ? "running" : "claimed";
+    };
+    QCOMPARE(claim(0, "a"), std::string("claimed"));
+    QCOMPARE(claim(0, "b"), std::string("held"));  // "a" still beats: a task started twice
     std::this_thread::sleep_for(150ms);
-    QVERIFY(c->heartbeat("claims", 0, 2, 100ms, "b", &held, &running).ok() && held.empty() && !running);  // "a" lapsed
-    QVERIFY(c->heartbeat("claims", 1, 2, 100ms, "c", &held, &running).ok() && held.empty() && !running);  // formed
+    QCOMPARE(claim(0, "b"), std::string("claimed"));  // "a" lapsed
+    QCOMPARE(claim(1, "c"), std::string("claimed"));  // formed
     std::this_thread::sleep_for(150ms);
-    QVERIFY(c->heartbeat("claims", 1, 2, 100ms, "d", &held, &running).ok());
-    QVERIFY(held.empty() && running);
-    QVERIFY(c->heartbeat("claims", 1, 2, 100ms, "c", &held, &running).ok() && held.empty() && !running);  // its holder may return
+    QCOMPARE(claim(1, "d"), std::string("running"));
+    QCOMPARE(claim(1, "c"), std::string("claimed"));  // its holder may return
     QVERIFY(!c->heartbeat("g", 2, 2, 100ms).ok());
 }
 
@@ -442,11 +443,9 @@ void TestGloo::restartedRendezvousRefusesOldGroup()
     ranks[0]->abort("an old attempt's reason");
     auto fresh = RendezvousClient::connect(address, kToken);
     QVERIFY(fresh.ok());
-    std::string heldBy;
-    bool running = false;
-    auto beat = (*fresh)->heartbeat("train", 1, 2, 10s, "a-new-process", &heldBy, &running);
+    auto beat = (*fresh)->heartbeat("train", 1, 2, 10s, "a-new-process");
     QVERIFY2(beat.ok(), beat.ok() ? "" : beat.error().toString().c_str());
-    QVERIFY2(heldBy.empty() && !running, ("held by " + heldBy).c_str());
+    QVERIFY2(beat->heldBy.empty() && !beat->groupRunning, ("held by " + beat->heldBy).c_str());
     QVERIFY(!(*fresh)->get("train/abort", 100ms).ok());
     // A client that joined the new one is served as before.
     QVERIFY((*fresh)->set("train/k", {'v'}).ok());
@@ -482,10 +481,8 @@ void TestGloo::idleGroupsAreForgotten()
     QVERIFY(c->get("run-2/0", 0ms).ok());
     QVERIFY(c->get("fresh", 0ms).ok());
     // run-1 is gone with its claims: a new process takes rank 1 as in a new group.
-    std::string held;
-    bool running = true;
-    QVERIFY(c->heartbeat("run-1", 1, 2, 10s, "d", &held, &running).ok());
-    QVERIFY(held.empty() && !running);
+    auto again = c->heartbeat("run-1", 1, 2, 10s, "d");
+    QVERIFY(again.ok() && again->heldBy.empty() && !again->groupRunning);
 }
 
 namespace {
