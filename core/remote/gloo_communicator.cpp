@@ -264,8 +264,7 @@ public:
             m_client->pin();
         } catch (const std::exception& e) {
             if (auto why = joinFailure()) return *why;
-            if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
-            if (const std::string holder = heldBy(); !holder.empty()) return takenError(holder);
+            if (auto why = stoppedHere()) return *why;
             // The rendezvous closed under this join: rank 0 stopped (its own error says why).
             if (m_opt.rank != 0 && std::string(e.what()).find(kRendezvousClosing) != std::string::npos)
                 return makeError(ErrorCode::IoError,
@@ -698,34 +697,9 @@ private:
     // a row (one late beat is not a death).
     void guardJoin(const std::vector<int>& lost, std::chrono::milliseconds rendezvousQuiet)
     {
-        std::optional<Error> why;
-        bool ours = false;  // this rank's own reason, to tell the others
-        if (cancelled()) {
-            why = makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
-            ours = true;
-        } else if (const std::string holder = heldBy(); !holder.empty()) {
-            why = takenError(holder);
-        } else if (auto peer = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); peer.ok()) {
-            // Another rank gave its join up and said why.
-            const std::string text(peer->begin(), peer->end());
-            const bool stopped = text.find(kCancelledWhileJoining) != std::string::npos;
-            why = makeError(stopped ? ErrorCode::Cancelled : ErrorCode::IoError, rankName(m_opt.rank) + ": the cluster did not form: " + text,
-                            stopped ? "the join was stopped on that task (Ctrl-C or Stop), so every task ends; start them all again"
-                                    : "see that task's error; start every task again once it is fixed");
-        } else if (!lost.empty()) {
-            const std::string suspended = suspensionNote();
-            why = makeError(ErrorCode::IoError,
-                            rankName(m_opt.rank) + ": " + suspended + rankList(lost) + " stopped responding while the cluster formed (no heartbeat for " +
-                                std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
-                            suspended.empty() ? "that task died or froze after it started: start it again, then the others (a backup resumes the run)"
-                                              : "do not stop a task while the cluster forms; start the tasks again");
-            ours = suspended.empty();
-        } else if (m_opt.rank != 0 && rendezvousQuiet > 3 * m_opt.heartbeat) {
-            why = makeError(ErrorCode::IoError,
-                            rankName(m_opt.rank) + ": " + suspensionNote() + rendezvousOwner() + " stopped answering while this task joined the cluster (for " +
-                                std::to_string(rendezvousQuiet.count()) + " ms)",
-                            "see " + rankName(0) + "'s error; start every task again once it is fixed");
-        }
+        std::optional<Error> why = stoppedHere();
+        bool ours = why && why->code == ErrorCode::Cancelled;  // this rank's own reason, to tell the others (not "taken")
+        if (!why) why = troubleElsewhere(lost, rendezvousQuiet, ours);
         std::lock_guard lock(m_joinMutex);
         if (!m_joining) return;
         if (why && !m_joinFailure) {
@@ -733,6 +707,43 @@ private:
             m_joinFailureIsOurs = ours;
         }
         if (m_joinFailure && m_joinBefore) shutdownSockets(glooSocketsSince(*m_joinBefore));
+    }
+
+    // Why a join cannot complete, found outside this process: another rank gave its join up (its
+    // reason under the abort key), `lost` ranks died or froze, or the rendezvous went quiet.
+    // *ours: a reason of this rank's own finding, to tell the others.
+    std::optional<Error> troubleElsewhere(const std::vector<int>& lost, std::chrono::milliseconds rendezvousQuiet, bool& ours)
+    {
+        if (auto peer = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); peer.ok()) {
+            const std::string text(peer->begin(), peer->end());
+            const bool stopped = text.find(kCancelledWhileJoining) != std::string::npos;
+            return makeError(stopped ? ErrorCode::Cancelled : ErrorCode::IoError, rankName(m_opt.rank) + ": the cluster did not form: " + text,
+                             stopped ? "the join was stopped on that task (Ctrl-C or Stop), so every task ends; start them all again"
+                                     : "see that task's error; start every task again once it is fixed");
+        }
+        if (!lost.empty()) {
+            const std::string suspended = suspensionNote();
+            ours = suspended.empty();
+            return makeError(ErrorCode::IoError,
+                             rankName(m_opt.rank) + ": " + suspended + rankList(lost) + " stopped responding while the cluster formed (no heartbeat for " +
+                                 std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
+                             suspended.empty() ? "that task died or froze after it started: start it again, then the others (a backup resumes the run)"
+                                               : "do not stop a task while the cluster forms; start the tasks again");
+        }
+        if (m_opt.rank != 0 && rendezvousQuiet > 3 * m_opt.heartbeat)
+            return makeError(ErrorCode::IoError,
+                             rankName(m_opt.rank) + ": " + suspensionNote() + rendezvousOwner() + " stopped answering while this task joined the cluster (for " +
+                                 std::to_string(rendezvousQuiet.count()) + " ms)",
+                             "see " + rankName(0) + "'s error; start every task again once it is fixed");
+        return std::nullopt;
+    }
+
+    // Why this process itself gives a join up: Ctrl-C, or another process holding its rank.
+    std::optional<Error> stoppedHere()
+    {
+        if (cancelled()) return makeError(ErrorCode::Cancelled, rankName(m_opt.rank) + ": " + kCancelledWhileJoining);
+        if (const std::string holder = heldBy(); !holder.empty()) return takenError(holder);
+        return std::nullopt;
     }
 
     std::optional<Error> joinFailure()
