@@ -572,18 +572,23 @@ int runTrain(const TrainOptions& options)
         }
         sidecar = std::move(made).value();
     }
-    // Restarts spent forming the cluster: with --restarts, a cluster that did not form (a task
-    // died or froze while it formed, or never came) is formed again, as a supervisor restarting
-    // that task expects; each time counts as one of the run's restarts.
+    // Joins the cluster. With --restarts, a cluster that did not form (a task died or froze while
+    // it formed, or never came) is formed again, as a supervisor restarting that task expects;
+    // each time counts as one of the run's restarts (`fitRestarts` are those spent on failed fits).
     int formRestarts = 0;
-    if (clusterSpec) {
+    auto formCluster = [&](int fitRestarts) {
         auto joined = joinCluster(*clusterSpec, o, interrupted);
-        while (!joined.ok() && !interrupt.interrupted() && formRestarts < cfg.backup.restarts && ts::restartableFailure(joined.error())) {
+        while (!joined.ok() && !interrupt.interrupted() && fitRestarts + formRestarts < cfg.backup.restarts &&
+               ts::restartableFailure(joined.error())) {
             ++formRestarts;
             std::fprintf(stderr, "warning: the cluster did not form: %s\n  forming it again (restart %d of %d)\n",
-                         joined.error().message.c_str(), formRestarts, cfg.backup.restarts);
+                         joined.error().message.c_str(), fitRestarts + formRestarts, cfg.backup.restarts);
             joined = joinCluster(*clusterSpec, o, interrupted);
         }
+        return joined;
+    };
+    if (clusterSpec) {
+        auto joined = formCluster(0);
         if (!joined.ok() && interrupt.interrupted()) return tscli::kInterruptedExitCode;  // nothing started, nothing to record
         if (!joined.ok()) {
             // The coordinating task records the attempt: the history shows which task never came.
@@ -613,7 +618,7 @@ int runTrain(const TrainOptions& options)
             prepared.reset();
             cfg.strategy.crossProcess.reset();
             cluster.reset();
-            auto joined = joinCluster(*clusterSpec, o, interrupted);
+            auto joined = formCluster(attempt);
             if (!joined.ok()) {
                 result = joined.takeError();
                 break;
