@@ -576,13 +576,26 @@ int runTrain(const TrainOptions& options)
     // it formed, or never came) is formed again, as a supervisor restarting that task expects;
     // each time counts as one of the run's restarts (`fitRestarts` are those spent on failed fits).
     int formRestarts = 0;
+    int64_t failedStep = 0;  // where the last failed fit stopped
+    // A restart's warning, into the recorded run's log too once it has begun.
+    auto logRestart = [&](const std::string& message) {
+        ts::telemetry::LogEvent e;
+        e.stamp.runId = recording ? recording->runId() : std::string();
+        e.stamp.step = failedStep;
+        e.stamp.wallTimeUs = ts::telemetry::wallNowMicros();
+        e.level = ts::telemetry::LogLevel::Warning;
+        e.message = message;
+        bus.publish(ts::telemetry::Event(std::move(e)));
+    };
     auto formCluster = [&](int fitRestarts) {
         auto joined = joinCluster(*clusterSpec, o, interrupted);
         while (!joined.ok() && !interrupt.interrupted() && fitRestarts + formRestarts < cfg.backup.restarts &&
                ts::restartableFailure(joined.error())) {
             ++formRestarts;
-            std::fprintf(stderr, "warning: the cluster did not form: %s\n  forming it again (restart %d of %d)\n",
-                         joined.error().message.c_str(), fitRestarts + formRestarts, cfg.backup.restarts);
+            const std::string restart = "restart " + std::to_string(fitRestarts + formRestarts) + " of " + std::to_string(cfg.backup.restarts);
+            std::fprintf(stderr, "warning: the cluster did not form: %s\n  forming it again (%s)\n", joined.error().message.c_str(),
+                         restart.c_str());
+            if (fitRestarts > 0) logRestart("the cluster did not form (" + joined.error().message + "); forming it again (" + restart + ")");
             joined = joinCluster(*clusterSpec, o, interrupted);
         }
         return joined;
@@ -693,16 +706,11 @@ int runTrain(const TrainOptions& options)
         const int restartsUsed = formRestarts + attempt;
         if (result.ok() || restartsUsed >= cfg.backup.restarts || !ts::restartableFailure(result.error())) break;
         const std::string why = result.error().message;
+        failedStep = run.trainer->globalStep();
         std::fprintf(stderr, "warning: the run failed at step %lld: %s\n  restarting it from its backup (restart %d of %d)\n",
-                     static_cast<long long>(run.trainer->globalStep()), why.c_str(), restartsUsed + 1, cfg.backup.restarts);
-        ts::telemetry::LogEvent e;
-        e.stamp.runId = recording ? recording->runId() : std::string();
-        e.stamp.step = run.trainer->globalStep();
-        e.stamp.wallTimeUs = ts::telemetry::wallNowMicros();
-        e.level = ts::telemetry::LogLevel::Warning;
-        e.message = "the run failed (" + why + "); restarting it from its backup (restart " + std::to_string(restartsUsed + 1) +
-                    " of " + std::to_string(cfg.backup.restarts) + ")";
-        bus.publish(ts::telemetry::Event(std::move(e)));
+                     static_cast<long long>(failedStep), why.c_str(), restartsUsed + 1, cfg.backup.restarts);
+        logRestart("the run failed (" + why + "); restarting it from its backup (restart " + std::to_string(restartsUsed + 1) + " of " +
+                   std::to_string(cfg.backup.restarts) + ")");
     }
     interrupt.setAction(nullptr);  // the trainer is destroyed before the scope
     // The evaluator's last evaluations join the record before the run's end does (Ctrl-C stops
