@@ -182,6 +182,7 @@ private slots:
     void interruptedChiefStopsTheCluster();
     void interruptedWorkerIsNotRestarted();
     void lostWhileFormingIsFormedAgain();
+    void reformAtRejoinSharesTheBudget();
     void restartFromBackupEqualsContinuous();
     void separateNetworkNamespaces_data();
     void separateNetworkNamespaces();
@@ -417,6 +418,25 @@ void TestMultiWorker::interruptedWorkerIsNotRestarted()
     QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
 }
 
+namespace {
+// Claims rank 1 (worker:0) of the group "train" at the rendezvous on `port` for five beats, then
+// goes quiet: a task that died while the cluster formed. Empty once the claim was taken.
+QString fakeLostWorker(int port)
+{
+    auto c = remote::RendezvousClient::connect("127.0.0.1:" + std::to_string(port), kToken.toStdString());
+    if (!c.ok()) return QString::fromStdString(c.error().toString());
+    QElapsedTimer t;
+    t.start();
+    int beats = 0;
+    while (beats < 5 && t.elapsed() < 30000) {
+        auto b = (*c)->heartbeat("train", 1, 2, std::chrono::seconds(3), "fake-worker", std::chrono::milliseconds(500));
+        if (b.ok() && b->heldBy.empty()) ++beats;
+        QTest::qWait(200);
+    }
+    return beats == 5 ? QString() : QString("the chief's rendezvous did not take the fake's claim");
+}
+} // namespace
+
 // A task that claimed its rank and then died before the mesh connected (faked here: it beats for
 // worker:0 at the chief's rendezvous for a second, then goes quiet) is named by the chief within
 // seconds, where Gloo alone waited out its connect timeout; with --restarts the chief forms the
@@ -429,19 +449,6 @@ void TestMultiWorker::lostWhileFormingIsFormedAgain()
     QStringList args = trainArgs();
     args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--collective-timeout" << "60";
     const QString named = QString("rank 1 (worker:0 at 127.0.0.1:%1) stopped responding while the cluster formed").arg(ports[1]);
-    auto fakeWorker = [&]() -> QString {
-        auto c = remote::RendezvousClient::connect("127.0.0.1:" + std::to_string(ports[0]), kToken.toStdString());
-        if (!c.ok()) return QString::fromStdString(c.error().toString());
-        QElapsedTimer t;
-        t.start();
-        int beats = 0;
-        while (beats < 5 && t.elapsed() < 30000) {
-            auto b = (*c)->heartbeat("train", 1, 2, std::chrono::seconds(3), "fake-worker", std::chrono::milliseconds(500));
-            if (b.ok() && b->heldBy.empty()) ++beats;
-            QTest::qWait(200);
-        }
-        return beats == 5 ? QString() : QString("the chief's rendezvous did not take the fake's claim");
-    };
     for (const bool restarts : {false, true}) {
         QStringList backup;
         if (restarts) backup << "--restarts" << "1";
@@ -450,7 +457,7 @@ void TestMultiWorker::lostWhileFormingIsFormedAgain()
         auto chief = startCli(args + backup + (restarts ? QStringList{"--backup-dir", dir.filePath("chief")} : QStringList{}) +
                                   QStringList{"--task", "chief:0"},
                               cluster);
-        const QString fake = fakeWorker();
+        const QString fake = fakeLostWorker(ports[0]);
         QVERIFY2(fake.isEmpty(), qPrintable(fake));
         if (!restarts) {
             const Finished c = finish(*chief, 60000);
@@ -469,6 +476,47 @@ void TestMultiWorker::lostWhileFormingIsFormedAgain()
         const Finished w = finish(*worker);
         QVERIFY2(c.code == 0 && w.code == 0, qPrintable(c.out + "\n---\n" + w.out));
     }
+}
+
+// Fit restarts and re-forming share --restarts: the worker is killed mid-run (restart 1 of 2),
+// and while the chief re-joins a task claims the rank and dies (the fake): the chief forms the
+// cluster again as restart 2 of 2, the worker is started again, and the run completes.
+void TestMultiWorker::reformAtRejoinSharesTheBudget()
+{
+    QTemporaryDir dir;
+    const std::vector<int> ports = {freePort(), freePort()};
+    const QString cluster = clusterJson(ports);
+    QStringList args = trainArgs(300);  // 15 epochs of 20 steps
+    args.removeAll("--quiet");
+    args << "--strategy" << "multi-worker-mirrored" << "--no-record" << "--json" << "--collective-timeout" << "60" << "--restarts" << "2";
+    auto chief = startCli(args + QStringList{"--backup-dir", dir.filePath("chief"), "--task", "chief:0"}, cluster);
+    const QStringList workerArgs = args + QStringList{"--backup-dir", dir.filePath("worker"), "--task", "worker:0"};
+    auto worker = startCli(workerArgs, cluster);
+    QString seen;
+    QVERIFY2(tstest::readUntil(*chief, seen, "\"epoch\":3"), qPrintable(seen));
+    ::kill(static_cast<pid_t>(worker->processId()), SIGKILL);
+    finish(*worker);
+    QString err;
+    auto chiefSays = [&](const QString& needle) {
+        QElapsedTimer wait;
+        wait.start();
+        while (!err.contains(needle) && wait.elapsed() < 60000 && chief->state() == QProcess::Running) {
+            chief->waitForReadyRead(100);
+            err += QString::fromUtf8(chief->readAllStandardError());
+            seen += QString::fromUtf8(chief->readAllStandardOutput());
+        }
+        return err.contains(needle);
+    };
+    QVERIFY2(chiefSays("restarting it from its backup (restart 1 of 2)"), qPrintable(err));
+    const QString fake = fakeLostWorker(ports[0]);
+    QVERIFY2(fake.isEmpty(), qPrintable(fake));
+    QVERIFY2(chiefSays("stopped responding while the cluster formed"), qPrintable(err));
+    QVERIFY2(chiefSays("forming it again (restart 2 of 2)"), qPrintable(err));
+    worker = startCli(workerArgs, cluster);
+    const Finished c = finish(*chief);
+    const Finished w = finish(*worker);
+    QVERIFY2(c.code == 0 && w.code == 0, qPrintable(err + c.out + "\n---\n" + w.out));
+    QVERIFY2((seen + c.out).contains("\"resumed\":true"), qPrintable(seen + c.out));
 }
 
 // A chief and worker:0 training with `args` (plus each one's extra flags); with `killWorker` the
