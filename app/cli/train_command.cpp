@@ -577,11 +577,11 @@ int runTrain(const TrainOptions& options)
     // each time counts as one of the run's restarts (`fitRestarts` are those spent on failed fits).
     int formRestarts = 0;
     int64_t failedStep = 0;  // where the last failed fit stopped
-    // A restart's warning, into the recorded run's log too once it has begun.
-    auto logRestart = [&](const std::string& message) {
+    // A warning into the recorded run's log (the console has it already).
+    auto logWarning = [&](int64_t step, const std::string& message) {
         ts::telemetry::LogEvent e;
         e.stamp.runId = recording ? recording->runId() : std::string();
-        e.stamp.step = failedStep;
+        e.stamp.step = step;
         e.stamp.wallTimeUs = ts::telemetry::wallNowMicros();
         e.level = ts::telemetry::LogLevel::Warning;
         e.message = message;
@@ -595,7 +595,7 @@ int runTrain(const TrainOptions& options)
             const std::string restart = "restart " + std::to_string(fitRestarts + formRestarts) + " of " + std::to_string(cfg.backup.restarts);
             std::fprintf(stderr, "warning: the cluster did not form: %s\n  forming it again (%s)\n", joined.error().message.c_str(),
                          restart.c_str());
-            if (fitRestarts > 0) logRestart("the cluster did not form (" + joined.error().message + "); forming it again (" + restart + ")");
+            if (fitRestarts > 0) logWarning(failedStep, "the cluster did not form (" + joined.error().message + "); forming it again (" + restart + ")");
             joined = joinCluster(*clusterSpec, o, interrupted);
         }
         return joined;
@@ -709,7 +709,7 @@ int runTrain(const TrainOptions& options)
         failedStep = run.trainer->globalStep();
         std::fprintf(stderr, "warning: the run failed at step %lld: %s\n  restarting it from its backup (restart %d of %d)\n",
                      static_cast<long long>(failedStep), why.c_str(), restartsUsed + 1, cfg.backup.restarts);
-        logRestart("the run failed (" + why + "); restarting it from its backup (restart " + std::to_string(restartsUsed + 1) + " of " +
+        logWarning(failedStep, "the run failed (" + why + "); restarting it from its backup (restart " + std::to_string(restartsUsed + 1) + " of " +
                    std::to_string(cfg.backup.restarts) + ")");
     }
     interrupt.setAction(nullptr);  // the trainer is destroyed before the scope
@@ -735,13 +735,7 @@ int runTrain(const TrainOptions& options)
         const auto first = run.pipeline->badRecordMessages();
         for (std::size_t i = 0; i < std::min<std::size_t>(first.size(), 3); ++i) msg += "\n  " + first[i];
         std::cerr << "warning: " << msg << "\n";
-        ts::telemetry::LogEvent e;
-        e.stamp.runId = recording ? recording->runId() : std::string();
-        e.stamp.step = run.trainer->globalStep();
-        e.stamp.wallTimeUs = ts::telemetry::wallNowMicros();
-        e.level = ts::telemetry::LogLevel::Warning;
-        e.message = msg;
-        bus.publish(ts::telemetry::Event(std::move(e)));
+        logWarning(run.trainer->globalStep(), msg);
     }
     if (recording) recording->fitDone(result);
     if (traceSink) finishTraceFile(*traceSink, o, recording.get());
