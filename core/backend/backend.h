@@ -71,6 +71,11 @@ const char* opKindName(OpKind k);
 // A GPU kernel must reproduce this bit for bit (see backend.cpp).
 bool dropoutKeep(uint64_t seed, uint64_t index, float rate);
 
+// Backend::argmaxMatches over host memory: predictions (N, C) against targets, as its contract
+// says. The host backends share it (it is counting, not a kernel to cross-check); a device
+// backend counts on its device by the same rule.
+int64_t countArgmaxMatches(const Tensor& pred, const Tensor& target, bool binaryFromLogits);
+
 enum class Activation { Linear, Relu, LeakyRelu, Gelu, Sigmoid, Tanh, Softmax };
 const char* activationName(Activation a);
 Result<Activation> parseActivation(const std::string& name);  // Keras names

@@ -1460,36 +1460,7 @@ Status CpuBackend::loss(const LossParams& p, const Tensor& pred, const Tensor& t
 Status CpuBackend::argmaxMatches(const Tensor& pred, const Tensor& target, bool binaryFromLogits, int64_t* matches)
 {
     TS_ASSERT(isHostF32(pred) && target.defined() && target.hostAccessible() && matches);
-    const int64_t N = pred.shape()[0];
-    const int64_t C = N == 0 ? 0 : pred.numel() / N;
-    const float* P = cf(pred);
-    auto argmax = [](const float* v, int64_t n) {
-        int64_t best = 0;
-        for (int64_t k = 1; k < n; ++k)
-            if (v[k] > v[best]) best = k;
-        return best;
-    };
-    int64_t count = 0;
-    for (int64_t r = 0; r < N; ++r) {
-        if (C == 1) {
-            const bool predicted = binaryFromLogits ? P[r] > 0.0f : P[r] > 0.5f;
-            const double t = target.dtype() == DType::I32 ? double(target.data<int32_t>()[r])
-                                                          : double(target.data<float>()[r]);
-            if (predicted == (t > 0.5)) ++count;
-            continue;
-        }
-        const int64_t predicted = argmax(P + r * C, C);
-        int64_t expected;
-        if (target.dtype() == DType::I32) {
-            TS_ASSERT(target.numel() == N);
-            expected = target.data<int32_t>()[r];
-        } else {
-            TS_ASSERT(target.dtype() == DType::F32 && target.numel() == pred.numel());
-            expected = argmax(target.data<float>() + r * C, C);
-        }
-        if (predicted == expected) ++count;
-    }
-    *matches = count;
+    *matches = countArgmaxMatches(pred, target, binaryFromLogits);
     return okStatus();
 }
 
