@@ -19,6 +19,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "command_line.h"
 #include "commands.h"
 
 namespace {
@@ -113,11 +114,7 @@ int main(int argc, char** argv)
     tscli::addClusterCommand(app, cluster);
 
     if (reportUnknownCommand(app, argc, argv)) return 2;
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        return app.exit(e);
-    }
+    if (const auto exitCode = tsapp::parseCommandLine(app, "trainstudio-cli", argc, argv)) return *exitCode;
     // The last line of defence: the commands return typed errors, but a library exception that
     // escapes (a thread the system refuses to create, memory running out) is reported as an
     // error with its cause, not an abort.

@@ -332,7 +332,17 @@ int runTrain(const TrainOptions& options)
         cfg = std::move(r).value();
     }
     // Flags override the configuration; without either, one device.
+    const std::string strategySource = !o.strategy.empty() ? "--strategy" : cfg.strategy.kind.empty() ? "" : o.config + "'s strategy";
     if (o.strategy.empty()) o.strategy = cfg.strategy.kind.empty() ? "one-device" : cfg.strategy.kind;
+    if (!o.cluster.empty() && !strategySource.empty() && o.strategy != "multi-worker-mirrored" && o.strategy != "parameter-server") {
+        // A coordinated run is one of the two cluster strategies; training it as another would
+        // not be what was asked.
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument,
+                                 "--cluster runs multi-worker-mirrored or parameter-server, but " + strategySource + " is " + o.strategy,
+                                 "drop the strategy (multi-worker-mirrored is the default with --cluster) or choose one of those two; "
+                                 "each task's local replicas come from --devices"));
+        return 2;
+    }
     // Settings that would silently do nothing: say so (the run itself is fine).
     if (!o.quiet) {
         if (o.noRecord && !o.db.empty())

@@ -13,6 +13,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "command_line.h"
 #include "common/allocator_tuning.h"
 #include "remote/auth.h"
 #include "remote/worker_service.h"
@@ -39,7 +40,7 @@ int main(int argc, char** argv)
                    "folder under which runs' backups (--backup-dir NAME of the coordinator) are kept (default: " +
                        ts::defaultBackupRoot() + ")");
     app.add_option("--port-file", portFile, "write the port served on to FILE (useful with port 0)");
-    CLI11_PARSE(app, argc, argv);
+    if (const auto exitCode = tsapp::parseCommandLine(app, "trainstudio-worker", argc, argv)) return *exitCode;
 
     if (!portFile.empty()) {
         // Checked before serving, so a script waiting for the file hears why at once.

@@ -19,6 +19,7 @@ private slots:
     void validatePrintsTable();
     void badInput_data();
     void badInput();
+    void parseErrorsAreBadInput();
     void jsonOutputAndWeights();
     void configWithPipeline();
     void configStrategyAndSeedApply();
@@ -188,6 +189,8 @@ void TestCli::badInput_data()
     QTest::newRow("partitioner without ps") << QStringList{"train", "--partitioner", "by-size"} << QStringList{"--partitioner", "no effect"};
     QTest::newRow("min shard bytes with round-robin") << QStringList{"train", "--strategy", "mirrored", "--min-shard-bytes", "4096"}
                                                       << QStringList{"--min-shard-bytes", "by-size"};
+    QTest::newRow("cluster with mirrored") << QStringList{"train", "--cluster", m_dir.filePath("cluster.json"), "--strategy", "mirrored"}
+                                           << QStringList{"--cluster runs multi-worker-mirrored or parameter-server", "--strategy is mirrored"};
     QTest::newRow("tls ca without cluster") << QStringList{"train", "--tls-ca", m_dir.filePath("broken.json")} << QStringList{"--tls-ca", "--cluster"};
     QTest::newRow("task with negative index") << QStringList{"train", "--strategy", "multi-worker-mirrored", "--tf-config", m_dir.filePath("tf.json"), "--task", "worker:-1"}
                                               << QStringList{"--task worker:-1", "type:index"};
@@ -223,6 +226,28 @@ void TestCli::badInput()
     const QString all = r.err + r.out;
     for (const QString& s : mustMention) QVERIFY2(all.contains(s), qPrintable(QString("'%1' not in: %2").arg(s, all)));
     QVERIFY2(!all.contains("terminate called") && !all.contains("Segmentation"), qPrintable(all));
+}
+
+// A bad option is bad input like any other: exit 2 with error: and hint: lines naming the
+// command's --help (CLI11 on its own exits 105 or 109 with its own wording).
+void TestCli::parseErrorsAreBadInput()
+{
+    const QList<QPair<QStringList, QString>> cases = {
+        {{"train", "--epochs", "0"}, "trainstudio-cli train --help"},
+        {{"train", "--no-such-flag"}, "trainstudio-cli train --help"},
+        {{"train", "--strategy", "tpu"}, "trainstudio-cli train --help"},
+        {{"runs", "list", "--no-such-flag"}, "trainstudio-cli runs list --help"},
+        {{}, "trainstudio-cli --help"},
+    };
+    for (const auto& [args, help] : cases) {
+        const Run r = cli(args);
+        const QString what = args.join(' ') + ": exit " + QString::number(r.code) + ", stderr: " + r.err;
+        QVERIFY2(r.code == 2, qPrintable(what));
+        QVERIFY2(r.err.startsWith("error: ") && r.err.contains("\nhint: " + help), qPrintable(what));
+    }
+    const Run help = cli({"train", "--help"});
+    QCOMPARE(help.code, 0);
+    QVERIFY(help.out.contains("--epochs"));
 }
 
 void TestCli::jsonOutputAndWeights()
