@@ -178,6 +178,7 @@ public:
         // A task restarted after a crash, while rank 0 still runs the group its previous process
         // left, waits in claimRank (group_running) until rank 0 serves the next group.
         TS_TRY(claimRank());
+        m_joinStart = std::chrono::steady_clock::now();
         m_joining = m_opt.size > 1;
         startHeartbeat();
         if (m_opt.size == 1) return okStatus();
@@ -276,9 +277,9 @@ public:
             // reach the rendezvous.
             // Silent for 3 heartbeats, or for half the wait when that is shorter (a short
             // --collective-timeout), but always longer than one heartbeat of a live rank.
-            const auto silence = std::max<std::chrono::milliseconds>(std::min<std::chrono::milliseconds>(3 * m_opt.heartbeat, m_opt.timeout / 2),
-                                                                     m_opt.heartbeat + std::chrono::milliseconds(250));
-            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance);
+            const auto absentAfter = std::max<std::chrono::milliseconds>(std::min<std::chrono::milliseconds>(silence(), m_opt.timeout / 2),
+                                                                         m_opt.heartbeat + std::chrono::milliseconds(250));
+            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, absentAfter, m_instance);
             if (!silent.ok() && silent.error().code == ErrorCode::InvalidArgument) return tokenRefused();
             const std::string absent = silent.ok() ? rankList(silent->silent) : std::string();
             if (!silent.ok() && m_opt.rank != 0) {
@@ -409,6 +410,10 @@ public:
 private:
     using Segments = std::vector<std::unique_ptr<gloo::AllreduceRingChunked<float>>>;
 
+    // How long a rank may go without a heartbeat before it counts as lost: one late beat is a
+    // busy machine, three in a row are a dead, frozen or cut-off process.
+    std::chrono::milliseconds silence() const { return 3 * m_opt.heartbeat; }
+
     // Ring all-reduces over [data, data + n), one per segment (see localMaxChunkBytes), run in order.
     Segments segments(float* data, int64_t n)
     {
@@ -511,20 +516,19 @@ private:
 
     std::string findCulprit()
     {
-        const auto silence = 3 * m_opt.heartbeat;
-        const auto deadline = std::chrono::steady_clock::now() + silence + 2 * m_opt.heartbeat;
+        const auto deadline = std::chrono::steady_clock::now() + silence() + 2 * m_opt.heartbeat;
         while (true) {
             // A rank that aborted left its reason under the group's abort key.
             if (auto why = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); why.ok())
                 return std::string(why->begin(), why->end());
-            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance);
+            auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence(), m_instance);
             if (!silent.ok() && silent.error().message.find(kRendezvousRestarted) != std::string::npos)
                 return rankName(0) + " restarted the run (its rendezvous at " + m_opt.rendezvousAddress + " is a new one)";
             if (!silent.ok())
                 return "the coordinator's rendezvous at " + m_opt.rendezvousAddress + " is unreachable (" + rankName(0) + " may have died)";
             if (!silent->silent.empty()) {
                 return rankList(silent->silent) + " stopped responding (no heartbeat for " +
-                       std::to_string(silence.count()) + " ms)";
+                       std::to_string(silence().count()) + " ms)";
             }
             if (std::chrono::steady_clock::now() >= deadline) return "every rank still answers heartbeats; a peer was too slow or its connection broke";
             std::this_thread::sleep_for(m_opt.heartbeat / 4);
@@ -540,7 +544,7 @@ private:
             const std::string suspended = suspensionNote();
             m_failed = makeError(ErrorCode::IoError,
                                  rankName(m_opt.rank) + ": " + suspended + names + " stopped responding (" +
-                                     (how.empty() ? "no heartbeat for " + std::to_string((3 * m_opt.heartbeat).count()) + " ms" : how) + ")",
+                                     (how.empty() ? "no heartbeat for " + std::to_string(silence().count()) + " ms" : how) + ")",
                                  failureHint(!suspended.empty(), false));
         }
         if (m_connected) shutdownSockets(m_meshSockets);
@@ -588,7 +592,6 @@ private:
     Status claimRank()
     {
         using Clock = std::chrono::steady_clock;
-        const auto silence = 3 * m_opt.heartbeat;
         const auto start = Clock::now();
         const auto end = start + m_opt.timeout;  // for the rendezvous to answer at all
         std::string holder;
@@ -602,7 +605,7 @@ private:
         auto nextReport = start + std::chrono::seconds(3);
         for (;;) {
             // A short deadline per beat: a rendezvous not served yet would hold it for seconds.
-            auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence, m_instance, std::chrono::milliseconds(500));
+            auto beat = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence(), m_instance, std::chrono::milliseconds(500));
             const std::string now = beat.ok() ? beat->heldBy : std::string();
             const bool running = beat.ok() && beat->groupRunning;
             if (beat.ok() && now.empty() && !running) return okStatus();
@@ -638,7 +641,7 @@ private:
             const auto t = Clock::now();
             // Held for longer than a dead process's claim lasts: the holder lives, this is a second
             // copy. (A rendezvous that went away meanwhile was the holder's run ending.)
-            if (!holder.empty() && t - heldSince >= silence + std::chrono::seconds(2)) return takenError(holder);
+            if (!holder.empty() && t - heldSince >= silence() + std::chrono::seconds(2)) return takenError(holder);
             if (t >= end) return groupRunning ? groupNotRestarted() : holder.empty() ? rendezvousSilent(trouble) : takenError(holder);
             if (m_opt.waiting && holder.empty() && t >= nextReport) {
                 const auto left = std::chrono::duration_cast<std::chrono::seconds>(end - t).count();
@@ -726,11 +729,11 @@ private:
             ours = suspended.empty();
             return makeError(ErrorCode::IoError,
                              rankName(m_opt.rank) + ": " + suspended + rankList(lost) + " stopped responding while the cluster formed (no heartbeat for " +
-                                 std::to_string((3 * m_opt.heartbeat).count()) + " ms)",
+                                 std::to_string(silence().count()) + " ms)",
                              suspended.empty() ? "that task died or froze after it started: start it again, then the others (a backup resumes the run)"
                                                : "do not stop a task while the cluster forms; start the tasks again");
         }
-        if (m_opt.rank != 0 && rendezvousQuiet > 3 * m_opt.heartbeat)
+        if (m_opt.rank != 0 && rendezvousQuiet > silence())
             return makeError(ErrorCode::IoError,
                              rankName(m_opt.rank) + ": " + suspensionNote() + rendezvousOwner() + " stopped answering while this task joined the cluster (for " +
                                  std::to_string(rendezvousQuiet.count()) + " ms)",
@@ -836,13 +839,14 @@ private:
             std::unique_lock lock(m_hbMutex);
             auto answered = std::chrono::steady_clock::now();
             int lostStreak = 0;  // beats in a row that reported lost ranks
+            auto nextJoinReport = m_joinStart + std::chrono::seconds(3);
             auto markAwake = [this] {
                 m_lastWakeMs = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
             };
             markAwake();
             while (!m_stopHeartbeat) {
                 lock.unlock();
-                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, 3 * m_opt.heartbeat, m_instance);
+                auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence(), m_instance);
                 lostStreak = silent.ok() && !silent->lost.empty() ? lostStreak + 1 : 0;
                 const auto now = std::chrono::steady_clock::now();
                 if (!m_connected && silent.ok() && !silent->heldBy.empty()) {
@@ -852,6 +856,14 @@ private:
                 if (silent.ok()) answered = now;
                 if (m_joining)
                     guardJoin(lostStreak >= 2 ? silent->lost : std::vector<int>{}, std::chrono::duration_cast<std::chrono::milliseconds>(now - answered));
+                if (m_joining && m_opt.waiting && silent.ok() && !silent->silent.empty() && now >= nextJoinReport) {
+                    // Ranks that never beat were not started yet (or cannot reach the rendezvous):
+                    // say who is awaited, as a task waiting for its chief does.
+                    const auto left = std::chrono::duration_cast<std::chrono::seconds>(m_opt.timeout - (now - m_joinStart)).count();
+                    m_opt.waiting(rankName(m_opt.rank) + ": waiting for " + rankList(silent->silent) + " to join the cluster; giving up in " +
+                                  std::to_string(std::max<long long>(left, 0)) + " s");
+                    nextJoinReport = now + std::chrono::seconds(10);
+                }
                 // Once connected every rank has beaten, so silence means a dead or cut-off
                 // peer: fail now rather than at the transfer timeout. (A dead peer's closed
                 // sockets usually fail the transfer even sooner.)
@@ -862,7 +874,7 @@ private:
                 // the run again, and this group is over.
                 if (m_connected && !silent.ok() && silent.error().message.find(kRendezvousRestarted) != std::string::npos)
                     watchdog({0}, "it restarted the run: its rendezvous at " + m_opt.rendezvousAddress + " is a new one");
-                else if (m_connected && !silent.ok() && m_opt.rank != 0 && now - answered > 3 * m_opt.heartbeat)
+                else if (m_connected && !silent.ok() && m_opt.rank != 0 && now - answered > silence())
                     watchdog({0}, "its rendezvous service at " + m_opt.rendezvousAddress + " has not answered for " +
                                       std::to_string(std::chrono::duration_cast<std::chrono::milliseconds>(now - answered).count()) + " ms");
                 lock.lock();
@@ -897,6 +909,7 @@ private:
 
     std::mutex m_joinMutex;
     std::atomic<bool> m_joining{false};  // from the claim to the mesh's end (connected or not)
+    std::chrono::steady_clock::time_point m_joinStart;  // set before the heartbeat thread starts
     std::optional<std::map<ino_t, int>> m_joinBefore;  // the process's sockets when Gloo's exchange began
     std::optional<Error> m_joinFailure;  // why the heartbeat gave the join up
     bool m_joinFailureIsOurs = false;    // and whether to tell the others (not read from them)

@@ -54,9 +54,10 @@ struct GlooOptions {
     // task cancelled before its peers arrive does not sit out the whole timeout. Called from the
     // joining thread and the heartbeat thread: must be thread-safe.
     std::function<bool()> cancelled;
-    // Told, a few seconds into a wait for the rendezvous and then every 10 s, what is being
-    // waited for and why it does not answer yet ("nothing listens at h0:2222 (connection refused)"),
-    // so a task waiting for its chief is not silent. Called on the joining thread; may be null.
+    // Told, a few seconds into a wait and then every 10 s, what is being waited for: the
+    // rendezvous and why it does not answer yet ("nothing listens at h0:2222 (connection
+    // refused)"), or the ranks that have not joined yet, so no task waits silently. Called on the
+    // joining thread and the heartbeat thread: must be thread-safe. May be null.
     std::function<void(const std::string&)> waiting;
     TlsFiles tls;
 };

@@ -9,6 +9,7 @@
 #include <unistd.h>
 #include <cstdlib>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include <algorithm>
@@ -701,6 +702,21 @@ void TestGloo::absentRanksAreNamed()
     QVERIFY2(lone.error().message.find("rank 1 (worker:1) did not join the cluster within 1 s") != std::string::npos,
              lone.error().message.c_str());
     QVERIFY2(lone.error().hint.find("token") != std::string::npos, lone.error().hint.c_str());
+    // While it waits it says for whom (from its heartbeat thread), 3 s in and every 10 s.
+    {
+        std::mutex m;
+        std::vector<std::string> said;
+        GlooOptions o = options(server->port(), 0, 2, "absent-said", 4s);
+        o.waiting = [&](const std::string& line) {
+            std::lock_guard lock(m);
+            said.push_back(line);
+        };
+        QVERIFY(!makeGlooCommunicator(o).ok());
+        std::lock_guard lock(m);
+        QCOMPARE(said.size(), std::size_t(1));
+        QVERIFY2(said.front().find("rank 0 (worker:0): waiting for rank 1 (worker:1) to join the cluster; giving up in ") != std::string::npos,
+                 said.front().c_str());
+    }
 
     // Cancelled while waiting for its peer: ends at once, not at the 20 s timeout.
     std::atomic<bool> cancel{false};
