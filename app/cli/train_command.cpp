@@ -331,8 +331,12 @@ int runTrain(const TrainOptions& options)
         }
         cfg = std::move(r).value();
     }
+    // Where a strategy was asked for (a configuration's one-device cannot be told from its
+    // default, so only another counts).
+    std::string strategySource;
+    if (!o.strategy.empty()) strategySource = "--strategy";
+    else if (!o.config.empty() && !cfg.strategy.kind.empty() && cfg.strategy.kind != "one-device") strategySource = o.config + "'s strategy.type";
     // Flags override the configuration; without either, one device.
-    const std::string strategySource = !o.strategy.empty() ? "--strategy" : cfg.strategy.kind.empty() ? "" : o.config + "'s strategy";
     if (o.strategy.empty()) o.strategy = cfg.strategy.kind.empty() ? "one-device" : cfg.strategy.kind;
     if (!o.cluster.empty() && !strategySource.empty() && o.strategy != "multi-worker-mirrored" && o.strategy != "parameter-server") {
         // A coordinated run is one of the two cluster strategies; training it as another would
