@@ -1223,6 +1223,26 @@ void TestWorker::restartedRunResumesFromBackup()
     const QString refused = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
     QCOMPARE(coord->exitCode(), 1);
     QVERIFY2(refused.contains("backup.dir '../elsewhere' must be a relative folder name without '..'"), qPrintable(refused));
+
+    // A backup root that cannot hold backups (gone, a file in its place) is named as the
+    // daemon's --backup-root, not as the coordinator's --backup-dir, before the task starts.
+    QVERIFY(QDir(root).removeRecursively());
+    {
+        QFile blocker(root);
+        QVERIFY(blocker.open(QIODevice::WriteOnly));
+    }
+    auto blocked = startCoordinator(coordinatorArgs(cluster, 20) + QStringList{"--no-record", "--backup-dir", "mlp"});
+    QVERIFY(blocked->waitForFinished(60000));
+    const QString unusable = QString::fromUtf8(blocked->readAllStandardOutput()) + QString::fromUtf8(blocked->readAllStandardError());
+    QCOMPARE(blocked->exitCode(), 1);
+    QVERIFY2(unusable.contains("this worker cannot keep backups: its --backup-root " + root + " is not a folder it can write"), qPrintable(unusable));
+    // And a daemon started with such a root says so at once instead of serving.
+    QProcess daemon;
+    daemon.start(QStringLiteral(TS_WORKER_PATH), {"--listen", "127.0.0.1:0", "--backup-root", root});
+    QVERIFY(daemon.waitForFinished(20000));
+    QCOMPARE(daemon.exitCode(), 2);
+    const QString startup = QString::fromUtf8(daemon.readAllStandardError());
+    QVERIFY2(startup.contains("error: --backup-root " + root + " is not a folder this user can write"), qPrintable(startup));
 }
 
 // A port where a web server answers (HTTP/1: gRPC fails to parse HTTP/2) is named as another
@@ -1329,16 +1349,9 @@ void TestWorker::killedWorkerIsNamed()
     const QString cluster = startDaemonPair(dir.path(), chief, worker);
     QVERIFY(!cluster.isEmpty());
     auto coord = startCoordinator(coordinatorArgs(cluster, 1000000) + QStringList{"--no-record"});
-    QElapsedTimer wait;
-    wait.start();
     QString seen;
     // Once the chief has finished two epochs (training, not setting up), SIGKILL the worker.
-    while (!seen.contains("Epoch 2:") && wait.elapsed() < 60000 && coord->state() != QProcess::NotRunning) {
-        coord->waitForReadyRead(200);
-        seen += QString::fromUtf8(coord->readAllStandardOutput());
-    }
-    QVERIFY2(seen.contains("Epoch 2:"), qPrintable(seen));
-    QCOMPARE(coord->state(), QProcess::Running);
+    QVERIFY2(tstest::readUntil(*coord, seen, "Epoch 2:"), qPrintable(seen));
     ::kill(static_cast<pid_t>(worker->process->processId()), SIGKILL);
     QElapsedTimer timer;
     timer.start();
@@ -1376,14 +1389,8 @@ void TestWorker::killedCoordinatorCancelsTasks()
     const QString cluster = startDaemonPair(dir.path(), chief, worker);
     QVERIFY(!cluster.isEmpty());
     auto coord = startCoordinator(coordinatorArgs(cluster, 1000000) + QStringList{"--no-record"});
-    QElapsedTimer wait;
-    wait.start();
     QString seen;
-    while (!seen.contains("Epoch 2:") && wait.elapsed() < 60000 && coord->state() != QProcess::NotRunning) {
-        coord->waitForReadyRead(200);
-        seen += QString::fromUtf8(coord->readAllStandardOutput());
-    }
-    QVERIFY2(seen.contains("Epoch 2:"), qPrintable(seen));
+    QVERIFY2(tstest::readUntil(*coord, seen, "Epoch 2:"), qPrintable(seen));
     ::kill(static_cast<pid_t>(coord->processId()), SIGKILL);
     coord->waitForFinished();
     // Both daemons stop the orphaned tasks (they would otherwise train for nobody) and stay up.
