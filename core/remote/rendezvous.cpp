@@ -5,6 +5,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <map>
+#include <set>
 #include <mutex>
 #include <random>
 
@@ -92,8 +93,13 @@ public:
         if (!req->instance().empty()) {
             Claim& c = g.claims[req->rank()];
             if (!c.instance.empty() && c.instance != req->instance() && now - c.lastSeen <= silence) {
-                logLine("rank " + std::to_string(req->rank()) + " of group " + req->group() + " is held by " + c.peer + "; " + ctx->peer() +
-                        " beat for it too (a task started twice?)");
+                // Once per contender: it beats several times a second until it gives up or the
+                // claim lapses. Either a second copy of the task, or a restarted one whose old
+                // process died moments ago (its claim lapses after `silence`, then it is taken over).
+                if (c.contenders.insert(req->instance()).second)
+                    logLine("rank " + std::to_string(req->rank()) + " of group " + req->group() + " is held by " + c.peer + "; " + ctx->peer() +
+                            " claims it too: a second copy of the task, or a restart while the old process's claim lasts (" +
+                            std::to_string(silence.count()) + " ms after its last heartbeat)");
                 reply->set_held_by(c.peer);
                 return grpc::Status::OK;
             }
@@ -106,7 +112,8 @@ public:
                 reply->set_group_running(true);
                 return grpc::Status::OK;
             }
-            c = {req->instance(), ctx->peer(), now};
+            if (c.instance != req->instance()) c = {req->instance(), ctx->peer(), {}, {}};
+            c.lastSeen = now;
             if (static_cast<int>(g.claims.size()) == req->size()) g.formed = true;
         }
         g.lastSeen[req->rank()] = now;
@@ -134,6 +141,7 @@ private:
     struct Claim {
         std::string instance, peer;
         Clock::time_point lastSeen;
+        std::set<std::string> contenders;  // other instances already logged as beating for it
     };
     struct Value {
         std::string bytes;
