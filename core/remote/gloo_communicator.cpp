@@ -610,6 +610,7 @@ private:
             const bool running = beat.ok() && beat->groupRunning;
             if (beat.ok() && now.empty() && !running) return okStatus();
             if (!beat.ok() && beat.error().code == ErrorCode::InvalidArgument) return tokenRefused();
+            if (!beat.ok() && beat.error().message.find(kRendezvousNotServed) != std::string::npos) return daemonAddress();
             groupRunning = beat.ok() && running;
             if (beat.ok() && running) {
                 // This rank's previous process trained in the group rank 0 still serves: wait
@@ -804,6 +805,16 @@ private:
                          rankName(m_opt.rank) + ": the rendezvous at " + m_opt.rendezvousAddress + ", served by " + rankName(0) +
                              ", refused this task's token",
                          "give every task the same shared token (--token-file, or $TRAINSTUDIO_TOKEN); the chief's log names the refused call");
+    }
+
+    // rank 0's address is a trainstudio-worker daemon's, which serves only its coordinator's runs.
+    Error daemonAddress() const
+    {
+        return makeError(ErrorCode::InvalidArgument,
+                         rankName(m_opt.rank) + ": a trainstudio-worker daemon answers at " + rankName(0) +
+                             "'s address; a daemon's rendezvous serves only the runs its coordinator starts, not tasks started with TF_CONFIG",
+                         "start every task with TF_CONFIG (each at its own address, not a daemon's), or run on the daemons with "
+                         "trainstudio-cli train --cluster FILE naming them");
     }
 
     Error takenError(const std::string& holder) const

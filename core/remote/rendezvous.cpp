@@ -26,9 +26,9 @@ constexpr const char* kIncarnationKey = "ts-rendezvous-incarnation";
 
 class RendezvousService final : public Rendezvous::Service {
 public:
-    RendezvousService(std::string token, int maxValueBytes, std::chrono::milliseconds idleExpiry)
+    RendezvousService(std::string token, int maxValueBytes, std::chrono::milliseconds idleExpiry, GroupFilter serves = {})
         : m_token(std::move(token)), m_maxValue(maxValueBytes), m_idleExpiry(std::max(idleExpiry, std::chrono::milliseconds(1))),
-          m_incarnation(randomId())
+          m_incarnation(randomId()), m_serves(std::move(serves))
     {
     }
 
@@ -176,6 +176,17 @@ private:
             logLine("refused a rendezvous call from " + ctx.peer() + ": key of " + std::to_string(key.size()) + " bytes");
             return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "keys are 1.." + std::to_string(kMaxKeyBytes) + " bytes");
         }
+        // Keys live under their group ("<group>/..."); a heartbeat names the group itself.
+        if (m_serves && !m_serves(key.substr(0, key.find('/')))) {
+            const std::string group = key.substr(0, key.find('/'));
+            {
+                std::lock_guard lock(m_mutex);
+                if (m_refusedGroups.size() < 64 && m_refusedGroups.insert(group).second)
+                    logLine("refused rendezvous calls from " + ctx.peer() + " for group '" + group +
+                            "': no run of this daemon (a task started with TF_CONFIG naming this address?)");
+            }
+            return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, kRendezvousNotServed);
+        }
         return grpc::Status::OK;
     }
 
@@ -221,7 +232,9 @@ private:
     const Clock::duration m_idleExpiry;
     Clock::time_point m_nextSweep{};
     const std::string m_incarnation;
+    const GroupFilter m_serves;
     std::mutex m_mutex;
+    std::set<std::string> m_refusedGroups;  // logged once each
     std::condition_variable m_cv;
     std::map<std::string, Value> m_values;
     std::map<std::string, Group> m_groups;
@@ -245,9 +258,10 @@ std::string randomId()
     return text;
 }
 
-std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes, std::chrono::milliseconds idleExpiry)
+std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes, std::chrono::milliseconds idleExpiry,
+                                                    GroupFilter serves)
 {
-    return std::make_unique<RendezvousService>(token, maxValueBytes, idleExpiry);
+    return std::make_unique<RendezvousService>(token, maxValueBytes, idleExpiry, std::move(serves));
 }
 
 class RendezvousServer::Impl {

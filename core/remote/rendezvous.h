@@ -12,6 +12,7 @@
 //    limits. Client calls return Result errors naming the server's address and the key.
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -49,9 +50,20 @@ private:
 // the process id where there is no entropy source.
 std::string randomId();
 
-// The service alone, to serve next to others on one port (trainstudio-worker does).
+// Whether a rendezvous serves a group (the keys' prefix before the first '/'). Called on gRPC
+// threads without the service's lock held: must be thread-safe. Empty: every group.
+using GroupFilter = std::function<bool(const std::string& group)>;
+
+// The service alone, to serve next to others on one port (trainstudio-worker does, serving only
+// the groups of the runs it was told of).
 std::unique_ptr<grpc::Service> makeRendezvousService(const std::string& token, int maxValueBytes = 1 << 20,
-                                                    std::chrono::milliseconds idleExpiry = kRendezvousIdleExpiry);
+                                                    std::chrono::milliseconds idleExpiry = kRendezvousIdleExpiry,
+                                                    GroupFilter serves = {});
+
+// What a call for a group that is none of its runs gets from a daemon's rendezvous
+// (FAILED_PRECONDITION): typically a task started with TF_CONFIG that names a daemon's address.
+inline constexpr const char* kRendezvousNotServed =
+    "this address is a trainstudio-worker daemon: its rendezvous serves only the runs its coordinator starts";
 
 // What a call waiting at a rendezvous that shuts down gets (UNAVAILABLE): the group it was
 // joining is gone, because its run ended or rank 0 restarts it.

@@ -138,6 +138,7 @@ public:
         if (m_state == "running") return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, busyText());
         if (reservedByOther(req->run_id())) return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call, reservedText());
         m_reservedRun = req->run_id();
+        knowRun(req->run_id());
         m_reservedBy = req->coordinator().empty() ? ctx->peer() : req->coordinator();
         m_reservedAt = std::chrono::steady_clock::now();
         m_reservedUntil = m_reservedAt + std::chrono::seconds(req->seconds());
@@ -234,6 +235,7 @@ public:
         if (m_thread.joinable()) m_thread.join();  // the previous task has finished
         lock.lock();
         m_runId = req->run_id();
+        knowRun(m_runId);
         ++m_taskGeneration;
         m_coordinator = req->coordinator().empty() ? ctx->peer() : req->coordinator();
         m_runStarted = std::chrono::steady_clock::now();
@@ -985,6 +987,29 @@ private:
         finish("completed", {});
     }
 
+public:
+    // Whether this daemon's rendezvous serves `group`: a run a coordinator reserved or started
+    // here (its group is the run id), lately. Other groups come from tasks that took this
+    // daemon's address for a TF_CONFIG task's.
+    bool servesGroup(const std::string& group) const
+    {
+        std::lock_guard lock(m_knownRunsMutex);
+        return std::find(m_knownRuns.begin(), m_knownRuns.end(), group) != m_knownRuns.end();
+    }
+
+private:
+    void knowRun(const std::string& run)
+    {
+        std::lock_guard lock(m_knownRunsMutex);
+        if (std::find(m_knownRuns.begin(), m_knownRuns.end(), run) != m_knownRuns.end()) return;
+        m_knownRuns.push_back(run);
+        if (m_knownRuns.size() > 64) m_knownRuns.pop_front();  // late calls of long-gone runs may be refused
+    }
+
+    // Own lock: the rendezvous asks on gRPC threads, whatever holds m_mutex meanwhile.
+    mutable std::mutex m_knownRunsMutex;
+    std::deque<std::string> m_knownRuns;
+
     std::string m_token;
     std::string m_name;
     std::string m_backupRoot;  // remote tasks' backup folders live under it
@@ -1093,7 +1118,9 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
     auto impl = std::make_unique<Impl>();
     impl->ps = std::make_unique<ParameterService>(options.token, options.maxMessageBytes);
     impl->worker = std::make_unique<WorkerService>(options, impl->ps.get());
-    impl->rendezvous = makeRendezvousService(options.token);
+    WorkerService* worker = impl->worker.get();
+    impl->rendezvous = makeRendezvousService(options.token, 1 << 20, kRendezvousIdleExpiry,
+                                             [worker](const std::string& group) { return worker->servesGroup(group); });
     grpc::ServerBuilder builder;
     // gRPC turns SO_REUSEPORT on by default: a second server on a taken port then "listens" too
     // and the kernel splits connections between the two at random.

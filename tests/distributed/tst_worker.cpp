@@ -131,6 +131,7 @@ class TestWorker : public QObject {
     Q_OBJECT
 private slots:
     void refusesUnauthenticated();
+    void tfConfigTaskAtDaemonIsRefused();
     void tokenIsChecked_data();
     void tokenIsChecked();
     void refusesOversizedAndMalformed();
@@ -210,6 +211,41 @@ void TestWorker::tokenIsChecked()
     QCOMPARE(got.error().code, ErrorCode::InvalidArgument);
     QVERIFY2(QString::fromStdString(got.error().message).contains(QString(error).replace("%1", file)), got.error().toString().c_str());
     QVERIFY2(QString::fromStdString(got.error().hint).contains(QString(hint).replace("%1", file)), got.error().toString().c_str());
+}
+
+// A TF_CONFIG task whose chief address is a daemon's (the two share one cluster format) hears
+// at once that a daemon answers there, instead of waiting out the join; the daemon logs it.
+void TestWorker::tfConfigTaskAtDaemonIsRefused()
+{
+    QTemporaryDir dir;
+    auto daemon = spawnWorker(dir.path(), "daemon");
+    QVERIFY(daemon->port > 0);
+    int workerPort = 0;
+    {
+        tstest::LoopbackListener free;  // a port nobody uses once it closes
+        workerPort = free.port;
+    }
+    QVERIFY(workerPort > 0);
+    const QString tf = dir.filePath("tf.json");
+    QFile f(tf);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(QString(R"({"cluster": {"chief": ["127.0.0.1:%1"], "worker": ["127.0.0.1:%2"]}, "task": {"type": "worker", "index": 0}})")
+                .arg(daemon->port)
+                .arg(workerPort)
+                .toUtf8());
+    f.close();
+    QElapsedTimer timer;
+    timer.start();
+    auto task = startCoordinator({"train", "--strategy", "multi-worker-mirrored", "--tf-config", tf, "--model", "mlp", "--max-steps", "5",
+                                  "--no-record", "--collective-timeout", "60"});
+    QVERIFY(task->waitForFinished(30000));
+    const QString err = QString::fromUtf8(task->readAllStandardError());
+    QCOMPARE(task->exitCode(), 2);
+    QVERIFY2(err.contains(QString("a trainstudio-worker daemon answers at rank 0 (chief:0 at 127.0.0.1:%1)'s address").arg(daemon->port)),
+             qPrintable(err));
+    QVERIFY2(err.contains("train --cluster"), qPrintable(err));
+    QVERIFY2(timer.elapsed() < 15000, qPrintable(QString("took %1 ms").arg(timer.elapsed())));
+    QVERIFY(daemon->running());
 }
 
 void TestWorker::refusesUnauthenticated()
