@@ -1,9 +1,11 @@
 #include "common/json_document.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <vector>
 
 namespace ts {
 namespace {
@@ -40,6 +42,55 @@ std::size_t tooDeepAt(const std::string& text)
     return std::string::npos;
 }
 
+// Finds a key given twice in one object while nlohmann parses (it keeps the last silently, so a
+// TF_CONFIG with two "chief" lists trained with the second). Frames follow the nesting; the path
+// names where the first repeated key is ("cluster.chief", "layers[].attrs.units").
+class DuplicateKeys {
+public:
+    bool onEvent(int /*depth*/, nlohmann::json::parse_event_t event, nlohmann::json& parsed)
+    {
+        using E = nlohmann::json::parse_event_t;
+        switch (event) {
+        case E::object_start: m_frames.push_back({false, {}, {}}); break;
+        case E::array_start: m_frames.push_back({true, {}, {}}); break;
+        case E::object_end:
+        case E::array_end:
+            if (!m_frames.empty()) m_frames.pop_back();
+            break;
+        case E::key:
+            if (!m_frames.empty() && !m_frames.back().array) {
+                Frame& f = m_frames.back();
+                f.key = parsed.get<std::string>();
+                // Objects are small (a model's layer, a cluster): a scan beats a hash set.
+                if (m_first.empty() && std::find(f.keys.begin(), f.keys.end(), f.key) != f.keys.end()) m_first = path();
+                f.keys.push_back(f.key);
+            }
+            break;
+        case E::value: break;
+        }
+        return true;
+    }
+    const std::string& first() const { return m_first; }  // empty: none
+
+private:
+    struct Frame {
+        bool array;
+        std::string key;                // the current member's (objects)
+        std::vector<std::string> keys;  // seen so far (objects)
+    };
+    std::string path() const
+    {
+        std::string out;
+        for (const Frame& f : m_frames) {
+            if (f.array) out += "[]";
+            else out += (out.empty() ? "" : ".") + f.key;
+        }
+        return out;
+    }
+    std::vector<Frame> m_frames;
+    std::string m_first;
+};
+
 } // namespace
 
 std::pair<std::size_t, std::size_t> jsonLineColumn(const std::string& text, std::size_t byte)
@@ -70,7 +121,17 @@ Result<nlohmann::json> parseJsonDocument(const std::string& text, const std::str
 {
     TS_TRY(checkJsonDepth(text, source));
     try {
-        return nlohmann::json::parse(text);
+        DuplicateKeys duplicates;
+        nlohmann::json j = nlohmann::json::parse(text, [&duplicates](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+            return duplicates.onEvent(depth, event, parsed);
+        });
+        if (!duplicates.first().empty()) {
+            const std::string& where = duplicates.first();
+            const std::string key = where.substr(where.find_last_of(".]") == std::string::npos ? 0 : where.find_last_of(".]") + 1);
+            return makeError(ErrorCode::ParseError, source + ": \"" + key + "\" is given twice in one object (at " + where + ")",
+                             "keep one \"" + key + "\": JSON readers differ in which one they take");
+        }
+        return j;
     } catch (const nlohmann::json::parse_error& e) {
         const auto [line, column] = jsonLineColumn(text, e.byte);
         return makeError(ErrorCode::ParseError,

@@ -723,6 +723,14 @@ void TestModel::jsonSyntaxErrorHasLineAndColumn()
     QVERIFY2(r.error().message.rfind("x.json:1:13:", 0) == 0, r.error().message.c_str());
     r = parseModelText("{\n\"layers\": [\n", "y.json");
     QVERIFY2(r.error().message.rfind("y.json:3:", 0) == 0, r.error().message.c_str());
+
+    // A key given twice is not silently the last one: named with where it is.
+    r = parseModelText(R"({"format": "trainstudio-model", "layers": [{"id": "input", "type": "Input", "attrs": {"shape": [784]}},
+        {"id": "d", "type": "Dense", "inputs": ["input"], "attrs": {"units": 3, "units": 30}}]})",
+                       "twice.json");
+    QVERIFY(!r.ok());
+    QCOMPARE(r.error().code, ErrorCode::ParseError);
+    QVERIFY2(r.error().message == "twice.json: \"units\" is given twice in one object (at layers[].attrs.units)", r.error().message.c_str());
 }
 
 void TestModel::structuralErrors_data()

@@ -229,6 +229,10 @@ void TestClusterSpec::rejectsMalformed_data()
     QTest::newRow("duplicate") << R"({"cluster": {"chief": ["h:1"], "worker": ["h:2", "H:1"]}})" << "address H:1 is used twice, by cluster.chief[0] and cluster.worker[1]";
     QTest::newRow("loopback alias") << R"({"cluster": {"worker": ["127.0.0.1:7170", "localhost:7170"]}})"
                                     << "address localhost:7170 is used twice, by cluster.worker[0] and cluster.worker[1]";
+    QTest::newRow("role given twice") << R"({"cluster": {"chief": ["a:1"], "chief": ["b:1"]}})"
+                                      << "src: \"chief\" is given twice in one object (at cluster.chief)";
+    QTest::newRow("task given twice") << R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0, "index": 1}})"
+                                      << "\"index\" is given twice in one object (at task.index)";
     QTest::newRow("two chiefs") << R"({"cluster": {"chief": ["a:1", "b:1"]}})" << "at most one chief";
     QTest::newRow("empty cluster") << R"({"cluster": {}})" << "lists no tasks";
     QTest::newRow("task type") << R"({"cluster": {"worker": ["a:1"]}, "task": {"type": "master", "index": 0}})" << "task.type \"master\" is not a role";
