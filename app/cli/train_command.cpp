@@ -9,6 +9,7 @@
 #include <functional>
 #include <iostream>
 #include <optional>
+#include <set>
 #include <sstream>
 
 #include <CLI/CLI.hpp>
@@ -105,7 +106,9 @@ public:
                       << "\n" << std::flush;
             return;
         }
-        std::printf("Resumed from the backup %s after step %lld (epoch %lld, step %lld of it)\n", file.c_str(),
+        // A file, or (a task that resumes through the chief) whose backup it was.
+        const std::string from = file.find('/') != std::string::npos ? "the backup " + file : file;
+        std::printf("Resumed from %s after step %lld (epoch %lld, step %lld of it)\n", from.c_str(),
                     static_cast<long long>(p.step), static_cast<long long>(p.epoch), static_cast<long long>(p.stepInEpoch));
         std::fflush(stdout);
     }
@@ -551,11 +554,18 @@ int runTrain(const TrainOptions& options)
     // A cluster task that records nothing (not the coordinator) has no run log: the trainer's
     // warnings (its input shard ran out early, ...) go to its own stderr, after each epoch.
     std::shared_ptr<ts::telemetry::Subscription> warnings;
+    std::multiset<std::string> saidOnStderr;  // this command's own warnings (logWarning): printed when they happened
     auto printWarnings = [&] {
         if (!warnings || o.quiet) return;
-        for (const auto& ev : warnings->drain())
-            if (const auto* e = std::get_if<ts::telemetry::LogEvent>(&ev); e && e->level >= ts::telemetry::LogLevel::Warning)
-                std::fprintf(stderr, "warning: %s\n", e->message.c_str());
+        for (const auto& ev : warnings->drain()) {
+            const auto* e = std::get_if<ts::telemetry::LogEvent>(&ev);
+            if (!e || e->level < ts::telemetry::LogLevel::Warning) continue;
+            if (auto said = saidOnStderr.find(e->message); said != saidOnStderr.end()) {
+                saidOnStderr.erase(said);
+                continue;
+            }
+            std::fprintf(stderr, "warning: %s\n", e->message.c_str());
+        }
     };
     auto useCluster = [&] {
         cfg.strategy.crossProcess = cluster->communicator;
@@ -592,7 +602,9 @@ int runTrain(const TrainOptions& options)
     int formRestarts = 0;
     int64_t failedStep = 0;  // where the last failed fit stopped
     // A warning into the recorded run's log (the console has it already).
+    // A warning this command printed itself, for the run's log too.
     auto logWarning = [&](int64_t step, const std::string& message) {
+        if (warnings) saidOnStderr.insert(message);
         ts::telemetry::LogEvent e;
         e.stamp.runId = recording ? recording->runId() : std::string();
         e.stamp.step = step;

@@ -89,7 +89,8 @@ Result<WorkerIdentity> WorkerClient::identify(std::chrono::milliseconds timeout)
     m_impl->prepare(ctx, timeout);
     IdentifyReply reply;
     const grpc::Status st = m_impl->stub->Identify(&ctx, IdentifyRequest(), &reply);
-    if (!st.ok()) return m_impl->fail(st, "unreachable");
+    // Refused is not unreachable: it answered, and named the token as the problem.
+    if (!st.ok()) return m_impl->fail(st, st.error_code() == grpc::StatusCode::UNAUTHENTICATED ? "refused this coordinator's token" : "unreachable");
     WorkerIdentity id;
     id.worker = reply.worker();
     id.version = reply.version();
@@ -245,9 +246,9 @@ Status WorkerClient::streamEvents(const std::string& runId, const std::function<
     // "it may serve TLS").
     if (!st.ok() && received && st.error_code() == grpc::StatusCode::UNAVAILABLE)
         return makeError(ErrorCode::IoError,
-                         m_impl->label + ": the connection broke while the task ran (the daemon exited or was killed, or the network "
-                                         "dropped): " + st.error_message(),
-                         "see that machine's trainstudio-worker log (or why it exited); then start the run again");
+                         m_impl->label + ": the connection broke while the task ran (the process serving it exited or was killed, "
+                                         "or the network dropped): " + st.error_message(),
+                         "see that task's log (its trainstudio-worker's, or its own output) for why it exited; then start the run again");
     if (!st.ok()) return m_impl->fail(st, "event stream broke");
     return okStatus();
 }
