@@ -32,7 +32,8 @@ void addClusterCommand(CLI::App& app, ClusterOptions& o)
 {
     auto* c = app.add_subcommand("cluster", "Check a TF_CONFIG cluster and export each task's TF_CONFIG");
     c->add_option("file", o.file, "TF_CONFIG file (default: $TF_CONFIG)");
-    c->add_option("--strategy", o.strategy, "also check the roles this strategy needs: multi-worker-mirrored, parameter-server");
+    c->add_option("--strategy", o.strategy, "also check the roles this strategy needs")
+        ->check(CLI::IsMember({"multi-worker-mirrored", "parameter-server"}));
     c->add_option("--task", o.task, "print only this task's TF_CONFIG (e.g. worker:1), for TF_CONFIG=$(...)");
     c->add_option("--out-dir", o.outDir, "write one file per task (tf_config-<type>-<index>.json) for train --tf-config");
     c->add_flag("--probe", o.probe, "ask every task's trainstudio-worker whether it is ready (reachable, same version, idle)");

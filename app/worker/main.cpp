@@ -23,6 +23,17 @@
 #include "remote/worker_service.h"
 #include "train/backup.h"
 
+namespace {
+
+// The house format, as trainstudio-cli prints errors: the message, then what to do.
+void printError(const ts::Error& e)
+{
+    std::cerr << "error: " << e.message << "\n";
+    if (!e.hint.empty()) std::cerr << "  hint: " << e.hint << "\n";
+}
+
+} // namespace
+
 int main(int argc, char** argv)
 {
     ts::keepLargeBuffersInHeap();
@@ -79,7 +90,7 @@ int main(int argc, char** argv)
 
     auto token = ts::remote::loadToken(tokenFile);
     if (!token.ok()) {
-        std::cerr << "error: " << token.error().toString() << "\n";
+        printError(token.error());
         return 2;
     }
     o.token = *token;
@@ -92,7 +103,7 @@ int main(int argc, char** argv)
 
     auto daemon = ts::remote::WorkerDaemon::start(o);
     if (!daemon.ok()) {
-        std::cerr << "error: " << daemon.error().toString() << "\n";
+        printError(daemon.error());
         return 2;
     }
     if (!portFile.empty()) {
