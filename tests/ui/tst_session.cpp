@@ -106,17 +106,7 @@ void TestSession::initTestCase()
 
 std::unique_ptr<MainWindow> TestSession::window(int epochs, int limit)
 {
-    auto w = std::make_unique<MainWindow>();
-    w->setConfirmStopOnClose(false);
-    w->setDatabasePath(db());
-    w->newFromTemplate("seed_mlp");
-    w->resize(1300, 850);
-    w->show();
-    w->showTab("train");
-    RunSetupPanel* setup = w->trainPage()->setup();
-    setup->findChild<QSpinBox*>("epochs")->setValue(epochs);
-    setup->findChild<QSpinBox*>("limit")->setValue(limit);
-    return w;
+    return uitest::trainingWindow(db(), epochs, limit);
 }
 
 void TestSession::trainFromTheGuiRecordsTheRun()

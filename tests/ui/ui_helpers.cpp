@@ -5,6 +5,7 @@
 #include <QGraphicsView>
 #include <QMimeData>
 #include <QSettings>
+#include <QSpinBox>
 #include <QTemporaryDir>
 #include <QTest>
 #include <QTreeView>
@@ -17,6 +18,8 @@
 #include "designer/palettewidget.h"
 #include "mainwindow.h"
 #include "models/layerpalettemodel.h"
+#include "setup/runsetuppanel.h"
+#include "trainpage.h"
 
 namespace uitest {
 
@@ -104,6 +107,21 @@ ts::ModelSpec resourceModel(const std::string& name)
     if (!s.ok())
         qFatal("%s", s.error().toString().c_str());
     return s.value();
+}
+
+std::unique_ptr<ts::MainWindow> trainingWindow(const QString& db, int epochs, int limit)
+{
+    auto w = std::make_unique<ts::MainWindow>();
+    w->setConfirmStopOnClose(false);
+    w->setDatabasePath(db);
+    w->newFromTemplate("seed_mlp");
+    w->resize(1300, 850);
+    w->show();
+    w->showTab("train");
+    ts::RunSetupPanel* setup = w->trainPage()->setup();
+    setup->findChild<QSpinBox*>("epochs")->setValue(epochs);
+    setup->findChild<QSpinBox*>("limit")->setValue(limit);
+    return w;
 }
 
 } // namespace uitest

@@ -6,6 +6,7 @@
 #include <QPointF>
 #include <QString>
 
+#include <memory>
 #include <string>
 
 #include "model/spec.h"
@@ -33,6 +34,10 @@ std::string dropFromPalette(ts::MainWindow& w, const QString& type, QPointF scen
 
 // Connects `from`'s output port to input `slot` of `to` by dragging with the mouse.
 void connectPorts(ts::MainWindow& w, const std::string& from, const std::string& to, int slot = 0);
+
+// A shown studio window recording into `db`, holding the seed MLP, on its Train tab with the
+// run's epochs and example limit set (0: all examples).
+std::unique_ptr<ts::MainWindow> trainingWindow(const QString& db, int epochs, int limit);
 
 std::string sourcePath(const std::string& relative);  // TS_SOURCE_DIR + "/" + relative
 
