@@ -19,6 +19,7 @@
 #include "telemetry/events.h"
 #include "telemetry/trace_sink.h"
 #include "telemetry/tracer.h"
+#include "train/backup.h"
 #include "train/run_config.h"
 
 namespace tscli {
@@ -45,6 +46,12 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         printError(token.error());
         return 2;
     }
+    // Refused here before any daemon is reserved (each daemon checks it again).
+    if (cfg.backup.enabled())
+        if (auto st = ts::checkRemoteBackupName(cfg.backup.dir, "--backup-dir"); !st.ok()) {
+            printError(st.error());
+            return 2;
+        }
     // Say so rather than skip it quietly.
     if (!spec->addresses("evaluator").empty() && !cfg.validate && !o.quiet)
         std::fprintf(stderr, "note: %s: the evaluator task is not started: the run does not validate\n", o.cluster.c_str());

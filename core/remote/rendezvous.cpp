@@ -112,7 +112,8 @@ public:
                 reply->set_group_running(true);
                 return grpc::Status::OK;
             }
-            if (c.instance != req->instance()) c = {req->instance(), ctx->peer(), {}, {}};
+            if (c.instance != req->instance()) c = {req->instance(), {}, {}, {}};
+            c.peer = ctx->peer();
             c.lastSeen = now;
             if (static_cast<int>(g.claims.size()) == req->size()) g.formed = true;
         }

@@ -168,22 +168,16 @@ public:
         if (cfg->backup.enabled()) {
             // A folder name the coordinator chose, kept under this daemon's backup root: it can
             // neither escape it nor name another path on this machine.
-            const std::filesystem::path rel(cfg->backup.dir);
-            bool bad = rel.is_absolute() || rel.empty();
-            for (const auto& part : rel) bad |= part == "..";
-            if (bad)
-                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
-                              source + ": backup.dir '" + cfg->backup.dir +
-                                  "' must be a relative folder name without '..' (a remote task keeps its backups under its "
-                                  "worker's --backup-root)");
-            cfg->backup.dir = (std::filesystem::path(m_backupRoot) / rel).string();
+            if (Status named = checkRemoteBackupName(cfg->backup.dir, source); !named.ok())
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call, named.error().message);
+            cfg->backup.dir = (std::filesystem::path(m_backupRoot) / cfg->backup.dir).string();
             cfg->backup.restarts = 0;  // the coordinator restarts runs
             // Said now, naming this daemon's setting: the trainer's own error would point at the
             // coordinator's --backup-dir, which only names the folder.
             std::error_code ec;
             std::filesystem::create_directories(m_backupRoot, ec);
             if (ec || ::access(m_backupRoot.c_str(), W_OK | X_OK) != 0)
-                return refuse(*ctx, grpc::StatusCode::FAILED_PRECONDITION, call,
+                return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
                               source + ": this worker cannot keep backups: its --backup-root " + m_backupRoot + " is not a folder it can write (" +
                                   (ec ? ec.message() : std::string(std::strerror(errno))) +
                                   "); start trainstudio-worker with a --backup-root this user can write, or run without --backup-dir");

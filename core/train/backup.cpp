@@ -107,6 +107,19 @@ bool restartableFailure(const Error& e)
 
 std::string defaultBackupRoot() { return (std::filesystem::path(userDataDir()) / "backups").string(); }
 
+Status checkRemoteBackupName(const std::string& dir, const std::string& source)
+{
+    const std::filesystem::path rel(dir);
+    bool bad = rel.is_absolute() || rel.empty();
+    for (const auto& part : rel) bad |= part == "..";
+    if (bad)
+        return makeError(ErrorCode::InvalidArgument,
+                         source + ": backup.dir '" + dir + "' must be a relative folder name without '..' (a remote task keeps its backups under its "
+                                  "worker's --backup-root)",
+                         "name a folder, e.g. --backup-dir my-run: each daemon keeps it under its --backup-root");
+    return okStatus();
+}
+
 std::string backupPath(const std::string& dir) { return (std::filesystem::path(dir) / "backup.safetensors").string(); }
 
 Status writeTrainingState(const std::string& path, const TrainingState& state)

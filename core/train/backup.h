@@ -62,6 +62,10 @@ bool restartableFailure(const Error& error);
 // $XDG_DATA_HOME/trainstudio/backups, or ~/.local/share/trainstudio/backups.
 std::string defaultBackupRoot();
 
+// A coordinated run's backup folder is a name under each daemon's --backup-root: relative and
+// without "..", so a coordinator cannot make a daemon write elsewhere. `source` leads the message.
+Status checkRemoteBackupName(const std::string& dir, const std::string& source);
+
 // The backup file inside a backup folder.
 std::string backupPath(const std::string& dir);
 

@@ -337,6 +337,15 @@ void TestWorker::refusesOversizedAndMalformed()
     st = start(mwm.toJson().dump(), R"({"cluster": {"worker": ["127.0.0.1:1"], "ps": ["127.0.0.1:2"]}})", "ps", 0);
     QCOMPARE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
     QVERIFY2(st.error_message().find("multi-worker-mirrored does not use ps tasks") != std::string::npos, st.error_message().c_str());
+    // A backup folder must stay under the daemon's --backup-root.
+    for (const char* dir : {"../elsewhere", "/tmp/abs"}) {
+        RunConfig escaping = mwm;
+        escaping.backup.dir = dir;
+        st = start(escaping.toJson().dump(), cluster);
+        QCOMPARE(st.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+        QVERIFY2(st.error_message().find(std::string("backup.dir '") + dir + "' must be a relative folder name without '..'") != std::string::npos,
+                 st.error_message().c_str());
+    }
     // Evaluate names what is wrong: no such run here (this daemon runs none).
     {
         grpc::ClientContext ctx;
@@ -1250,15 +1259,16 @@ void TestWorker::restartedRunResumesFromBackup()
     QCOMPARE(counts->steps, int64_t(400));
     QCOMPARE(counts->breakdowns, int64_t(400));  // the failed attempt's last ones were cut off
 
-    // A backup folder that tries to leave the worker's root is refused, naming the setting.
+    // A backup folder that tries to leave the worker's root is refused by the coordinator before
+    // any daemon is reserved (the daemons check it too: refusesOversizedAndMalformed).
     auto chief = tstest::spawnWorker(dir.path(), "c-chief", kToken, {"--backup-root", root});
     auto worker = spawnWorker(dir.path(), "c-worker");
     const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
     auto coord = startCoordinator(coordinatorArgs(cluster, 20) + QStringList{"--no-record", "--backup-dir", "../elsewhere"});
     QVERIFY(coord->waitForFinished(60000));
     const QString refused = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
-    QCOMPARE(coord->exitCode(), 1);
-    QVERIFY2(refused.contains("backup.dir '../elsewhere' must be a relative folder name without '..'"), qPrintable(refused));
+    QCOMPARE(coord->exitCode(), 2);
+    QVERIFY2(refused.contains("--backup-dir: backup.dir '../elsewhere' must be a relative folder name without '..'"), qPrintable(refused));
 
     // A backup root that cannot hold backups (gone, a file in its place) is named as the
     // daemon's --backup-root, not as the coordinator's --backup-dir, before the task starts.
