@@ -124,7 +124,7 @@ Result<ClusterSpec> ClusterSpec::fromJson(const nlohmann::json& j, const std::st
                          "write \"cluster\": {\"worker\": [\"host:port\", ...]} (roles: chief, worker, ps, evaluator)");
     ClusterSpec spec;
     spec.m_source = source;
-    std::map<std::string, std::string> seen;  // address key -> "role[index]"
+    std::map<std::string, std::pair<std::string, std::string>> seen;  // address key -> "role[index]", as written
     for (auto it = j["cluster"].begin(); it != j["cluster"].end(); ++it) {
         const std::string role = it.key();
         if (!isRole(role))
@@ -145,11 +145,16 @@ Result<ClusterSpec> ClusterSpec::fromJson(const nlohmann::json& j, const std::st
             }
             const std::string key = addressKey(*hp);
             const std::string name = role + "[" + std::to_string(i) + "]";
-            if (auto prev = seen.find(key); prev != seen.end())
+            const std::string written = e.get<std::string>();
+            if (auto prev = seen.find(key); prev != seen.end()) {
+                // Written differently (localhost and 127.0.0.1): say both, or it reads as a typo.
+                const auto& [prevName, prevWritten] = prev->second;
                 return makeError(ErrorCode::InvalidArgument,
-                                 source + ": address " + e.get<std::string>() + " is used twice, by cluster." + prev->second + " and cluster." + name,
+                                 source + ": address " + written + " is used twice, by cluster." + prevName +
+                                     (prevWritten != written ? " (written " + prevWritten + ")" : std::string()) + " and cluster." + name,
                                  "every task needs its own host:port");
-            seen[key] = name;
+            }
+            seen[key] = {name, written};
             list.push_back(e.get<std::string>());
         }
         if ((role == "chief" || role == "evaluator") && list.size() > 1)

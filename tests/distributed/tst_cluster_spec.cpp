@@ -226,9 +226,9 @@ void TestClusterSpec::rejectsMalformed_data()
     QTest::newRow("role not a list") << R"({"cluster": {"worker": "a:1"}})" << "cluster.worker must be a list";
     QTest::newRow("entry not a string") << R"({"cluster": {"worker": ["a:1", 7]}})" << "cluster.worker[1] must be a \"host:port\" string";
     QTest::newRow("bad address") << R"({"cluster": {"worker": ["a:1", "b"]}})" << "cluster.worker[1]: bad address \"b\": no :port";
-    QTest::newRow("duplicate") << R"({"cluster": {"chief": ["h:1"], "worker": ["h:2", "H:1"]}})" << "address H:1 is used twice, by cluster.chief[0] and cluster.worker[1]";
+    QTest::newRow("duplicate") << R"({"cluster": {"chief": ["h:1"], "worker": ["h:2", "H:1"]}})" << "address H:1 is used twice, by cluster.chief[0] (written h:1) and cluster.worker[1]";
     QTest::newRow("loopback alias") << R"({"cluster": {"worker": ["127.0.0.1:7170", "localhost:7170"]}})"
-                                    << "address localhost:7170 is used twice, by cluster.worker[0] and cluster.worker[1]";
+                                    << "address localhost:7170 is used twice, by cluster.worker[0] (written 127.0.0.1:7170) and cluster.worker[1]";
     QTest::newRow("role given twice") << R"({"cluster": {"chief": ["a:1"], "chief": ["b:1"]}})"
                                       << "src: \"chief\" is given twice in one object (at cluster.chief)";
     QTest::newRow("task given twice") << R"({"cluster": {"worker": ["a:1", "b:1"]}, "task": {"type": "worker", "index": 0, "index": 1}})"
