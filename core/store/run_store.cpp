@@ -1109,7 +1109,16 @@ Result<RunStore> RunStore::open(const std::string& path, const OpenOptions& opti
         // commit across a process crash (the WAL is in the OS cache) and the file always
         // consistent; only an OS crash or power cut may lose the last batches.
         TS_ASSIGN(sql::Stmt wal, db.prepare("PRAGMA journal_mode = WAL"));
-        TS_ASSIGN(bool row, wal.step());
+        // Two processes creating the same new database at once: switching its journal needs an
+        // exclusive lock, and SQLite answers BUSY at once instead of waiting (the other holds a
+        // shared one). Try again for as long as the busy timeout would have waited.
+        auto stepped = wal.step();
+        for (int tries = 0; !stepped.ok() && db.lastCallWasBusy() && tries < 200; ++tries) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+            wal.reset();
+            stepped = wal.step();
+        }
+        TS_ASSIGN(bool row, std::move(stepped));
         if (!row || wal.text(0) != "wal")
             return makeError(ErrorCode::IoError, "run database '" + path + "': cannot switch to WAL journaling (got '" +
                                                      (row ? wal.text(0) : std::string()) + "')",

@@ -120,6 +120,8 @@ public:
     bool isOpen() const { return m_db != nullptr; }
     // SQLite opens a file this user may not write read-only without saying so.
     bool isReadOnly() const { return m_db && sqlite3_db_readonly(m_db, "main") == 1; }
+    // The last call failed because another connection held a lock (SQLITE_BUSY).
+    bool lastCallWasBusy() const { return m_db && (sqlite3_errcode(m_db) & 0xff) == SQLITE_BUSY; }
     const std::string& path() const { return m_path; }
     sqlite3* handle() const { return m_db; }
 
