@@ -79,7 +79,7 @@ bool parseFloat(std::string_view s, float& out)
     if (s.front() == '+') s.remove_prefix(1);
     const auto r = std::from_chars(s.data(), s.data() + s.size(), out);
     if (r.ec == std::errc::result_out_of_range) {
-        // Denormal or huge: let strtof decide (it returns 0 or inf with ERANGE); both are values.
+        // Denormal or huge: let strtof decide (it returns 0, or inf with ERANGE: refused as not finite).
         std::string tmp(s);
         out = std::strtof(tmp.c_str(), nullptr);
         return true;
@@ -268,6 +268,13 @@ Result<std::optional<CsvRecord>> CsvReader::next()
                              at + ", column " + std::to_string(c + 1) + " ('" + m_header[c] + "'): " +
                                  (trim(fields[c]).empty() ? std::string("empty value") : shown(fields[c]) + " is not a number"),
                              role == -2 ? "labels must be numbers (class ids 0, 1, ...)" : "features must be numbers");
+        if (!std::isfinite(v))
+            // NaN and Inf ("nan", "inf", 1e999) would pass the loss check (ReLU zeroes a NaN) and
+            // turn the first layer's weights to NaN while the run reports success.
+            return makeError(ErrorCode::ParseError,
+                             at + ", column " + std::to_string(c + 1) + " ('" + m_header[c] + "'): " + shown(fields[c]) +
+                                 " is not a finite number",
+                             "fill in or drop missing values before training, or set skip_bad_records to skip such lines");
         if (role == -2) {
             if (!m_options.floatLabels && (v < 0 || v != std::floor(v) || v > 2147483647.f))
                 return makeError(ErrorCode::ParseError,

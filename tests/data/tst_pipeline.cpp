@@ -386,6 +386,13 @@ private slots:
         writeBytes(tmp("bad2.csv"), "a,b,label\n5,abc,1\n");
         drain(*make(PipelineSpec(SourceSpec::csv({tmp("bad2.csv")}, "label"))), 0, &err);
         VERIFY_MSG(err, "line 2, column 2 ('b'): 'abc' is not a number");
+        // NaN and Inf are no data to train on (a NaN feature turned the weights to NaN silently).
+        for (const char* value : {"nan", "-inf", "1e999", "NaN"}) {
+            writeBytes(tmp("nonfinite.csv"), std::string("a,b,label\n1,2,0\n3,") + value + ",1\n");
+            got = drain(*make(PipelineSpec(SourceSpec::csv({tmp("nonfinite.csv")}, "label"))), 0, &err);
+            QCOMPARE(got.size(), std::size_t(1));
+            VERIFY_MSG(err, std::string("line 3, column 2 ('b'): '") + value + "' is not a finite number");
+        }
         // File text in messages is escaped; a header of control bytes or other encodings is no CSV.
         writeBytes(tmp("esc_value.csv"), "a,label\n\x1b[31m,1\n");
         drain(*make(PipelineSpec(SourceSpec::csv({tmp("esc_value.csv")}, "label"))), 0, &err);
