@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "command_line.h"
 #include "commands.h"
 #include "store/recording.h"
 #include "output_guard.h"
@@ -399,6 +400,8 @@ int remove(st::RunStore& store, const RunsOptions& o)
     for (const auto& r : o.runs) {
         auto id = store.resolveRunId(r);
         if (!id.ok()) return fail(id.error());
+        // The same run named twice (by id and by name) is deleted once.
+        if (std::any_of(targets.begin(), targets.end(), [&](const auto& t) { return t.first == *id; })) continue;
         auto info = store.run(*id);
         if (!info.ok()) return fail(info.error());
         targets.emplace_back(*id, info->name);
@@ -564,30 +567,30 @@ void addRunsCommand(CLI::App& app, RunsOptions& o)
     list->add_option("--tag", o.tag, "only runs with this tag");
     list->add_option("--strategy", o.strategy, "only runs with this strategy (one-device, mirrored, ...)");
     list->add_option("--model", o.model, "only runs of this model (its name)");
-    list->add_option("--limit", o.limit, "at most this many runs");
+    list->add_option("--limit", o.limit, "at most this many runs (0: all)")->check(tsapp::wholeNumberAtLeastZero());
     list->callback([&o] { o.action = "list"; });
 
     auto* show = runs->add_subcommand("show", "Show one run: configuration, epochs, metrics, checkpoints, findings");
     common(show);
-    show->add_option("run", o.run, "run id, unique id prefix or name")->required();
+    show->add_option("run", o.run, "run id, unique id prefix (4+ characters) or name")->required();
     show->callback([&o] { o.action = "show"; });
 
     auto* cmp = runs->add_subcommand("compare", "Compare runs on one metric (downsampled series with --json)");
     common(cmp);
-    cmp->add_option("runs", o.runs, "two or more runs (id, id prefix or name)")->required();
+    cmp->add_option("runs", o.runs, "two or more runs (id, id prefix of 4+ characters, or name)")->required();
     cmp->add_option("--metric", o.metric, "step metric to compare (default: loss)");
     cmp->add_option("--buckets", o.buckets, "downsample each series to this many min/max buckets (default 200)")->check(CLI::Range(1, 100000));
     cmp->callback([&o] { o.action = "compare"; });
 
     auto* del = runs->add_subcommand("delete", "Delete runs and the files they own (checkpoints, traces)");
     common(del);
-    del->add_option("runs", o.runs, "runs to delete (id, id prefix or name)")->required();
+    del->add_option("runs", o.runs, "runs to delete (id, id prefix of 4+ characters, or name)")->required();
     del->add_flag("--keep-files", o.keepFiles, "keep the checkpoint and trace files");
     del->callback([&o] { o.action = "delete"; });
 
     auto* exp = runs->add_subcommand("export", "Export a run: step metrics CSV, epoch CSV, Chrome trace, final weights");
     common(exp);
-    exp->add_option("run", o.run, "run id, unique id prefix or name")->required();
+    exp->add_option("run", o.run, "run id, unique id prefix (4+ characters) or name")->required();
     exp->add_option("--csv", o.csv, "step metrics as CSV ('-' for standard output)");
     exp->add_option("--epochs-csv", o.epochsCsv, "epoch metrics as CSV ('-' for standard output)");
     exp->add_option("--trace", o.trace, "spans and samples as a Chrome trace (Perfetto, chrome://tracing)");
@@ -596,13 +599,13 @@ void addRunsCommand(CLI::App& app, RunsOptions& o)
 
     auto* ren = runs->add_subcommand("rename", "Rename a run");
     common(ren);
-    ren->add_option("run", o.run, "run id, unique id prefix or name")->required();
+    ren->add_option("run", o.run, "run id, unique id prefix (4+ characters) or name")->required();
     ren->add_option("name", o.newName, "the new name")->required();
     ren->callback([&o] { o.action = "rename"; });
 
     auto* tg = runs->add_subcommand("tag", "Add or remove a run's tags");
     common(tg);
-    tg->add_option("run", o.run, "run id, unique id prefix or name")->required();
+    tg->add_option("run", o.run, "run id, unique id prefix (4+ characters) or name")->required();
     tg->add_option("--add", o.addTags, "tags to add");
     tg->add_option("--remove", o.removeTags, "tags to remove");
     tg->callback([&o] { o.action = "tag"; });

@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "command_line.h"
 #include "commands.h"
 #include "telemetry/trace_summary.h"
 
@@ -78,7 +79,7 @@ void addTraceCommand(CLI::App& app, TraceOptions& o)
     auto* summary = c->add_subcommand("summary", "Step-time breakdown, top spans per lane and findings of a trace");
     summary->add_option("file", o.file, "Chrome trace file (.json or .json.gz)")->required();
     summary->add_flag("--json", o.json, "print the summary as JSON");
-    summary->add_option("--top", o.top, "spans listed per lane (default 10)")->check(CLI::NonNegativeNumber);
+    summary->add_option("--top", o.top, "spans listed per lane (default 10)")->check(tsapp::wholeNumberAtLeastZero());
 }
 
 int runTrace(const TraceOptions& o)

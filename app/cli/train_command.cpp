@@ -15,6 +15,7 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "command_line.h"
 #include "commands.h"
 #include "output_guard.h"
 #include "common/json_document.h"
@@ -183,7 +184,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--config", o.config, "run configuration JSON (flags override its fields)");
     c->add_option("--data", o.data, "folder of IDX files (default: the Fashion-MNIST folder)");
     c->add_option("--epochs", o.epochs, "epochs (default: the model's compile setting)")->check(CLI::Range(1, 1000000));
-    c->add_option("--max-steps", o.maxSteps, "stop after this many steps in total")->check(CLI::NonNegativeNumber);
+    c->add_option("--max-steps", o.maxSteps, "stop after this many steps in total")->check(tsapp::wholeNumberAtLeastZero());
     c->add_option("--batch-size", o.batchSize, "global batch size (split across replicas)")->check(CLI::Range(1LL, 1LL << 31));
     c->add_option("--optimizer", o.optimizer, "adam, adamw, sgd or rmsprop (overrides the model's)");
     c->add_option("--learning-rate", o.learningRate, "learning rate (overrides the model's)")
@@ -221,8 +222,8 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
         ->each([&o](const std::string&) { o.seedGiven = true; });
     c->add_flag("--no-shuffle", o.noShuffle, "serve batches in file order");
     c->add_flag("--no-validation", o.noValidation, "skip the per-epoch validation on the test set");
-    c->add_option("--limit", o.limit, "use only the first N training examples")->check(CLI::NonNegativeNumber);
-    c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples")->check(CLI::NonNegativeNumber);
+    c->add_option("--limit", o.limit, "use only the first N training examples")->check(tsapp::wholeNumberAtLeastZero());
+    c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples")->check(tsapp::wholeNumberAtLeastZero());
     c->add_option("--load-weights", o.loadWeights, "initial weights (.safetensors, Keras layouts)");
     c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors; with --cluster: parameter-server only)");
     c->add_option("--backend", o.backend, "force a backend by name (reference, cpu; cuda with the CUDA plugin and a GPU)");
@@ -236,12 +237,12 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_flag("--trace-layers", o.traceLayers, "with --trace: a span per layer in forward and backward");
     c->add_option("--checkpoint-every", o.checkpointEvery,
                   "keep the weights every N epochs with the recorded run (safetensors in the run's folder)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(tsapp::wholeNumberAtLeastZero());
     c->add_option("--backup-dir", o.backupDir,
                   "back the run up into DIR (weights, optimizer state, data position) and resume from it when started again "
                   "(Keras BackupAndRestore); a completed run deletes its backup");
     c->add_option("--backup-every-steps", o.backupEverySteps, "with --backup-dir: back up every N steps (default: after each epoch)")
-        ->check(CLI::NonNegativeNumber);
+        ->check(tsapp::wholeNumberAtLeastZero());
     c->add_option("--restarts", o.restarts,
                   "with --backup-dir: when the run fails (e.g. a multi-worker peer died), start it again from its backup up to N "
                   "times; multi-worker tasks re-join the cluster and wait for the restarted peer (also when a task is lost while the "

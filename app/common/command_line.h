@@ -4,11 +4,31 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <exception>
 #include <optional>
 #include <string>
 #include <vector>
 
 namespace tsapp {
+
+// A count given on the command line: a whole number >= 0 (0 usually means "no limit"). CLI11's
+// NonNegativeNumber says "not in range 0.000000 to 1797693134862315708145...".
+inline CLI::Validator wholeNumberAtLeastZero()
+{
+    return CLI::Validator(
+        [](std::string& value) -> std::string {
+            std::size_t used = 0;
+            long long n = -1;
+            try {
+                n = std::stoll(value, &used);
+            } catch (const std::exception&) {
+                used = 0;
+            }
+            if (used != value.size() || n < 0) return "must be a whole number >= 0, got '" + value + "'";
+            return {};
+        },
+        "N>=0", "whole number >= 0");
+}
 
 // Parses argv into `app`. Returns nothing when the command should run, else the exit code:
 // --help and --version print and give 0; a bad option or value is bad input like any other

@@ -140,7 +140,8 @@ std::string defaultRunName(const nlohmann::json& model)
 Error notFoundRun(const std::string& path, const std::string& runId)
 {
     return makeError(ErrorCode::NotFound, "no run '" + runId + "' in run database '" + path + "'",
-                     "list the runs with `trainstudio-cli runs list --db " + path + "`");
+                     std::string(runId.size() < 4 ? "an id prefix needs 4 characters or more; " : "") +
+                         "list the runs with `trainstudio-cli runs list --db " + path + "`");
 }
 
 Error readOnlyError(const std::string& path)
@@ -1072,11 +1073,19 @@ Result<RunStore> RunStore::open(const std::string& path, const OpenOptions& opti
         return makeError(ErrorCode::Unsupported, "run database '" + path + "' is read-only for this user",
                          "make it (and its folder) writable, or choose another --db; it can still be read");
 
-    // Recognise the file before changing anything in it.
-    auto version = db.queryInt("PRAGMA user_version");
-    if (!version.ok()) return version.takeError();
-    TS_ASSIGN(int64_t appId, db.queryInt("PRAGMA application_id"));
-    TS_ASSIGN(int64_t tables, db.queryInt("SELECT count(*) FROM sqlite_schema"));
+    // Recognise the file before changing anything in it, in one read transaction: another
+    // process may be creating the schema right now, and its application id read before its
+    // commit with its tables after took the file for another program's.
+    int64_t appId = 0, tables = 0;
+    Result<int64_t> version = int64_t{0};
+    {
+        TS_ASSIGN(auto readTx, sql::Transaction::begin(db, false));
+        version = db.queryInt("PRAGMA user_version");
+        if (!version.ok()) return version.takeError();
+        TS_ASSIGN(appId, db.queryInt("PRAGMA application_id"));
+        TS_ASSIGN(tables, db.queryInt("SELECT count(*) FROM sqlite_schema"));
+        TS_TRY(readTx.commit());
+    }
     if (appId != kApplicationId && (tables > 0 || *version > 0)) {
         char id[16];
         std::snprintf(id, sizeof id, "0x%08llx", static_cast<unsigned long long>(static_cast<uint32_t>(appId)));
@@ -1216,9 +1225,17 @@ namespace {
 
 Status checkText(const std::string& text, const char* what)
 {
-    if (isValidUtf8(text)) return okStatus();
-    return makeError(ErrorCode::InvalidArgument, std::string("a run's ") + what + " must be UTF-8 text (this one has other bytes)",
-                     "type it again, or set the terminal's locale to UTF-8");
+    if (!isValidUtf8(text))
+        return makeError(ErrorCode::InvalidArgument, std::string("a run's ") + what + " must be UTF-8 text (this one has other bytes)",
+                         "type it again, or set the terminal's locale to UTF-8");
+    // A newline or tab would break every table that lists it (runs list, the history panel).
+    for (const unsigned char c : text)
+        if (c < 0x20 || c == 0x7f)
+            return makeError(ErrorCode::InvalidArgument,
+                             std::string("a run's ") + what + " must be one line of text (this one holds the control character 0x" +
+                                 "0123456789abcdef"[c >> 4] + "0123456789abcdef"[c & 15] + ")",
+                             "give it without newlines or tabs");
+    return okStatus();
 }
 
 // Runs are found by id, unique id prefix (4+ characters) or name, in that order: a name that is
@@ -1446,6 +1463,23 @@ Result<DeleteReport> RunStore::deleteRun(const std::string& runId, bool removeFi
     Impl* d = m.get();
     TS_TRY(m->submit([&]() -> Status {
         TS_ASSIGN(int64_t r, d->rid(runId, false));
+        {
+            // A run still being recorded would go on writing steps and checkpoint files that
+            // nothing refers to any more (its writer does not notice the deletion).
+            TS_ASSIGN(sql::Stmt s, d->writer.prepare("SELECT writer_host, writer_pid, writer_start FROM runs "
+                                                     "WHERE rid = ? AND status IN ('created', 'running', 'paused')"));
+            s.bind(1, r);
+            TS_ASSIGN(bool row, s.step());
+            if (row) {
+                const ProcessIdentity writer{s.text(0), s.int64(1), s.text(2)};
+                // Unknown (another host, an old record) is not refused: it could never be deleted.
+                if (processLiveness(writer) == Liveness::Alive)
+                    return makeError(ErrorCode::InvalidArgument,
+                                     "run " + runId + " is still being recorded (by process " + std::to_string(writer.pid) + " on " +
+                                         writer.host + "); nothing was deleted",
+                                     "stop it first (Ctrl-C there, or Stop in the studio), then delete it");
+            }
+        }
         {
             TS_ASSIGN(sql::Stmt s, d->writer.prepare("SELECT path, checksum FROM checkpoints WHERE run = ?1 "
                                                      "UNION SELECT path, checksum FROM run_files WHERE run = ?1"));

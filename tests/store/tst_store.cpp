@@ -1211,6 +1211,13 @@ void TestStore::deleteRemovesFiles()
     QVERIFY(store->addCheckpoint(a, exported, 10, "final").ok());
     QVERIFY(weights(changed, 4).ok());  // overwritten after it was recorded
 
+    // Not while it is being recorded (its writer would go on writing files nothing refers to).
+    auto refused = store->deleteRun(a);
+    QVERIFY(!refused.ok());
+    QVERIFY2(refused.error().message.find("is still being recorded (by process " + std::to_string(::getpid())) != std::string::npos,
+             refused.error().message.c_str());
+    QVERIFY(fs::exists(own));
+    QVERIFY(store->setRunStatus(a, st::RunState::Completed).ok());
     auto report = store->deleteRun(a);
     QVERIFY2(report.ok(), report.ok() ? "" : report.error().toString().c_str());
     QVERIFY(!fs::exists(own));
@@ -1229,6 +1236,7 @@ void TestStore::deleteRemovesFiles()
     QCOMPARE(raw.text("SELECT count(*) FROM checkpoints"), QString("1"));  // b's
     // The other run is untouched and can still be deleted (its shared file goes with it now).
     QCOMPARE(store->series(b, "loss")->samples, int64_t(1));
+    QVERIFY(store->setRunStatus(b, st::RunState::Completed).ok());
     auto rb = store->deleteRun(b);
     QVERIFY(rb.ok());
     QVERIFY(!fs::exists(shared));
@@ -1261,6 +1269,7 @@ void TestStore::missingCheckpointKeepsHistory()
     QVERIFY(store->listRuns().ok());
     std::ostringstream csv;
     QVERIFY(st::exportStepMetricsCsv(*store, id, csv).ok());
+    QVERIFY(store->setRunStatus(id, st::RunState::Cancelled).ok());
     QVERIFY(store->deleteRun(id).ok());
 }
 
