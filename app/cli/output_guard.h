@@ -23,6 +23,16 @@ struct Protected {
     std::string path;  // a file (its SQLite -wal/-shm companions are covered for a database)
 };
 
+// Whether two output paths name one file, whether it exists yet or not ("-" is standard output).
+inline bool samePath(const std::string& a, const std::string& b)
+{
+    namespace fs = std::filesystem;
+    if (a.empty() || b.empty() || a == "-" || b == "-") return false;
+    std::error_code ec;
+    if (fs::exists(a, ec) && fs::exists(b, ec)) return fs::equivalent(a, b, ec);
+    return fs::weakly_canonical(fs::absolute(a, ec), ec) == fs::weakly_canonical(fs::absolute(b, ec), ec);
+}
+
 // `flag` names the option in messages ("--save-weights"). "-" (standard output) and paths that
 // do not exist yet are fine unless they lie inside one of `dirs` (folders the store owns).
 inline ts::Status checkOutputPath(const std::string& out, const std::string& flag, const std::vector<Protected>& files,

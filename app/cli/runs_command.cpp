@@ -441,9 +441,19 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
         // Never over the database or the files the store keeps (checkpoints).
         const std::vector<tscli::Protected> files = {{"the run database", store.path()}};
         const std::vector<tscli::Protected> dirs = {{"the run store's files", st::RunStore::filesRoot(store.path())}};
-        for (const auto& [out, flag] : {std::pair{o.csv, std::string("--csv")}, std::pair{o.epochsCsv, std::string("--epochs-csv")},
-                                        std::pair{o.trace, std::string("--trace")}, std::pair{o.weights, std::string("--weights")}})
+        const std::vector<std::pair<std::string, std::string>> outputs = {
+            {o.csv, "--csv"}, {o.epochsCsv, "--epochs-csv"}, {o.trace, "--trace"}, {o.weights, "--weights"}};
+        for (const auto& [out, flag] : outputs)
             if (ts::Status st = tscli::checkOutputPath(out, flag, files, dirs); !st.ok()) return fail(st.error());
+        // Two outputs into one file: the later would replace the earlier, both said "Wrote".
+        for (std::size_t i = 0; i < outputs.size(); ++i)
+            for (std::size_t j = i + 1; j < outputs.size(); ++j)
+                if (tscli::samePath(outputs[i].first, outputs[j].first)) {
+                    printError(ts::makeError(ts::ErrorCode::InvalidArgument,
+                                             outputs[i].second + " and " + outputs[j].second + " name the same file " + outputs[i].first,
+                                             "give each export its own file"));
+                    return 2;
+                }
     }
     nlohmann::json written = nlohmann::json::object();
     int code = 0;

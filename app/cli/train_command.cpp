@@ -507,13 +507,18 @@ int runTrain(const TrainOptions& options)
     // Outputs must not overwrite what the run reads or the store keeps.
     {
         const std::string db = o.noRecord ? std::string() : o.db.empty() ? ts::store::defaultDatabasePath() : o.db;
-        const std::vector<tscli::Protected> inputs = {{"the run database", db},
-                                                      {"the model file", cfg.modelFile.empty() ? o.model : cfg.modelFile},
-                                                      {"the run configuration", o.config},
-                                                      {"the TF_CONFIG file", o.tfConfig},
-                                                      {"the cluster file", o.cluster},
-                                                      {"the token file", o.tokenFile},
-                                                      {"the TLS CA file", o.tlsCa}};
+        std::vector<tscli::Protected> inputs = {{"the run database", db},
+                                                {"the model file", cfg.modelFile.empty() ? o.model : cfg.modelFile},
+                                                {"the run configuration", o.config},
+                                                {"the TF_CONFIG file", o.tfConfig},
+                                                {"the cluster file", o.cluster},
+                                                {"the token file", o.tokenFile},
+                                                {"the TLS CA file", o.tlsCa},
+                                                {"the initial weights (--load-weights)", cfg.loadWeights}};
+        // The pipelines' own files: a trace written over the training CSV destroyed the data.
+        for (const auto* pipeline : {&cfg.pipeline, &cfg.validationPipeline})
+            if (*pipeline)
+                for (const std::string& path : (*pipeline)->source.paths) inputs.push_back({"a file the pipeline reads", path});
         std::vector<tscli::Protected> dirs;
         if (!db.empty()) dirs.push_back({"the run store's files", ts::store::RunStore::filesRoot(db)});
         for (const auto& [out, flag] : {std::pair{cfg.saveWeights, std::string("--save-weights")}, std::pair{o.trace, std::string("--trace")}})
@@ -521,6 +526,12 @@ int runTrain(const TrainOptions& options)
                 printError(st.error());
                 return 2;
             }
+        // The two outputs themselves: the later write would replace the earlier.
+        if (tscli::samePath(cfg.saveWeights, o.trace)) {
+            printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--trace and --save-weights name the same file " + o.trace,
+                                     "give each its own file"));
+            return 2;
+        }
     }
 
     if (!o.cluster.empty()) {

@@ -76,6 +76,11 @@ void TestCli::initTestCase()
                  {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 5, "activation": "softmax"}}],
                  "compile": {"loss": "sparse_categorical_crossentropy", "batch_size": 32}})");
     writeFile(m_dir.filePath("tf.json"), R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}})");
+    writeFile(m_dir.filePath("rows.csv"), "a,label\n1,0\n2,1\n");
+    writeFile(m_dir.filePath("csv_run.json"),
+              QString(R"({"model_file": "%1", "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"}}})")
+                  .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"), m_dir.filePath("rows.csv"))
+                  .toUtf8());
     writeFile(m_dir.filePath("wrong_input.json"),
               R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
                  {"id": "input", "type": "Input", "attrs": {"shape": [100]}},
@@ -176,6 +181,10 @@ void TestCli::badInput_data()
                                                << QStringList{"--save-weights", "run database"};
     QTest::newRow("trace over the model") << QStringList{"train", "--no-record", "--model", m_dir.filePath("five_classes.json"), "--trace", m_dir.filePath("five_classes.json")}
                                           << QStringList{"--trace", "model file"};
+    QTest::newRow("trace over the weights") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("out.bin"), "--save-weights", m_dir.filePath("out.bin")}
+                                            << QStringList{"--trace and --save-weights name the same file"};
+    QTest::newRow("trace over the training data") << QStringList{"train", "--no-record", "--config", m_dir.filePath("csv_run.json"), "--trace", m_dir.filePath("rows.csv")}
+                                                  << QStringList{"--trace", "rows.csv is a file the pipeline reads"};
     QTest::newRow("backup folder under a file") << QStringList{"train", "--db", m_dir.filePath("records.db"), "--backup-dir", m_dir.filePath("broken.json/backup")}
                                                 << QStringList{"--backup-dir", "broken.json/backup", "cannot make the folder"};
     QTest::newRow("weights into a missing folder") << QStringList{"train", "--no-record", "--save-weights", m_dir.filePath("no_such_dir/w.safetensors")}

@@ -240,6 +240,13 @@ void TestRunsCli::exportRun()
     r = cli({"runs", "export", "baseline mlp", "--db", db()});
     QCOMPARE(r.code, 2);
     QVERIFY(r.err.contains("nothing to export"));
+
+    // Two exports into one file: refused before either is written (the later replaced the earlier).
+    const QString both = m_dir->filePath("both.out");
+    r = cli({"runs", "export", "baseline mlp", "--db", db(), "--trace", both, "--csv", both});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("--csv and --trace name the same file"), qPrintable(r.err));
+    QVERIFY(!QFile::exists(both));
 }
 
 void TestRunsCli::exportMissingCheckpoint()
