@@ -376,11 +376,18 @@ Result<Batch> Pipeline::peek()
     if (!m_hasBatch)
         return makeError(ErrorCode::InvalidArgument, "the input pipeline has no batch transformation",
                          "add {\"op\": \"batch\", \"size\": 256}");
-    // Peeking must not count: remember the counters and take the peek's share back out.
-    std::vector<std::array<int64_t, 4>> before;
+    // Peeking must not count: remember the counters and take the peek's share back out (bad
+    // records too: the epoch reads them again, and they were counted twice).
+    const int64_t badBefore = m_shared->badCount.load();
+    std::size_t badMessagesBefore = 0;
+    {
+        std::lock_guard lock(m_shared->badMutex);
+        badMessagesBefore = m_shared->badMessages.size();
+    }
+    std::vector<std::array<int64_t, 5>> before;
     for (const auto& s : m_stages)
         before.push_back({s->counters.produced.load(), s->counters.busyNs.load(), s->counters.blockedNs.load(),
-                          s->counters.bytes.load()});
+                          s->counters.bytes.load(), s->counters.skipped.load()});
     auto chain = std::make_shared<ChainControl>();
     IterContext ctx;
     ctx.chain = chain.get();
@@ -398,6 +405,12 @@ Result<Batch> Pipeline::peek()
         c.busyNs -= c.busyNs.load() - before[i][1];
         c.blockedNs -= c.blockedNs.load() - before[i][2];
         c.bytes -= c.bytes.load() - before[i][3];
+        c.skipped -= c.skipped.load() - before[i][4];
+    }
+    m_shared->badCount.store(badBefore);
+    {
+        std::lock_guard lock(m_shared->badMutex);
+        m_shared->badMessages.resize(badMessagesBefore);
     }
     if (!r.ok()) return r.takeError();
     if (!r->has_value()) return makeError(ErrorCode::InvalidArgument, kNoBatchMessage, "check the source and take/skip/shard counts");

@@ -409,10 +409,15 @@ private slots:
         drain(*make(PipelineSpec(SourceSpec::csv({tmp("wide.csv")}, "species"))), 0, &err);
         VERIFY_MSG(err, "c18, ... (31 columns)");
 
-        // skip_bad_records: drop and count, keep going.
+        // skip_bad_records: drop and count, keep going. A peek (the run's check of the first
+        // batch before training) reads them too, but does not count them.
         PipelineSpec skip(s);
         skip.skipBadRecords = true;
+        skip.ops.push_back(TransformSpec::batch(8));
         auto p = make(skip);
+        QVERIFY(p->peek().ok());
+        QCOMPARE(p->badRecords(), int64_t(0));
+        QVERIFY(p->badRecordMessages().empty());
         auto kept = drain(*p, 0, &err);
         QCOMPARE(labels(kept), (std::vector<int32_t>{0, 1}));
         QCOMPARE(p->badRecords(), int64_t(3));
