@@ -142,6 +142,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
 // first; null without --trace.
 ts::Result<std::unique_ptr<ts::telemetry::TraceFileSink>> openTraceFile(ts::telemetry::EventBus& bus, const TrainOptions& o);
 void finishTraceFile(ts::telemetry::TraceFileSink& sink, const TrainOptions& o, TrainRecording* recording);
+// After a completed run: "Recorded as run ..." (0), or an error when recording it had problems (1).
+int recordedLine(const TrainRecording* recording, const TrainOptions& o);
 int runValidate(const std::string& file, bool json);
 int runBench(const BenchOptions& o);
 

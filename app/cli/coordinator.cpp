@@ -246,9 +246,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
             std::printf("Test accuracy of the final weights: %.4f (loss %.4f)%s\n", fit.last.valAccuracy, fit.last.valLoss,
                         by.empty() || by == "coordinator" ? "" : (", evaluated by " + by).c_str());
         }
-        if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
     }
-    return 0;
+    return recordedLine(recording, o);
 }
 
 } // namespace tscli

@@ -299,6 +299,23 @@ ts::Result<std::unique_ptr<ts::telemetry::TraceFileSink>> openTraceFile(ts::tele
     return ts::telemetry::TraceFileSink::create(bus, o.trace);
 }
 
+int recordedLine(const TrainRecording* recording, const TrainOptions& o)
+{
+    if (!recording) return 0;
+    if (recording->problems() > 0) {
+        // The training went well, the record of it did not: say so, and fail the command, rather
+        // than "Recorded as run ..." over a database that refused the commits.
+        printError(ts::makeError(ts::ErrorCode::IoError,
+                                 "the run trained, but its record in " + recording->databasePath() + " is incomplete (" +
+                                     std::to_string(recording->problems()) + " recording problem(s), said above)",
+                                 "check the database with `trainstudio-cli runs list --db " + recording->databasePath() +
+                                     "`, or record into another --db"));
+        return 1;
+    }
+    if (!o.json && !o.quiet) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
+    return 0;
+}
+
 void finishTraceFile(ts::telemetry::TraceFileSink& sink, const TrainOptions& o, TrainRecording* recording)
 {
     ts::Status st = sink.finish();
@@ -820,9 +837,8 @@ int runTrain(const TrainOptions& options)
         if (std::isfinite(r.last.valAccuracy)) std::printf(", test accuracy %.4f", r.last.valAccuracy);
         std::printf("\n");
         if (!run.config.saveWeights.empty()) std::printf("Weights written to %s\n", run.config.saveWeights.c_str());
-        if (recording) std::printf("Recorded as run %s in %s\n", recording->runId().c_str(), recording->databasePath().c_str());
     }
-    return 0;
+    return recordedLine(recording.get(), o);
 }
 
 int runValidate(const std::string& file, bool json)

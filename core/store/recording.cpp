@@ -30,8 +30,9 @@ Result<std::unique_ptr<RunRecording>> RunRecording::open(const std::string& path
     return std::make_unique<RunRecording>(std::move(store).value(), std::move(options));
 }
 
-void RunRecording::warn(const Error& e) const
+void RunRecording::warn(const Error& e, bool incomplete) const
 {
+    if (incomplete) ++m_problems;
     if (m_options.warn) {
         m_options.warn(e);
         return;
@@ -85,7 +86,8 @@ void RunRecording::fitDone(const Result<FitResult>& result, bool interrupted)
     m_dropped = m_sink->busDropped();
     if (m_dropped > 0)
         warn(makeError(ErrorCode::Internal, std::to_string(m_dropped) + " telemetry event(s) were dropped",
-                       "the store fell behind the run; its plots have gaps"));
+                       "the store fell behind the run; its plots have gaps"),
+             false);
     // The trainer published the final state; set it again in case the bus dropped it.
     RunState state = !result.ok() ? (result.error().code == ErrorCode::Cancelled ? RunState::Cancelled : RunState::Failed)
                                   : (result->cancelled ? RunState::Cancelled : RunState::Completed);

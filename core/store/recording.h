@@ -12,6 +12,7 @@
 //  - Errors: recording problems never fail the training. They go to the warning callback (by
 //    default standard error), and the run carries on unrecorded or partly recorded.
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -89,9 +90,13 @@ public:
     std::string runId() const { return m_id; }
     std::string databasePath() const { return m_store.path(); }
     uint64_t droppedEvents() const;
+    // Recording problems warned about so far (a failed commit, a checkpoint not kept; not
+    // dropped telemetry): non-zero means the record is incomplete, and a command should say so
+    // instead of "Recorded as run ...".
+    int problems() const { return m_problems.load(); }
 
 private:
-    void warn(const Error& e) const;
+    void warn(const Error& e, bool incomplete = true) const;
     Status create(const RunConfig& config, const PreparedRun* run);
     // Writes weights into the run's folder as `fileName` (through `write`, given the path) and
     // records them as a checkpoint of `kind`; a failure is a warning.
@@ -104,6 +109,7 @@ private:
     std::unique_ptr<StoreSink> m_sink;
     std::unique_ptr<telemetry::AdvisorSink> m_advisor;
     uint64_t m_dropped = 0;
+    mutable std::atomic<int> m_problems{0};
     telemetry::EventBus* m_bus = nullptr;  // begin()'s, for attach()
 };
 
