@@ -35,6 +35,20 @@ Status checkModelFitsLabels(const GraphAnalysis& graph, const LossSpec& loss, in
 {
     if (graph.outputNodes.size() != 1) return okStatus();
     const NodeInfo& out = graph.nodes[static_cast<std::size_t>(graph.outputNodes[0])];
+    const bool oneOutput = out.outputShape.rank() == 1 && out.outputShape[0] == 1;  // a regression on the ids may be meant
+    if (numClasses > 0 && (loss.kind == LossKind::CategoricalCrossentropy ||
+                           (loss.kind != LossKind::SparseCategoricalCrossentropy && !oneOutput))) {
+        // Class ids against a loss that wants one-hot rows or 0/1 targets: the loss turned NaN at
+        // the first step and the hint blamed the learning rate.
+        const char* name = loss.kind == LossKind::CategoricalCrossentropy ? "categorical_crossentropy"
+                         : loss.kind == LossKind::BinaryCrossentropy      ? "binary_crossentropy"
+                                                                          : "mean_squared_error";
+        return makeError(ErrorCode::InvalidArgument,
+                         std::string("the loss ") + name + " needs " +
+                             (loss.kind == LossKind::CategoricalCrossentropy ? "one-hot label rows" : "a target per output") +
+                             ", but the labels in " + dataSource + " are class ids (0.." + std::to_string(numClasses - 1) + ")",
+                         "use sparse_categorical_crossentropy, Keras' loss for integer class ids (compile.loss, or --config's \"loss\")");
+    }
     if (loss.kind == LossKind::SparseCategoricalCrossentropy || loss.kind == LossKind::CategoricalCrossentropy) {
         if (out.outputShape.rank() != 1)
             return makeError(ErrorCode::ShapeMismatch,

@@ -77,6 +77,9 @@ void TestCli::initTestCase()
                  "compile": {"loss": "sparse_categorical_crossentropy", "batch_size": 32}})");
     writeFile(m_dir.filePath("tf.json"), R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}})");
     writeFile(m_dir.filePath("rows.csv"), "a,label\n1,0\n2,1\n");
+    writeFile(m_dir.filePath("one_hot_loss.json"), QString(R"({"model_file": "%1", "loss": "categorical_crossentropy"})")
+                                                       .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"))
+                                                       .toUtf8());
     writeFile(m_dir.filePath("csv_run.json"),
               QString(R"({"model_file": "%1", "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"}}})")
                   .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"), m_dir.filePath("rows.csv"))
@@ -181,6 +184,10 @@ void TestCli::badInput_data()
                                                << QStringList{"--save-weights", "run database"};
     QTest::newRow("trace over the model") << QStringList{"train", "--no-record", "--model", m_dir.filePath("five_classes.json"), "--trace", m_dir.filePath("five_classes.json")}
                                           << QStringList{"--trace", "model file"};
+    if (m_haveData)
+        QTest::newRow("one-hot loss on class ids") << QStringList{"train", "--no-record", "--config", m_dir.filePath("one_hot_loss.json")}
+                                                   << QStringList{"categorical_crossentropy needs one-hot label rows", "are class ids (0..9)",
+                                                                  "sparse_categorical_crossentropy"};
     QTest::newRow("trace over the weights") << QStringList{"train", "--no-record", "--trace", m_dir.filePath("out.bin"), "--save-weights", m_dir.filePath("out.bin")}
                                             << QStringList{"--trace and --save-weights name the same file"};
     QTest::newRow("trace over the training data") << QStringList{"train", "--no-record", "--config", m_dir.filePath("csv_run.json"), "--trace", m_dir.filePath("rows.csv")}
