@@ -301,7 +301,12 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
         const Tensor& y = first->y;
         if (out.outputShape.rank() == 1 && y.dtype() == DType::I32) {
             const int32_t* l = y.data<int32_t>();
-            const int32_t top = *std::max_element(l, l + y.numel());
+            const int32_t top = y.numel() > 0 ? *std::max_element(l, l + y.numel()) : 0;
+            const int32_t bottom = y.numel() > 0 ? *std::min_element(l, l + y.numel()) : 0;
+            if (bottom < 0)
+                return makeError(ErrorCode::InvalidArgument,
+                                 what + ": the first batch holds the label " + std::to_string(bottom) + "; class ids start at 0",
+                                 "map the classes to 0.." + std::to_string(out.outputShape[0] - 1) + " in the data (or with a map)");
             if (top >= out.outputShape[0])
                 return makeError(ErrorCode::ShapeMismatch,
                                  what + ": label " + std::to_string(top) + " needs at least " + std::to_string(top + 1) +

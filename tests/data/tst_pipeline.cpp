@@ -1462,6 +1462,26 @@ private slots:
         VERIFY_MSG(refused.error().message, "training pipeline");
         VERIFY_MSG(refused.error().message, "model's input is (784,)");
 
+        // Negative class ids (an npy of int labels) are refused before training, not at step 1.
+        {
+            Tensor x = Tensor::empty(Shape{8, 784});
+            Tensor y = Tensor::empty(Shape{8}, DType::I32);
+            for (int64_t i = 0; i < x.numel(); ++i) x.data<float>()[i] = 0.5f;
+            for (int i = 0; i < 8; ++i) y.data<int32_t>()[i] = i == 3 ? -3 : i;
+            VERIFY_OK(writeNpy(tmp("neg_x.npy"), x));
+            VERIFY_OK(writeNpy(tmp("neg_y.npy"), y));
+            nlohmann::json negative = {{"model_file", std::string(TS_SOURCE_DIR) + "/resources/models/seed_mlp.json"},
+                                       {"epochs", 1},
+                                       {"batch_size", 8},
+                                       {"data", {{"dir", dir}}},
+                                       {"pipeline", {{"source", {{"kind", "npy"}, {"x", tmp("neg_x.npy")}, {"y", tmp("neg_y.npy")}}}}}};
+            auto negCfg = RunConfig::fromJson(negative, "run.json");
+            VERIFY_OK(negCfg);
+            auto negRun = prepareRun(*negCfg);
+            QVERIFY(!negRun.ok());
+            VERIFY_MSG(negRun.error().message, "training pipeline: the first batch holds the label -3; class ids start at 0");
+        }
+
         nlohmann::json typo = j;
         typo["pipeline"]["transformations"][1]["buffer"] = 3;
         auto typoCfg = RunConfig::fromJson(typo, "run.json");
