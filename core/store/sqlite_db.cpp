@@ -1,6 +1,12 @@
 #include "store/sqlite_db.h"
 
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <filesystem>
+
+#include <unistd.h>
 
 namespace ts::store::sql {
 
@@ -73,7 +79,29 @@ Result<Db> Db::open(const std::string& path, bool readOnly, bool create)
             return makeError(ErrorCode::NotFound, "run database '" + path + "' does not exist",
                              "check the path, or leave out --db to use the default database");
     }
-    const int rc = sqlite3_open_v2(path.c_str(), &db.m_db, flags, nullptr);
+    std::string name = path;
+    if (readOnly) {
+        // On read-only media (a mounted backup, a CD) SQLite cannot make the -shm file a WAL
+        // database needs even to read, and fails with "unable to open database file". Nobody can
+        // write there either, so the file is opened as immutable.
+        std::error_code ec;
+        const std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
+        if (::access(dir.c_str(), W_OK) != 0 && errno == EROFS) {
+            flags |= SQLITE_OPEN_URI;
+            name = "file:";
+            for (const unsigned char c : std::filesystem::absolute(path, ec).string()) {
+                if (std::isalnum(c) || std::strchr("/-_.~", c)) {
+                    name += static_cast<char>(c);
+                } else {
+                    char hex[4];
+                    std::snprintf(hex, sizeof hex, "%%%02X", c);
+                    name += hex;
+                }
+            }
+            name += "?immutable=1";
+        }
+    }
+    const int rc = sqlite3_open_v2(name.c_str(), &db.m_db, flags, nullptr);
     if (rc != SQLITE_OK) {
         Error e = db.m_db ? db.error(rc, "cannot open the run database")
                           : makeError(ErrorCode::OutOfMemory, path + ": cannot open the run database: out of memory");

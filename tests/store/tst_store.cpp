@@ -11,6 +11,7 @@
 #include <QTemporaryDir>
 
 #include <sqlite3.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -1175,6 +1176,24 @@ void TestStore::readOnlyFileIsSaid()
     }
     fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
     QVERIFY2(result == 0, qPrintable(QString("expectation %1 failed").arg(result)));
+
+    // On read-only media (no -shm file can be made next to it) it is still read: opened immutable.
+    const QString mountPoint = m_dir->filePath("media");
+    QVERIFY(QDir().mkpath(mountPoint));
+    if (::geteuid() != 0 || ::mount("tmpfs", mountPoint.toUtf8().constData(), "tmpfs", 0, "size=4m") != 0)
+        QSKIP("cannot mount a tmpfs to test read-only media (needs root)");
+    const std::string onMedia = mountPoint.toStdString() + "/copy of runs.db";  // a space: the URI is escaped
+    fs::copy_file(path, onMedia);
+    const bool readOnly = ::mount(nullptr, mountPoint.toUtf8().constData(), nullptr, MS_REMOUNT | MS_RDONLY, nullptr) == 0;
+    st::OpenOptions ro;
+    ro.readOnly = true;
+    auto reader = readOnly ? st::RunStore::open(onMedia, ro) : ts::Result<st::RunStore>(ts::makeError(ts::ErrorCode::Internal, "no remount"));
+    const bool listed = reader.ok() && reader->listRuns().ok() && reader->listRuns()->size() == 1;
+    const std::string why = reader.ok() ? std::string() : reader.error().message;
+    reader = ts::makeError(ts::ErrorCode::Internal, "closed");  // before unmounting
+    ::umount2(mountPoint.toUtf8().constData(), MNT_DETACH);
+    QVERIFY2(readOnly, "could not remount the tmpfs read-only");
+    QVERIFY2(listed, why.c_str());
 }
 
 void TestStore::deleteRemovesFiles()
