@@ -462,6 +462,10 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
         }
         if (completed) result.epochs = epoch;
         result.last = ev;
+        // A cancelled epoch is not an epoch: like Keras (no on_epoch_end on an interrupt), its
+        // part is no epoch row, line or checkpoint (its steps are recorded). The run said it
+        // trained 3 epochs while the history held a fourth.
+        if (m_cancel && !completed) break;
         if (bus) {
             EpochMetricsEvent em;
             em.stamp = Stamp{m_config.runId, m_step, wallNowMicros(), trainerLane()};
