@@ -345,7 +345,7 @@ int runTrain(const TrainOptions& options)
     ts::RunConfig cfg;
     if (!o.config.empty()) {
         auto j = ts::readJsonFile(o.config, "run configuration");
-        auto r = j.ok() ? ts::RunConfig::fromJson(*j, o.config) : ts::Result<ts::RunConfig>(j.takeError());
+        auto r = j.ok() ? ts::RunConfig::fromJson(*j, o.config, !o.model.empty()) : ts::Result<ts::RunConfig>(j.takeError());
         if (!r.ok()) {
             printError(r.error());
             return 2;

@@ -73,7 +73,7 @@ nlohmann::json RunConfig::clusterFingerprint() const
     return j;
 }
 
-Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string& source)
+Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string& source, bool modelGiven)
 {
     if (!j.is_object()) return makeError(ErrorCode::ParseError, source + ": a run configuration must be a JSON object");
     RunConfig c;
@@ -140,9 +140,9 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
         if (j.contains("model_file")) c.modelFile = j["model_file"].get<std::string>();
         if (j.contains("model")) {
             TS_ASSIGN(c.model, modelFromJson(j["model"], source + ": model"));
-        } else if (c.modelFile.empty()) {
+        } else if (c.modelFile.empty() && !modelGiven) {
             return makeError(ErrorCode::InvalidArgument, source + ": no \"model\" or \"model_file\"",
-                             "name the model file, e.g. \"model_file\": \"resources/models/seed_mlp.json\"");
+                             "name the model file, e.g. \"model_file\": \"resources/models/seed_mlp.json\" (or give --model)");
         }
         if (j.contains("data")) {
             const auto& d = j["data"];

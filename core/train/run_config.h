@@ -67,7 +67,9 @@ struct RunConfig {
     // folder, weight files, backups, devices, threads, backend: the chief's initial weights
     // reach every worker anyway, and replica counts are agreed on separately).
     nlohmann::json clusterFingerprint() const;
-    static Result<RunConfig> fromJson(const nlohmann::json& j, const std::string& source);
+    // `modelGiven`: the caller supplies the model (trainstudio-cli's --model), so the document
+    // may name none.
+    static Result<RunConfig> fromJson(const nlohmann::json& j, const std::string& source, bool modelGiven = false);
 };
 
 struct PreparedRun {

@@ -302,6 +302,14 @@ void TestCli::jsonOutputAndWeights()
 void TestCli::configStrategyAndSeedApply()
 {
     if (!m_haveData) QSKIP("Fashion-MNIST not installed (Debian package dataset-fashion-mnist)");
+    // A configuration without a model takes --model's (a flag completes it, as it overrides it).
+    const QString modelless = m_dir.filePath("modelless.json");
+    writeFile(modelless, R"({"epochs": 1, "batch_size": 64})");
+    const Run withModel = cli({"train", "--config", modelless, "--model", "mlp", "--no-record", "--max-steps", "2", "--json"});
+    QVERIFY2(withModel.code == 0, qPrintable(withModel.err));
+    const Run without = cli({"train", "--config", modelless, "--no-record", "--max-steps", "2"});
+    QCOMPARE(without.code, 2);
+    QVERIFY2(without.err.contains("no \"model\" or \"model_file\""), qPrintable(without.err));
     const QString config = m_dir.filePath("mirrored_seed7.json");
     writeFile(config, QStringLiteral(R"({"model_file": "%1", "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:1"]}, "seed": 7})")
                           .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"))
