@@ -178,11 +178,27 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
     auto columnList = [&] {
         std::string s;
         const std::size_t shownCount = std::min<std::size_t>(r->m_header.size(), 20);
-        for (std::size_t k = 0; k < shownCount; ++k) s += (s.empty() ? "" : ", ") + r->m_header[k];
+        for (std::size_t k = 0; k < shownCount; ++k) {
+            const std::string& name = r->m_header[k];
+            s += (s.empty() ? "" : ", ") + (name.size() > 60 ? name.substr(0, 57) + "..." : name);
+        }
         if (shownCount < r->m_header.size()) s += ", ... (" + std::to_string(r->m_header.size()) + " columns)";
         return s;
     };
     const auto lit = index.find(options.labelColumn);
+    if (lit == index.end() && r->m_header.size() == 1) {
+        // One column whose name holds another separator: the delimiter is wrong, not the label.
+        for (const char other : {',', ';', '\t', '|'})
+            if (other != options.delimiter && r->m_header[0].find(other) != std::string::npos) {
+                const std::string shownSep = other == '\t' ? std::string("\\t") : std::string(1, other);
+                return makeError(ErrorCode::ParseError,
+                                 "CSV file '" + path + "' has no label column '" + options.labelColumn + "': its header is one column, " +
+                                     "split by '" + shownSep + "' rather than by the delimiter '" +
+                                     (options.delimiter == '\t' ? std::string("\\t") : std::string(1, options.delimiter)) + "'",
+                                 other == ',' ? std::string("leave \"delimiter\" out (',' is the default)")
+                                              : "set \"delimiter\" to \"" + shownSep + "\"");
+            }
+    }
     if (lit == index.end())
         return makeError(ErrorCode::ParseError,
                          "CSV file '" + path + "' has no label column '" + options.labelColumn + "'",

@@ -386,6 +386,13 @@ private slots:
         writeBytes(tmp("bad2.csv"), "a,b,label\n5,abc,1\n");
         drain(*make(PipelineSpec(SourceSpec::csv({tmp("bad2.csv")}, "label"))), 0, &err);
         VERIFY_MSG(err, "line 2, column 2 ('b'): 'abc' is not a number");
+        // A header split by another separator than the delimiter: said as such, not as a 5 KB column name.
+        {
+            SourceSpec semi = SourceSpec::csv({tmp("bad2.csv")}, "label");
+            semi.delimiter = ';';
+            drain(*make(PipelineSpec(semi)), 0, &err);
+            VERIFY_MSG(err, "its header is one column, split by ',' rather than by the delimiter ';'");
+        }
         // NaN and Inf are no data to train on (a NaN feature turned the weights to NaN silently).
         for (const char* value : {"nan", "-inf", "1e999", "NaN"}) {
             writeBytes(tmp("nonfinite.csv"), std::string("a,b,label\n1,2,0\n3,") + value + ",1\n");
