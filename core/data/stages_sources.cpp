@@ -139,8 +139,19 @@ Result<std::shared_ptr<const Arrays>> loadIdx(const SourceSpec& s)
         images = findIdxFile(s.dir, prefix + "-images-idx3-ubyte");
         labels = findIdxFile(s.dir, prefix + "-labels-idx1-ubyte");
     }
-    TS_ASSIGN(IdxArray img, readIdx(images));
-    TS_ASSIGN(IdxArray lab, readIdx(labels));
+    // A file the pipeline names: the hint is about its source, not the default data (--data).
+    auto read = [&s](const std::string& path, const char* key) -> Result<IdxArray> {
+        auto a = readIdx(path);
+        if (!a.ok() && a.error().code == ErrorCode::NotFound) {
+            Error e = a.takeError();
+            e.hint = s.paths.size() == 2 ? std::string("check pipeline.source.") + key + " (the paths are read as given)"
+                                         : "check pipeline.source.dir: it must hold the MNIST-style files of the split";
+            return e;
+        }
+        return a;
+    };
+    TS_ASSIGN(IdxArray img, read(images, "images"));
+    TS_ASSIGN(IdxArray lab, read(labels, "labels"));
     if (img.dims.size() < 2)
         return makeError(ErrorCode::ShapeMismatch, "IDX image file '" + images + "' has shape " + joinDims(img.dims) +
                                                        "; expected (N, H, W) images",
