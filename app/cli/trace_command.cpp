@@ -88,13 +88,13 @@ int runTrace(const TraceOptions& o)
     if (!trace.ok()) {
         std::cerr << "error: " << trace.error().message << "\n";
         if (!trace.error().hint.empty()) std::cerr << "hint: " << trace.error().hint << "\n";
-        return 1;
+        return 2;  // a file that is no readable trace: bad input
     }
     auto summary = ts::telemetry::summariseTrace(*trace, o.top);
     if (!summary.ok()) {
         std::cerr << "error: " << summary.error().message << "\n";
         if (!summary.error().hint.empty()) std::cerr << "hint: " << summary.error().hint << "\n";
-        return 1;
+        return 2;
     }
     if (o.json) {
         std::cout << ts::telemetry::summaryToJson(*summary).dump(2) << "\n";

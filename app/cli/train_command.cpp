@@ -697,9 +697,10 @@ int runTrain(const TrainOptions& options)
         auto made = ts::prepareRun(cfg);
         if (!made.ok()) {
             if (attempt == 0) {
+                // Refused before it starts (its model, data, weights or settings): bad input.
                 if (recording) recording->prepareFailed(cfg, made.error());
                 printError(made.error());
-                return 1;
+                return 2;
             }
             result = made.takeError();
             break;
@@ -846,7 +847,7 @@ int runValidate(const std::string& file, bool json)
     auto model = loadModel(file);
     if (!model.ok()) {
         printError(model.error());
-        return 1;
+        return 2;  // no model to validate (1: a model with problems)
     }
     ts::GraphAnalysis a = ts::analyzeModel(*model);
     // What `train` would refuse beyond the graph: the compile settings and the one Input and one
