@@ -330,10 +330,6 @@ int runTrain(const TrainOptions& options)
 {
     TrainOptions o = options;
     std::optional<ts::remote::ClusterConnection> cluster;
-    if (std::any_of(o.tags.begin(), o.tags.end(), [](const std::string& t) { return t.find_first_not_of(" \t") == std::string::npos; })) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--tag was given an empty tag", "give each --tag a word, e.g. --tag baseline"));
-        return 2;
-    }
     // The recorded run's name and tags go into JSON: refuse what is not UTF-8 text up front.
     const bool textOk = ts::isValidUtf8(o.runName) && std::all_of(o.tags.begin(), o.tags.end(), [](const std::string& t) { return ts::isValidUtf8(t); });
     if (!textOk) {

@@ -4,16 +4,12 @@
 // Serves the Worker control service (and, for a run's coordinating task, the rendezvous; for a
 // parameter-server run's ps task, the parameter service) until SIGINT/SIGTERM.
 
-#include <cerrno>
 #include <csignal>
-#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <thread>
-
-#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 
@@ -77,13 +73,10 @@ int main(int argc, char** argv)
     if (!o.backupRoot.empty()) {
         // An explicit backup root is checked before serving: otherwise the first run with
         // --backup-dir would fail on it, long after this was started.
-        namespace fs = std::filesystem;
-        std::error_code ec;
-        fs::create_directories(o.backupRoot, ec);
-        if (ec || ::access(o.backupRoot.c_str(), W_OK | X_OK) != 0) {
-            std::cerr << "error: --backup-root " << o.backupRoot << " is not a folder this user can write ("
-                      << (ec ? ec.message() : std::string(std::strerror(errno))) << ")\n"
-                      << "  hint: name a folder this user can write, or leave --backup-root out (" << ts::defaultBackupRoot() << ")\n";
+        if (ts::Status root = ts::ensureBackupRoot(o.backupRoot); !root.ok()) {
+            printError(ts::makeError(ts::ErrorCode::InvalidArgument,
+                                     "--backup-root " + o.backupRoot + " is not a folder this user can write (" + root.error().message + ")",
+                                     "name a folder this user can write, or leave --backup-root out (" + ts::defaultBackupRoot() + ")"));
             return 2;
         }
     }

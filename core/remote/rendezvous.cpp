@@ -178,15 +178,15 @@ private:
             return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "keys are 1.." + std::to_string(kMaxKeyBytes) + " bytes");
         }
         // Keys live under their group ("<group>/..."); a heartbeat names the group itself.
-        if (m_serves && !m_serves(key.substr(0, key.find('/')))) {
+        if (m_serves) {
             const std::string group = key.substr(0, key.find('/'));
-            {
+            if (!m_serves(group)) {
                 std::lock_guard lock(m_mutex);
                 if (m_refusedGroups.size() < 64 && m_refusedGroups.insert(group).second)
                     logLine("refused rendezvous calls from " + ctx.peer() + " for group '" + group +
                             "': no run of this daemon (a task started with TF_CONFIG naming this address?)");
+                return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, kRendezvousNotServed);
             }
-            return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, kRendezvousNotServed);
         }
         return grpc::Status::OK;
     }

@@ -11,9 +11,7 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -174,13 +172,10 @@ public:
             cfg->backup.restarts = 0;  // the coordinator restarts runs
             // Said now, naming this daemon's setting: the trainer's own error would point at the
             // coordinator's --backup-dir, which only names the folder.
-            std::error_code ec;
-            std::filesystem::create_directories(m_backupRoot, ec);
-            if (ec || ::access(m_backupRoot.c_str(), W_OK | X_OK) != 0)
+            if (Status root = ensureBackupRoot(m_backupRoot); !root.ok())
                 return refuse(*ctx, grpc::StatusCode::INVALID_ARGUMENT, call,
-                              source + ": this worker cannot keep backups: its --backup-root " + m_backupRoot + " is not a folder it can write (" +
-                                  (ec ? ec.message() : std::string(std::strerror(errno))) +
-                                  "); start trainstudio-worker with a --backup-root this user can write, or run without --backup-dir");
+                              source + ": this worker cannot keep backups: its --backup-root " + m_backupRoot +
+                                  " is not a folder it can write (" + root.error().message + "); start trainstudio-worker with a --backup-root this user can write, or run without --backup-dir");
         }
         const bool ps = isParameterServer(cfg->strategy.kind);
         if (auto v = withTask->validateFor(ps ? "parameter-server" : "multi-worker-mirrored"); !v.ok())

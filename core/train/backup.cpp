@@ -1,5 +1,6 @@
 #include "train/backup.h"
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <iterator>
@@ -8,6 +9,7 @@
 #include <filesystem>
 #include <map>
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include "common/paths.h"
@@ -118,6 +120,14 @@ Status checkRemoteBackupName(const std::string& dir, const std::string& source)
                                   "worker's --backup-root)",
                          "name a folder, e.g. --backup-dir my-run: each daemon keeps it under its --backup-root");
     return okStatus();
+}
+
+Status ensureBackupRoot(const std::string& root)
+{
+    std::error_code ec;
+    std::filesystem::create_directories(root, ec);
+    if (!ec && ::access(root.c_str(), W_OK | X_OK) == 0) return okStatus();
+    return makeError(ErrorCode::IoError, ec ? ec.message() : std::string(std::strerror(errno)));
 }
 
 std::string backupPath(const std::string& dir) { return (std::filesystem::path(dir) / "backup.safetensors").string(); }

@@ -66,6 +66,10 @@ std::string defaultBackupRoot();
 // without "..", so a coordinator cannot make a daemon write elsewhere. `source` leads the message.
 Status checkRemoteBackupName(const std::string& dir, const std::string& source);
 
+// Makes the daemon's backup root if needed; an error whose message is the OS's reason alone
+// ("Permission denied") when it is not a folder this user can write. Checked at startup and again before each task keeps backups.
+Status ensureBackupRoot(const std::string& root);
+
 // The backup file inside a backup folder.
 std::string backupPath(const std::string& dir);
 
