@@ -116,6 +116,19 @@ Result<std::shared_ptr<const Arrays>> makeArrays(Tensor x, Tensor y, const std::
                          "features and labels must hold the same number of examples");
     a->xRow = rowShape(a->x);
     if (a->y.defined()) a->yRow = rowShape(a->y);
+    // NaN or inf in the data would spread through the weights within a step (CSV values are
+    // refused line by line as they are read; arrays are checked here, once, where they load).
+    for (const auto& [t, role] : {std::pair{&a->x, "features"}, std::pair{&a->y, "labels"}}) {
+        if (!t->defined()) continue;
+        const int64_t at = t->firstNonFinite();
+        if (at < 0) continue;
+        const int64_t perRow = std::max<int64_t>(1, rowShape(*t).numel());
+        return makeError(ErrorCode::InvalidArgument,
+                         what + ": the " + role + " hold " + nonFiniteName(t->floatAt(at)) + " at row " + std::to_string(at / perRow) +
+                             (perRow > 1 ? " (value " + std::to_string(at % perRow) + " of " + std::to_string(perRow) + ")" : std::string()),
+                         "replace or drop the rows that are not finite before training (numpy: keep the rows where "
+                         "np.isfinite(x).all(axis=1), or x = np.nan_to_num(x))");
+    }
     if (!origin.empty()) a->origin = std::make_shared<const std::string>(origin);  // in-memory tensors: no file
     return std::shared_ptr<const Arrays>(std::move(a));
 }

@@ -757,6 +757,12 @@ Status Program::importParameters(const std::vector<std::pair<std::string, Tensor
             return makeError(ErrorCode::InvalidArgument,
                              source + ": tensor '" + s.name + "' holds " + dtypeName(t.dtype()) + " values; weights must be floating point",
                              "save the weights as F32, F16 or BF16");
+        if (const int64_t at = t.firstNonFinite(); at >= 0)
+            return makeError(ErrorCode::InvalidArgument,
+                             source + ": tensor '" + s.name + "' holds " + nonFiniteName(t.floatAt(at)) + " at index " + std::to_string(at) +
+                                 " of " + std::to_string(t.numel()),
+                             "the weights were saved from a run that diverged; load an earlier checkpoint, or train "
+                             "again with a lower learning rate");
         TS_ASSIGN(Tensor value, t.widenedToF32());
         TS_TRY(m_backend.copyFromHost(value.raw(), s.value));
         byName.erase(it);

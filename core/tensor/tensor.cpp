@@ -1,6 +1,8 @@
 #include "tensor/tensor.h"
 
+#include <algorithm>
 #include <cassert>
+#include <cmath>
 #include <cstdint>
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -355,6 +357,54 @@ void roundToDType(const float* in, float* out, int64_t n, DType t)
 }
 
 void floatToBf16Bits(const float* in, uint16_t* out, int64_t n) { bf16BitsArray(in, out, n); }
+
+int64_t Tensor::firstNonFinite() const
+{
+    assert(hostAccessible());
+    // A value is NaN or infinite when its exponent bits are all ones.
+    auto scan = [this]<typename Bits>(Bits mask) -> int64_t {
+        const Bits* v = data<Bits>();
+        const int64_t n = numel();
+        constexpr int64_t kBlock = 4096;  // branch-free inside a block, so the compiler vectorises it
+        for (int64_t b = 0; b < n; b += kBlock) {
+            const int64_t e = std::min(n, b + kBlock);
+            bool any = false;
+            for (int64_t i = b; i < e; ++i) any |= (v[i] & mask) == mask;
+            if (!any) continue;
+            for (int64_t i = b; i < e; ++i)
+                if ((v[i] & mask) == mask) return i;
+        }
+        return -1;
+    };
+    switch (m_dtype) {
+    case DType::F32: return scan(uint32_t{0x7f800000u});
+    case DType::F16: return scan(uint16_t{0x7c00u});
+    case DType::BF16: return scan(uint16_t{0x7f80u});
+    default: return -1;
+    }
+}
+
+float Tensor::floatAt(int64_t flatIndex) const
+{
+    assert(hostAccessible() && flatIndex >= 0 && flatIndex < numel());
+    switch (m_dtype) {
+    case DType::F32: return data<float>()[flatIndex];
+    case DType::F16: return halfToFloat(data<uint16_t>()[flatIndex]);
+    case DType::BF16: {
+        const uint32_t bits = static_cast<uint32_t>(data<uint16_t>()[flatIndex]) << 16;
+        float f;
+        std::memcpy(&f, &bits, sizeof f);
+        return f;
+    }
+    default: assert(false && "floatAt on an integer tensor"); return 0.f;
+    }
+}
+
+const char* nonFiniteName(float v)
+{
+    if (std::isnan(v)) return "NaN";
+    return v < 0 ? "-inf" : "inf";
+}
 
 Result<Tensor> Tensor::widenedToF32() const
 {

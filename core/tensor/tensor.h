@@ -29,6 +29,8 @@ float roundToDType(float v, DType t);
 void roundToDType(const float* in, float* out, int64_t n, DType t);
 // IEEE 754 binary16 bits of `v`, rounded to nearest even (the inverse of widening).
 uint16_t floatToHalfBits(float v);
+// "NaN", "inf" or "-inf" for a value that is not finite (messages that report one).
+const char* nonFiniteName(float v);
 // bf16 bits of n floats, rounded as roundToDType(BF16) rounds (for kernels that read bf16).
 void floatToBf16Bits(const float* in, uint16_t* out, int64_t n);
 
@@ -129,6 +131,13 @@ public:
     // Host-only: an F32 copy of an F16 or BF16 tensor (exact: every half value is a float);
     // F32 is returned as is. An error for other dtypes or when memory runs out.
     Result<Tensor> widenedToF32() const;
+    // Host-only: the flat index of the first NaN or infinity in an F32, F16 or BF16 tensor, or
+    // -1 when every value is finite (and always for integer dtypes). Data files and weight files
+    // are checked with it where they are read: one NaN in the data spreads through the weights
+    // within a step, while a ReLU can still hide it from the loss.
+    int64_t firstNonFinite() const;
+    // Host-only: element `flatIndex` of an F32, F16 or BF16 tensor as a float.
+    float floatAt(int64_t flatIndex) const;
 
     std::shared_ptr<Storage> storage() const { return m_storage; }
 

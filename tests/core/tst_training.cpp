@@ -801,6 +801,28 @@ void TestTraining::halfPrecisionWeightsWiden()
     Status st = (*b)->loadWeights(intPath);
     QVERIFY(!st.ok());
     QVERIFY2(QString::fromStdString(st.error().message).contains("i32 values"), st.error().message.c_str());
+
+    // Weights that are not finite (saved from a diverged run) are refused, naming tensor and index;
+    // the scan sees the exponent bits of every floating dtype and passes integers.
+    QCOMPARE(bits(DType::F16, {0x3C00, 0x7BFF, 0xFC00}).firstNonFinite(), int64_t(2));
+    QCOMPARE(bits(DType::BF16, {0x7F7F, 0x7FC0}).firstNonFinite(), int64_t(1));
+    QCOMPARE(bits(DType::F16, {0x3C00, 0x7BFF}).firstNonFinite(), int64_t(-1));
+    Tensor far = Tensor::zeros(Shape{10000});
+    QCOMPARE(far.firstNonFinite(), int64_t(-1));
+    far.data<float>()[9001] = std::numeric_limits<float>::infinity();
+    QCOMPARE(far.firstNonFinite(), int64_t(9001));
+    QCOMPARE(std::string(nonFiniteName(far.floatAt(9001))), std::string("inf"));
+    QCOMPARE(Tensor::zeros(Shape{3}, DType::I32).firstNonFinite(), int64_t(-1));
+    std::vector<std::pair<std::string, Tensor>> diverged;
+    for (const auto& [name, t] : *pa) diverged.emplace_back(name, t.clone());
+    diverged.back().second.data<float>()[3] = std::nanf("");
+    const std::string nanPath = (dir.path() + "/nan.safetensors").toStdString();
+    QVERIFY(writeSafetensors(nanPath, diverged, {}).ok());
+    st = (*b)->loadWeights(nanPath);
+    QVERIFY(!st.ok());
+    const std::string named = "tensor '" + diverged.back().first + "' holds NaN at index 3 of ";
+    QVERIFY2(QString::fromStdString(st.error().message).contains(QString::fromStdString(named)), st.error().message.c_str());
+    QVERIFY2(QString::fromStdString(st.error().hint).contains("diverged"), st.error().hint.c_str());
 }
 
 namespace {

@@ -511,6 +511,22 @@ private slots:
         writeBytes(tmp("broken.npz"), broken);
         drain(*make(PipelineSpec(SourceSpec::npz({tmp("broken.npz")}))), 0, &err);
         VERIFY_MSG(err, tmp("broken.npz") + "[x.npy]");
+
+        // NaN or inf in the arrays is refused where they load, naming the row (it would reach the
+        // weights in one step, and a ReLU can hide it from the loss).
+        Tensor nanX = Tensor::zeros(Shape{4, 3});
+        nanX.data<float>()[2 * 3 + 1] = std::nanf("");
+        VERIFY_OK(writeNpz(tmp("nan.npz"), {{"x", nanX}, {"y", Tensor::zeros(Shape{4}, DType::I32)}}));
+        drain(*make(PipelineSpec(SourceSpec::npz({tmp("nan.npz")}))), 0, &err);
+        VERIFY_MSG(err, ".npz file '" + tmp("nan.npz") + "': the features hold NaN at row 2 (value 1 of 3)");
+        VERIFY_MSG(err, "np.isfinite");
+        Tensor infY = Tensor::zeros(Shape{4});
+        infY.data<float>()[3] = -std::numeric_limits<float>::infinity();
+        VERIFY_OK(writeNpy(tmp("fin_x.npy"), Tensor::zeros(Shape{4, 3})));
+        VERIFY_OK(writeNpy(tmp("inf_y.npy"), infY));
+        drain(*make(PipelineSpec(SourceSpec::npy(tmp("fin_x.npy"), tmp("inf_y.npy")))), 0, &err);
+        VERIFY_MSG(err, "the labels hold -inf at row 3");
+        QVERIFY2(!contains(err, "(value"), err.c_str());  // one value per row: no position in it
     }
 
     void imageFolder()
