@@ -40,6 +40,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(const PipelineSpec& spec, con
     p->m_shared->seed = spec.seed;
     p->m_shared->deterministic = spec.deterministic;
     p->m_shared->skipBad = spec.skipBadRecords;
+    p->m_shared->classCount = options.classCount;
     const int cpu = spec.autotune.cpuBudget > 0 ? spec.autotune.cpuBudget : defaultCpuBudget();
     const int64_t ram = spec.autotune.ramBudgetBytes > 0 ? spec.autotune.ramBudgetBytes : defaultRamBudget();
 

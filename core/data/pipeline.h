@@ -61,6 +61,9 @@ struct PipelineOptions {
     telemetry::Lane lane{"local", "", "input"};
     int64_t stepOffset = 0;              // added to the pipeline's step count in event stamps
     Shape featureShape;                  // non-empty: batches' x reshaped to (B, featureShape...)
+    // > 0: i32 class-id labels must lie in [0, classCount) (the model's output width). batch()
+    // checks each element as it stacks it, so the error names the record (file and line).
+    int64_t classCount = 0;
     // > 0: the spec is one worker's auto-sharded pipeline (data/auto_shard.h) and its batches
     // are that worker's share of global batches of this many rows (Batch::localShard).
     int64_t globalBatch = 0;

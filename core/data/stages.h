@@ -97,6 +97,7 @@ struct Shared {
     uint64_t seed = 0;
     bool deterministic = true;
     bool skipBad = false;
+    int64_t classCount = 0;  // PipelineOptions::classCount
     std::atomic<int64_t> badCount{0};
     std::mutex badMutex;
     std::vector<std::string> badMessages;

@@ -263,6 +263,7 @@ public:
         if (m_arrays->y.defined()) e.y = m_arrays->y.rows(m_i, m_i + 1).reshaped(m_arrays->yRow);
         e.key = m_keyBase + static_cast<uint64_t>(m_i);
         e.origin = m_arrays->origin;
+        if (e.origin) e.position = "row " + std::to_string(m_i);  // errors then say "'x.npy' row 3"
         ++m_i;
         m_counters->addBusy(nowNs() - t0);
         if (m_countProduced) m_counters->countProduced(e);

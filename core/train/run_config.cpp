@@ -258,6 +258,10 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     }
     PipelineOptions po = options;
     po.featureShape = inShape;
+    if (analysis.outputNodes.size() == 1) {
+        const NodeInfo& out = analysis.nodes[static_cast<std::size_t>(analysis.outputNodes[0])];
+        if (out.outputShape.rank() == 1) po.classCount = out.outputShape[0];
+    }
     ShardedPipeline sharded;
     const PipelineSpec* built = &spec;
     if (share.workers > 1) {
@@ -297,23 +301,10 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
         return e;
     }
     if (analysis.outputNodes.size() == 1) {
+        // Class ids were checked against the output as batch() stacked them (classCount).
         const NodeInfo& out = analysis.nodes[static_cast<std::size_t>(analysis.outputNodes[0])];
         const Tensor& y = first->y;
-        if (out.outputShape.rank() == 1 && y.dtype() == DType::I32) {
-            const int32_t* l = y.data<int32_t>();
-            const int32_t top = y.numel() > 0 ? *std::max_element(l, l + y.numel()) : 0;
-            const int32_t bottom = y.numel() > 0 ? *std::min_element(l, l + y.numel()) : 0;
-            if (bottom < 0)
-                return makeError(ErrorCode::InvalidArgument,
-                                 what + ": the first batch holds the label " + std::to_string(bottom) + "; class ids start at 0",
-                                 "map the classes to 0.." + std::to_string(out.outputShape[0] - 1) + " in the data (or with a map)");
-            if (top >= out.outputShape[0])
-                return makeError(ErrorCode::ShapeMismatch,
-                                 what + ": label " + std::to_string(top) + " needs at least " + std::to_string(top + 1) +
-                                     " classes but output node '" + out.id + "' produces " +
-                                     std::to_string(out.outputShape[0]),
-                                 "set the last Dense layer's units to the number of classes");
-        } else if (out.outputShape.rank() == 1 && y.shape().rank() == 2 && y.shape()[1] != out.outputShape[0]) {
+        if (out.outputShape.rank() == 1 && y.dtype() == DType::F32 && y.shape().rank() == 2 && y.shape()[1] != out.outputShape[0]) {
             return makeError(ErrorCode::ShapeMismatch,
                              what + ": targets have " + std::to_string(y.shape()[1]) + " values per example but output node '" +
                                  out.id + "' produces " + std::to_string(out.outputShape[0]),

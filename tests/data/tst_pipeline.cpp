@@ -1502,7 +1502,32 @@ private slots:
             VERIFY_OK(negCfg);
             auto negRun = prepareRun(*negCfg);
             QVERIFY(!negRun.ok());
-            VERIFY_MSG(negRun.error().message, "training pipeline: the first batch holds the label -3; class ids start at 0");
+            VERIFY_MSG(negRun.error().message, "training pipeline: batch(8): '" + tmp("neg_x.npy") +
+                                                   "' row 3: label -3 is not one of the model's 10 class ids (0..9)");
+            VERIFY_MSG(negRun.error().hint, "class ids start at 0");
+
+            // A class id beyond the output, in a later batch of a CSV: named by file and line, as
+            // the batch is stacked, before the loss sees it as "batch row N".
+            std::string csv = "label,a,b\n";
+            for (int i = 0; i < 40; ++i) csv += std::to_string(i == 29 ? 12 : i % 10) + ",0.5,0.25\n";
+            writeBytes(tmp("labels.csv"), csv);
+            nlohmann::json beyond = nlohmann::json::parse(R"({
+              "model": {"format": "trainstudio-model", "version": 1, "name": "small",
+                        "layers": [{"id": "in", "type": "Input", "attrs": {"shape": [2]}},
+                                   {"id": "out", "type": "Dense", "inputs": ["in"], "attrs": {"units": 10, "activation": "softmax"}}],
+                        "outputs": ["out"], "compile": {"loss": "sparse_categorical_crossentropy", "optimizer": "sgd"}},
+              "epochs": 1, "batch_size": 8,
+              "pipeline": {"source": {"kind": "csv", "label_column": "label"}}})");
+            beyond["data"] = {{"dir", dir}};
+            beyond["pipeline"]["source"]["paths"] = {tmp("labels.csv")};
+            auto beyondCfg = RunConfig::fromJson(beyond, "run.json");
+            VERIFY_OK(beyondCfg);
+            auto beyondRun = prepareRun(*beyondCfg);
+            VERIFY_OK(beyondRun);  // the first batch (lines 2..9) is fine
+            auto fitted = beyondRun->trainer->fit(*beyondRun->trainSource(), nullptr, nullptr);
+            QVERIFY(!fitted.ok());
+            VERIFY_MSG(fitted.error().message, "'" + tmp("labels.csv") + "' line 31: label 12 is not one of the model's 10 class ids");
+            VERIFY_MSG(fitted.error().hint, "at least 13");
         }
 
         nlohmann::json typo = j;
