@@ -130,6 +130,26 @@ int fail(const ts::Error& e)
     return 1;
 }
 
+// What the user asked for is wrong (a run that is not there or is ambiguous, a name or tag the
+// store refuses, a metric no run has): bad input, exit 2 like the other commands.
+int refused(const ts::Error& e)
+{
+    printError(e);
+    return 2;
+}
+
+// The store judged the request (InvalidArgument, NotFound) or failed at it (anything else).
+int failOrRefused(const ts::Error& e)
+{
+    return e.code == ts::ErrorCode::InvalidArgument || e.code == ts::ErrorCode::NotFound ? refused(e) : fail(e);
+}
+
+// Usage errors of the subcommands: the message and where the form is described.
+int usage(const std::string& message, const std::string& form)
+{
+    return refused(ts::makeError(ts::ErrorCode::InvalidArgument, message, "usage: trainstudio-cli " + form));
+}
+
 int list(st::RunStore& store, const RunsOptions& o)
 {
     st::RunFilter f;
@@ -175,11 +195,10 @@ int list(st::RunStore& store, const RunsOptions& o)
 int show(st::RunStore& store, const RunsOptions& o)
 {
     if (o.runs.size() != 1) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "runs show takes one run"));
-        return 2;
+        return usage("runs show takes one run", "runs show RUN (an id, a unique id prefix or a name; `runs list` lists them)");
     }
     auto id = store.resolveRunId(o.runs[0]);
-    if (!id.ok()) return fail(id.error());
+    if (!id.ok()) return refused(id.error());
     auto run = store.run(*id);
     if (!run.ok()) return fail(run.error());
     auto epochs = store.epochMetrics(*id);
@@ -335,13 +354,12 @@ int show(st::RunStore& store, const RunsOptions& o)
 int compare(st::RunStore& store, const RunsOptions& o)
 {
     if (o.runs.size() < 2) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "runs compare needs two or more runs"));
-        return 2;
+        return usage("runs compare needs two or more runs", "runs compare RUN RUN... [--metric loss]");
     }
     std::vector<std::string> ids;
     for (const auto& r : o.runs) {
         auto id = store.resolveRunId(r);
-        if (!id.ok()) return fail(id.error());
+        if (!id.ok()) return refused(id.error());
         ids.push_back(*id);
     }
     st::SeriesQuery q;
@@ -355,7 +373,7 @@ int compare(st::RunStore& store, const RunsOptions& o)
             if (auto names = store.metricNames(id); names.ok()) known.insert(names->begin(), names->end());
         std::string list;
         for (const auto& k : known) list += (list.empty() ? "" : ", ") + k;
-        return fail(ts::makeError(ts::ErrorCode::NotFound, "none of these runs recorded the metric '" + o.metric + "'",
+        return refused(ts::makeError(ts::ErrorCode::NotFound, "none of these runs recorded the metric '" + o.metric + "'",
                                   list.empty() ? std::string("the runs have no step metrics yet") : "recorded metrics: " + list));
     }
     nlohmann::json out = nlohmann::json::array();
@@ -392,14 +410,13 @@ int compare(st::RunStore& store, const RunsOptions& o)
 int remove(st::RunStore& store, const RunsOptions& o)
 {
     if (o.runs.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "runs delete needs at least one run"));
-        return 2;
+        return usage("runs delete needs at least one run", "runs delete RUN... [--keep-files]");
     }
     // Resolve every name first: a typo in the third run must not leave the first two deleted.
     std::vector<std::pair<std::string, std::string>> targets;
     for (const auto& r : o.runs) {
         auto id = store.resolveRunId(r);
-        if (!id.ok()) return fail(id.error());
+        if (!id.ok()) return refused(id.error());
         // The same run named twice (by id and by name) is deleted once.
         if (std::any_of(targets.begin(), targets.end(), [&](const auto& t) { return t.first == *id; })) continue;
         auto info = store.run(*id);
@@ -426,8 +443,7 @@ int remove(st::RunStore& store, const RunsOptions& o)
 int exportRun(st::RunStore& store, const RunsOptions& o)
 {
     if (o.runs.size() != 1) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "runs export takes one run"));
-        return 2;
+        return usage("runs export takes one run", "runs export RUN [--csv FILE] [--epochs-csv FILE] [--trace FILE] [--weights FILE]");
     }
     if (o.csv.empty() && o.epochsCsv.empty() && o.trace.empty() && o.weights.empty()) {
         printError(ts::makeError(ts::ErrorCode::InvalidArgument, "nothing to export",
@@ -436,7 +452,7 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
         return 2;
     }
     auto id = store.resolveRunId(o.runs[0]);
-    if (!id.ok()) return fail(id.error());
+    if (!id.ok()) return refused(id.error());
     {
         // Never over the database or the files the store keeps (checkpoints).
         const std::vector<tscli::Protected> files = {{"the run database", store.path()}};
@@ -444,7 +460,7 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
         const std::vector<std::pair<std::string, std::string>> outputs = {
             {o.csv, "--csv"}, {o.epochsCsv, "--epochs-csv"}, {o.trace, "--trace"}, {o.weights, "--weights"}};
         for (const auto& [out, flag] : outputs)
-            if (ts::Status st = tscli::checkOutputPath(out, flag, files, dirs); !st.ok()) return fail(st.error());
+            if (ts::Status st = tscli::checkOutputPath(out, flag, files, dirs); !st.ok()) return refused(st.error());
         // Two outputs into one file: the later would replace the earlier, both said "Wrote".
         for (std::size_t i = 0; i < outputs.size(); ++i)
             for (std::size_t j = i + 1; j < outputs.size(); ++j)
@@ -509,13 +525,12 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
 int rename(st::RunStore& store, const RunsOptions& o)
 {
     if (o.runs.size() != 1) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "runs rename takes one run and the new name"));
-        return 2;
+        return usage("runs rename takes one run and the new name", "runs rename RUN NEW_NAME");
     }
     auto id = store.resolveRunId(o.runs[0]);
-    if (!id.ok()) return fail(id.error());
+    if (!id.ok()) return refused(id.error());
     ts::Status s = store.renameRun(*id, o.newName);
-    if (!s.ok()) return fail(s.error());
+    if (!s.ok()) return failOrRefused(s.error());
     if (o.json) std::cout << jsonText(nlohmann::json{{"id", *id}, {"name", o.newName}}, -1) << "\n";
     else std::printf("Renamed run %s to '%s'\n", id->c_str(), o.newName.c_str());
     return 0;
@@ -524,14 +539,13 @@ int rename(st::RunStore& store, const RunsOptions& o)
 int tag(st::RunStore& store, const RunsOptions& o)
 {
     if (o.runs.size() != 1) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "runs tag takes one run"));
-        return 2;
+        return usage("runs tag takes one run", "runs tag RUN --add TAG... --remove TAG...");
     }
     auto id = store.resolveRunId(o.runs[0]);
-    if (!id.ok()) return fail(id.error());
+    if (!id.ok()) return refused(id.error());
     for (const auto& t : o.addTags) {
         ts::Status s = store.addTag(*id, t);
-        if (!s.ok()) return fail(s.error());
+        if (!s.ok()) return failOrRefused(s.error());
     }
     for (const auto& t : o.removeTags) {
         ts::Status s = store.removeTag(*id, t);
@@ -627,7 +641,7 @@ int runRuns(const RunsOptions& options)
     if (!o.run.empty()) o.runs = {o.run};
     const bool write = o.action == "delete" || o.action == "rename" || o.action == "tag";
     auto store = openStore(o, write);
-    if (!store.ok()) return fail(store.error());
+    if (!store.ok()) return store.error().code == ts::ErrorCode::NotFound ? refused(store.error()) : fail(store.error());
     int code = 2;
     if (o.action == "list") code = list(*store, o);
     else if (o.action == "show") code = show(*store, o);

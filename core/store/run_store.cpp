@@ -1252,6 +1252,18 @@ Status checkNameIsNotAnId(const sql::Db& db, const std::string& name, int64_t se
                      "choose a name that is not a run id or the start of one");
 }
 
+// A rename onto another run's name would make both ambiguous to every lookup by name (`runs show
+// NAME`). New runs may share a name (a rerun keeps it); lookups then list their ids.
+Status checkNameIsFree(const sql::Db& db, const std::string& name, int64_t self)
+{
+    TS_ASSIGN(sql::Stmt s, db.prepare("SELECT id FROM runs WHERE rid != ? AND name = ? LIMIT 1"));
+    s.bind(1, self).bind(2, name);
+    TS_ASSIGN(bool row, s.step());
+    if (!row) return okStatus();
+    return makeError(ErrorCode::InvalidArgument, "run " + s.text(0) + " is already named '" + name + "'",
+                     "names find runs, so each run's must be its own: choose another name, or rename that run first");
+}
+
 } // namespace
 
 Result<RunInfo> RunStore::createRun(const NewRun& spec)
@@ -1351,6 +1363,7 @@ Status RunStore::renameRun(const std::string& runId, const std::string& name)
     return m->submit([=]() -> Status {
         TS_ASSIGN(int64_t r, d->rid(runId, false));
         TS_TRY(checkNameIsNotAnId(d->writer, name, r));
+        TS_TRY(checkNameIsFree(d->writer, name, r));
         TS_ASSIGN(sql::Stmt s, d->writer.prepare("UPDATE runs SET name = ? WHERE rid = ?"));
         s.bind(1, name).bind(2, r);
         return s.run();

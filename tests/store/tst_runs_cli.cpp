@@ -203,7 +203,7 @@ void TestRunsCli::showRun()
     QVERIFY(r.out.contains("small_cnn"));
 
     r = cli({"runs", "show", "nonexistent", "--db", db()});
-    QCOMPARE(r.code, 1);
+    QCOMPARE(r.code, 2);  // a run that is not there is bad input, like a bad option
     QVERIFY(r.err.contains("no run 'nonexistent'"));
     QVERIFY(r.err.contains("hint:"));
 }
@@ -293,7 +293,7 @@ void TestRunsCli::deleteRun()
         QVERIFY(store->addFile(m_done, "trace", own).ok());
     }
     Run r = cli({"runs", "delete", "baseline mlp", "nonexistent", "--db", db()});
-    QCOMPARE(r.code, 1);  // nothing deleted when one name is wrong
+    QCOMPARE(r.code, 2);  // nothing deleted when one name is wrong
     QVERIFY(std::filesystem::exists(m_weights));
     r = cli({"runs", "delete", "baseline mlp", "--db", db(), "--json"});
     QCOMPARE(r.code, 0);
@@ -315,6 +315,21 @@ void TestRunsCli::renameAndTag()
     QCOMPARE(json(r).object()["tags"].toArray().size(), 2);
     r = cli({"runs", "list", "--db", db(), "--json", "--tag", "lr-sweep"});
     QCOMPARE(json(r).array()[0].toObject()["name"].toString(), QString("cnn lr 0.1"));
+
+    // Another run's name is refused (both would become ambiguous to `runs show NAME`); a run
+    // keeps its own name; refusals are bad input (exit 2) with a hint.
+    r = cli({"runs", "rename", "cnn lr 0.1", "baseline mlp", "--db", db()});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("is already named 'baseline mlp'") && r.err.contains("hint: "), qPrintable(r.err));
+    r = cli({"runs", "show", "baseline mlp", "--db", db()});
+    QCOMPARE(r.code, 0);
+    r = cli({"runs", "rename", "cnn lr 0.1", "cnn lr 0.1", "--db", db()});
+    QCOMPARE(r.code, 0);
+    r = cli({"runs", "compare", "cnn lr 0.1", "--db", db()});
+    QCOMPARE(r.code, 2);
+    QVERIFY2(r.err.contains("hint: usage: trainstudio-cli runs compare RUN RUN"), qPrintable(r.err));
+    r = cli({"runs", "tag", "no such run", "--add", "x", "--db", db()});
+    QCOMPARE(r.code, 2);
 }
 
 void TestRunsCli::newerSchemaReadOnly()
@@ -351,7 +366,7 @@ void TestRunsCli::badDatabases()
     QVERIFY2(r.err.contains(garbage), qPrintable(r.err));
     QVERIFY(r.err.contains("hint:"));
     r = cli({"runs", "list", "--db", m_dir->filePath("missing.db")});
-    QCOMPARE(r.code, 1);
+    QCOMPARE(r.code, 2);
     QVERIFY(r.err.contains("no run database at"));
     QVERIFY(!QFile::exists(m_dir->filePath("missing.db")));  // listing creates nothing
 }
