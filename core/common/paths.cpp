@@ -31,4 +31,14 @@ bool pathIsInside(const std::string& path, const std::string& folder)
     return !rel.empty() && *rel.begin() != "..";
 }
 
+std::string missingFileHint(const std::string& path)
+{
+    std::error_code ec;
+    const std::filesystem::path p(path);
+    if (p.is_absolute()) return "check the path";
+    const std::filesystem::path cwd = std::filesystem::current_path(ec);
+    if (ec) return "check the path (a relative path is read from the current folder)";
+    return "check the path: a relative path is read from the current folder, " + cwd.string();
+}
+
 } // namespace ts

@@ -13,4 +13,8 @@ std::string userDataDir();
 // resolved (the parts that exist). False when either cannot be resolved.
 bool pathIsInside(const std::string& path, const std::string& folder);
 
+// The hint for a file that is not there: check the path, and for a relative one, which folder
+// it was read from (the current folder), since a path copied from a config often assumes another.
+std::string missingFileHint(const std::string& path);
+
 } // namespace ts

@@ -1,5 +1,6 @@
 #include "data/csv.h"
 
+#include "common/paths.h"
 #include "common/utf8.h"
 
 #include <algorithm>
@@ -118,7 +119,7 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
 {
     std::error_code ec;
     if (!std::filesystem::exists(path, ec))
-        return makeError(ErrorCode::NotFound, "CSV file '" + path + "' does not exist");
+        return makeError(ErrorCode::NotFound, "CSV file '" + path + "' does not exist", missingFileHint(path));
     std::unique_ptr<CsvReader> r(new CsvReader);
     r->m_path = path;
     r->m_options = options;

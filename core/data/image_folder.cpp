@@ -14,6 +14,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include "common/paths.h"
+
 namespace ts {
 
 namespace fs = std::filesystem;
@@ -108,7 +110,7 @@ Result<std::string> readWholeFile(const std::string& path)
     std::ifstream in(path, std::ios::binary);
     if (!in) {
         std::error_code ec;
-        if (!fs::exists(path, ec)) return makeError(ErrorCode::NotFound, "image file '" + path + "' does not exist");
+        if (!fs::exists(path, ec)) return makeError(ErrorCode::NotFound, "image file '" + path + "' does not exist", missingFileHint(path));
         return makeError(ErrorCode::IoError, "cannot open image file '" + path + "': " + std::strerror(errno));
     }
     std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

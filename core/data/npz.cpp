@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "common/paths.h"
 #include "io/npy.h"
 
 namespace ts {
@@ -34,7 +35,7 @@ Result<zip_t*> openArchive(const std::string& path, int flags)
 {
     std::error_code ec;
     if ((flags & ZIP_CREATE) == 0 && !std::filesystem::exists(path, ec))
-        return makeError(ErrorCode::NotFound, ".npz file '" + path + "' does not exist");
+        return makeError(ErrorCode::NotFound, ".npz file '" + path + "' does not exist", missingFileHint(path));
     int err = 0;
     zip_t* z = zip_open(path.c_str(), flags, &err);
     if (!z) {

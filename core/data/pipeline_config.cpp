@@ -1,5 +1,7 @@
 #include "data/pipeline_config.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <set>
 
 #include "common/limits.h"
@@ -424,6 +426,28 @@ Error jsonError(const std::string& at, const std::string& what, const std::strin
 }
 
 
+// A value quoted in a message: long lists and objects are cut short.
+std::string shown(const json& v)
+{
+    std::string text = v.dump();
+    return text.size() <= 60 ? text : text.substr(0, 57) + "...";
+}
+
+// The hint for a value of the wrong JSON type: the usual slip is a number or a boolean written
+// in quotes ("size": "64").
+std::string typeHint(const json& v, const std::string& key, const std::string& want)
+{
+    if (v.is_string()) {
+        const std::string t = v.get<std::string>();
+        if (t == "true" || t == "false") return "write it without quotes: \"" + key + "\": " + t;
+        char* end = nullptr;
+        errno = 0;
+        (void)std::strtod(t.c_str(), &end);
+        if (!t.empty() && end && *end == '\0' && errno == 0) return "write the number without quotes: \"" + key + "\": " + t;
+    }
+    return "\"" + key + "\" takes " + want;
+}
+
 Result<int64_t> getInt(const json& j, const std::string& key, const std::string& at, bool allowAutotune, int64_t def)
 {
     if (!j.contains(key)) return def;
@@ -433,21 +457,22 @@ Result<int64_t> getInt(const json& j, const std::string& key, const std::string&
         return static_cast<int64_t>(v.get<double>());
     if (allowAutotune && v.is_string() && (v.get<std::string>() == "AUTOTUNE" || v.get<std::string>() == "autotune"))
         return kAutotune;
-    return jsonError(at + "." + key, "expected an integer" + std::string(allowAutotune ? " or \"AUTOTUNE\"" : "") +
-                                         ", got " + v.dump());
+    const std::string want = "an integer" + std::string(allowAutotune ? " or \"AUTOTUNE\"" : "");
+    return jsonError(at + "." + key, "expected " + want + ", got " + shown(v), typeHint(v, key, want));
 }
 
 Result<std::string> getString(const json& j, const std::string& key, const std::string& at, std::string def)
 {
     if (!j.contains(key)) return def;
-    if (!j[key].is_string()) return jsonError(at + "." + key, "expected a string, got " + j[key].dump());
+    if (!j[key].is_string()) return jsonError(at + "." + key, "expected a string, got " + shown(j[key]), "write it in quotes");
     return j[key].get<std::string>();
 }
 
 Result<bool> getBool(const json& j, const std::string& key, const std::string& at, bool def)
 {
     if (!j.contains(key)) return def;
-    if (!j[key].is_boolean()) return jsonError(at + "." + key, "expected true or false, got " + j[key].dump());
+    if (!j[key].is_boolean())
+        return jsonError(at + "." + key, "expected true or false, got " + shown(j[key]), typeHint(j[key], key, "true or false"));
     return j[key].get<bool>();
 }
 
@@ -457,9 +482,10 @@ Result<std::vector<std::string>> getStrings(const json& j, const std::string& ke
     if (!j.contains(key)) return out;
     const json& v = j[key];
     if (v.is_string()) return std::vector<std::string>{v.get<std::string>()};
-    if (!v.is_array()) return jsonError(at + "." + key, "expected a string or a list of strings, got " + v.dump());
+    if (!v.is_array())
+        return jsonError(at + "." + key, "expected a string or a list of strings, got " + shown(v), "e.g. \"" + key + "\": [\"a.csv\", \"b.csv\"]");
     for (const auto& e : v) {
-        if (!e.is_string()) return jsonError(at + "." + key, "expected strings, got " + e.dump());
+        if (!e.is_string()) return jsonError(at + "." + key, "expected strings, got " + shown(e), "write each one in quotes");
         out.push_back(e.get<std::string>());
     }
     return out;
@@ -586,7 +612,7 @@ Result<TransformSpec> opFromJson(const json& j, const std::string& at)
     auto optSeed = [&](TransformSpec& spec) -> Status {
         if (!j.contains("seed") || j["seed"].is_null()) return okStatus();
         if (!j["seed"].is_number_unsigned() && !j["seed"].is_number_integer())
-            return jsonError(at + ".seed", "expected a non-negative integer, got " + j["seed"].dump());
+            return jsonError(at + ".seed", "expected a non-negative integer, got " + shown(j["seed"]), typeHint(j["seed"], "seed", "a whole number >= 0"));
         spec.seed = j["seed"].get<uint64_t>();
         return okStatus();
     };
@@ -746,7 +772,7 @@ Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::
     }
     if (j.contains("seed")) {
         if (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0)
-            return jsonError(where + ".seed", "expected a non-negative integer, got " + j["seed"].dump());
+            return jsonError(where + ".seed", "expected a non-negative integer, got " + shown(j["seed"]), typeHint(j["seed"], "seed", "a whole number >= 0"));
         p.seed = j["seed"].get<uint64_t>();
     }
     TS_ASSIGN(p.deterministic, getBool(j, "deterministic", where, true));
@@ -781,7 +807,7 @@ Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::
                 known = true;
             }
         if (!known)
-            return jsonError(where + ".auto_shard", "expected \"auto\", \"file\", \"data\" or \"off\", got " + a.dump(),
+            return jsonError(where + ".auto_shard", "expected \"auto\", \"file\", \"data\" or \"off\", got " + shown(a),
                              "\"auto\" shards by file when there are enough files, else by element");
     }
     TS_TRY(p.validate(where));

@@ -11,6 +11,7 @@
 #include <string_view>
 #include <vector>
 
+#include "common/paths.h"
 #include "io/safetensors.h"  // writeFileAtomically
 
 namespace ts {
@@ -157,7 +158,7 @@ Result<Tensor> readNpy(const std::string& path)
     namespace fs = std::filesystem;
     std::error_code ec;
     const auto st = fs::status(path, ec);
-    if (!fs::exists(st)) return makeError(ErrorCode::NotFound, ".npy file '" + path + "' does not exist");
+    if (!fs::exists(st)) return makeError(ErrorCode::NotFound, ".npy file '" + path + "' does not exist", missingFileHint(path));
     if (!fs::is_regular_file(st))
         return makeError(ErrorCode::IoError, ".npy path '" + path + "' is not a regular file");
     const uint64_t fileSize = fs::file_size(path, ec);

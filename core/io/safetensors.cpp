@@ -13,6 +13,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/paths.h"
+
 namespace ts {
 
 namespace {
@@ -355,7 +357,7 @@ Result<SafetensorsFile> readSafetensors(const std::string& path)
     namespace fs = std::filesystem;
     std::error_code ec;
     const auto st = fs::status(path, ec);
-    if (!fs::exists(st)) return makeError(ErrorCode::NotFound, "safetensors file '" + path + "' does not exist");
+    if (!fs::exists(st)) return makeError(ErrorCode::NotFound, "safetensors file '" + path + "' does not exist", missingFileHint(path));
     if (!fs::is_regular_file(st))
         return makeError(ErrorCode::IoError, "safetensors path '" + path + "' is not a regular file");
     const uint64_t fileSize = fs::file_size(path, ec);
@@ -365,9 +367,10 @@ Result<SafetensorsFile> readSafetensors(const std::string& path)
     if (!f) return makeError(ErrorCode::IoError, "cannot open '" + path + "': " + std::strerror(errno));
 
     if (fileSize < 8)
-        return makeError(ErrorCode::IoError,
+        return makeError(ErrorCode::ParseError,
                          "safetensors file '" + path + "' is " + std::to_string(fileSize) +
-                             " bytes, too short for the 8-byte header length");
+                             " bytes, too short for the 8-byte header length",
+                         "the file is truncated or not a safetensors file");
     unsigned char len[8];
     if (std::fread(len, 1, 8, f.get()) != 8)
         return makeError(ErrorCode::IoError, "cannot read the header length of '" + path + "'");
@@ -379,7 +382,8 @@ Result<SafetensorsFile> readSafetensors(const std::string& path)
                          "the file is truncated or not a safetensors file");
     if (headerLen > kMaxHeaderBytes)
         return makeError(ErrorCode::ParseError, "safetensors file '" + path + "' declares a " +
-                                                    std::to_string(headerLen) + "-byte header (limit 100 MB)");
+                                                    std::to_string(headerLen) + "-byte header (limit 100 MB)",
+                         "the file is damaged or not a safetensors file");
     std::string text(static_cast<std::size_t>(headerLen), '\0');
     if (std::fread(text.data(), 1, text.size(), f.get()) != text.size())
         return makeError(ErrorCode::IoError, "cannot read the header of '" + path + "'");
@@ -401,7 +405,8 @@ Result<SafetensorsFile> decodeSafetensors(std::string_view bytes, const std::str
 {
     if (bytes.size() < 8)
         return makeError(ErrorCode::ParseError, "safetensors file '" + label + "' is " + std::to_string(bytes.size()) +
-                                                    " bytes, too short for the 8-byte header length");
+                                                    " bytes, too short for the 8-byte header length",
+                         "the file is truncated or not a safetensors file");
     const uint64_t headerLen = headerLength(reinterpret_cast<const unsigned char*>(bytes.data()));
     if (headerLen > bytes.size() - 8 || headerLen > kMaxHeaderBytes)
         return makeError(ErrorCode::ParseError, "safetensors file '" + label + "' declares a " + std::to_string(headerLen) +

@@ -77,6 +77,7 @@ void TestCli::initTestCase()
                  "compile": {"loss": "sparse_categorical_crossentropy", "batch_size": 32}})");
     writeFile(m_dir.filePath("tf.json"), R"({"cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}})");
     writeFile(m_dir.filePath("rows.csv"), "a,label\n1,0\n2,1\n");
+    writeFile(m_dir.filePath("five_bytes.safetensors"), "12345");
     writeFile(m_dir.filePath("one_hot_loss.json"), QString(R"({"model_file": "%1", "loss": "categorical_crossentropy"})")
                                                        .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"))
                                                        .toUtf8());
@@ -196,6 +197,11 @@ void TestCli::badInput_data()
                                                 << QStringList{"--backup-dir", "broken.json/backup", "cannot make the folder"};
     QTest::newRow("weights into a missing folder") << QStringList{"train", "--no-record", "--save-weights", m_dir.filePath("no_such_dir/w.safetensors")}
                                                    << QStringList{"--save-weights", "no_such_dir", "does not exist"};
+    QTest::newRow("missing weights file, relative") << QStringList{"train", "--no-record", "--load-weights", "no_such_weights.safetensors"}
+                                                    << QStringList{"'no_such_weights.safetensors' does not exist",
+                                                                   "hint: check the path: a relative path is read from the current folder, "};
+    QTest::newRow("weights file of 5 bytes") << QStringList{"train", "--no-record", "--load-weights", m_dir.filePath("five_bytes.safetensors")}
+                                             << QStringList{"too short", "hint: the file is truncated or not a safetensors file"};
     QTest::newRow("weights under a file") << QStringList{"train", "--no-record", "--save-weights", m_dir.filePath("broken.json/w.safetensors")}
                                           << QStringList{"broken.json", "not a folder"};
     QTest::newRow("weights over the token file") << QStringList{"train", "--no-record", "--token-file", m_dir.filePath("broken.json"), "--save-weights", m_dir.filePath("broken.json")}

@@ -252,6 +252,14 @@ private slots:
                    "unknown parameter \"depht\"");
         VERIFY_MSG(bad(R"({"source": {"kind": "idx", "dir": "d"}, "transformations": [{"op": "prefetch", "buffer_size": "lots"}]})"),
                    "expected an integer or \"AUTOTUNE\"");
+        // A number or boolean in quotes is the usual slip: the hint says so.
+        VERIFY_MSG(bad(R"({"source": {"kind": "idx", "dir": "d"}, "transformations": [{"op": "batch", "size": "64"}]})"),
+                   "write the number without quotes: \"size\": 64");
+        VERIFY_MSG(bad(R"({"source": {"kind": "idx", "dir": "d"}, "deterministic": "false"})"),
+                   "write it without quotes: \"deterministic\": false");
+        const std::string longList = bad(R"({"source": {"kind": "idx", "dir": "d"}, "seed": [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24]})");
+        VERIFY_MSG(longList, "got [1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22...");
+        QVERIFY2(!contains(longList, "24]"), longList.c_str());
     }
 
     // ---- sources ------------------------------------------------------------------------------
