@@ -23,7 +23,9 @@ struct Protected {
     std::string path;  // a file (its SQLite -wal/-shm companions are covered for a database)
 };
 
-// Whether two output paths name one file, whether it exists yet or not ("-" is standard output).
+// Whether two paths name one file, whether it exists yet or not ("-" is standard output): the
+// same inode when both exist (hard links, bind mounts), else the same resolved path (a -wal
+// file SQLite has not made yet is still the database's).
 inline bool samePath(const std::string& a, const std::string& b)
 {
     namespace fs = std::filesystem;
@@ -47,7 +49,7 @@ inline ts::Status checkOutputPath(const std::string& out, const std::string& fla
         if (p.path.empty()) continue;
         for (const std::string& suffix : {std::string(), std::string("-wal"), std::string("-shm")}) {
             const std::string candidate = p.path + suffix;
-            if (fs::exists(out, ec) && fs::exists(candidate, ec) && fs::equivalent(out, candidate, ec))
+            if (samePath(out, candidate))
                 return ts::makeError(ts::ErrorCode::InvalidArgument, flag + " " + out + " is " + p.what + (suffix.empty() ? "" : " (" + suffix.substr(1) + " file)") +
                                          ": writing there would destroy it",
                                      "choose another file name");

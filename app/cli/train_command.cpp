@@ -98,18 +98,17 @@ public:
     // Runs first at every epoch end, on the trainer's thread (checkpoints).
     std::function<void(const ts::EpochEvent&)> epochHook;
 
-    void onResume(const ts::TrainingPosition& p, const std::string& file) override
+    void onResume(const ts::TrainingPosition& p, const ts::ResumeSource& source) override
     {
         if (m_quiet) return;
         if (m_json) {
-            std::cout << nlohmann::json{{"resumed", true}, {"step", p.step}, {"epoch", p.epoch},
-                                        {"step_in_epoch", p.stepInEpoch}, {"backup", file}}.dump()
+            std::cout << nlohmann::json{{"resumed", true}, {"step", p.step}, {"epoch", p.epoch}, {"step_in_epoch", p.stepInEpoch},
+                                        {"backup", source.file.empty() ? nlohmann::json(nullptr) : nlohmann::json(source.file)},
+                                        {"from", source.words}}.dump()
                       << "\n" << std::flush;
             return;
         }
-        // A file, or (a task that resumes through the chief) whose backup it was.
-        const std::string from = file.find('/') != std::string::npos ? "the backup " + file : file;
-        std::printf("Resumed from %s after step %lld (epoch %lld, step %lld of it)\n", from.c_str(),
+        std::printf("Resumed from %s after step %lld (epoch %lld, step %lld of it)\n", source.words.c_str(),
                     static_cast<long long>(p.step), static_cast<long long>(p.epoch), static_cast<long long>(p.stepInEpoch));
         std::fflush(stdout);
     }

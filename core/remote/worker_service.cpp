@@ -621,7 +621,7 @@ private:
         }
         // Here, not from the bus: the steps replayed after the resume follow it on the stream, so
         // the coordinator rewinds the record before they arrive, never after.
-        void onResume(const TrainingPosition& at, const std::string&) override
+        void onResume(const TrainingPosition& at, const ResumeSource&) override
         {
             m_s.publish("resumed", at.step, {{"after_step", at.step}});
             m_lastStep = at.step;

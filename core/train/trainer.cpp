@@ -869,7 +869,9 @@ Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
             }
         }
     }
-    const std::string from = chief ? path : m_strategy->sharesResumeThroughStore() ? std::string("worker 0's backup") : std::string("the chief's backup");
+    ResumeSource from;
+    if (chief) from = {path, "the backup " + path};
+    else from.words = m_strategy->sharesResumeThroughStore() ? "worker 0's backup" : "the chief's backup";
     if (listener) listener->onResume(*m_resumeAt, from);
     if (m_config.bus) {
         telemetry::RunStateEvent resumed;
@@ -880,7 +882,7 @@ Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
         telemetry::LogEvent e;
         e.stamp = telemetry::Stamp{m_config.runId, m_step, telemetry::wallNowMicros(), trainerLane()};
         e.level = telemetry::LogLevel::Info;
-        e.message = "resumed from " + std::string(chief ? "the backup " : "") + from + " after step " + std::to_string(m_resumeAt->step) + " (epoch " +
+        e.message = "resumed from " + from.words + " after step " + std::to_string(m_resumeAt->step) + " (epoch " +
                     std::to_string(m_resumeAt->epoch) + ", step " + std::to_string(m_resumeAt->stepInEpoch) + " of it)";
         m_config.bus->publish(telemetry::Event(std::move(e)));
     }

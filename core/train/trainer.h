@@ -106,6 +106,12 @@ struct FitResult {
     int64_t resumedFromStep = -1; // >= 0: fit() continued from a backup made after that step
 };
 
+// Where a resumed run's state came from.
+struct ResumeSource {
+    std::string file;   // this process's own backup file; empty when another process sent the state
+    std::string words;  // for people: "the backup <file>", "the chief's backup", "worker 0's backup"
+};
+
 class TrainListener {
 public:
     virtual ~TrainListener() = default;
@@ -113,7 +119,7 @@ public:
     virtual void onStep(const StepEvent&) {}
     virtual void onEpoch(const EpochEvent&) {}
     // fit() is continuing from a backup (before the first step).
-    virtual void onResume(const TrainingPosition&, const std::string& /*backupFile*/) {}
+    virtual void onResume(const TrainingPosition&, const ResumeSource&) {}
 };
 
 struct EvalResult {

@@ -836,7 +836,7 @@ public:
         if (e.step == m_at) m_trainer->cancel();
     }
     void onEpoch(const EpochEvent& e) override { last = e; }
-    void onResume(const TrainingPosition& p, const std::string&) override { resumedAt = p; }
+    void onResume(const TrainingPosition& p, const ResumeSource&) override { resumedAt = p; }
     EpochEvent last;
     std::optional<TrainingPosition> resumedAt;
 

@@ -560,6 +560,10 @@ QString TestMultiWorker::runWithRestart(const QString& tag, const QStringList& a
         return QString("chief: %1 ...%2\nworker: %3 ...%4").arg(c.code).arg(seen.right(700)).arg(w.code).arg(w.out.right(700));
     if (killWorker && (!seen.contains("\"resumed\":true") || !w.out.contains("\"resumed\":true")))
         return QString("no resume reported\nchief: " + seen + "\nworker: " + w.out);
+    // The chief resumed from its own file; the worker from the chief's state (no file of its own).
+    if (killWorker && (!seen.contains("\"from\":\"the backup " + chiefExtra.last()) ||
+                       !w.out.contains("\"backup\":null") || !w.out.contains("\"from\":\"the chief's backup\"")))
+        return QString("resume sources not named\nchief: " + seen + "\nworker: " + w.out);
     for (const QString& line : (seen + w.out).split('\n'))
         if (line.contains("\"resumed\"") || line.contains("restart")) qInfo("%s: %s", qPrintable(tag), qPrintable(line.trimmed()));
     return QString();
