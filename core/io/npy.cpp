@@ -252,7 +252,12 @@ Result<Tensor> readNpy(const std::string& path)
     uint64_t numel = 1;
     for (int64_t d : shapeIt->second.ints) {
         if (d > (int64_t(1) << 48) || (d != 0 && numel > (uint64_t(1) << 48) / static_cast<uint64_t>(d)))
-            return makeError(ErrorCode::ParseError, ".npy file '" + path + "' has an impossibly large shape: " + header);
+        {
+            std::string dims;
+            for (int64_t e : shapeIt->second.ints) dims += (dims.empty() ? "" : ", ") + std::to_string(e);
+            return makeError(ErrorCode::ParseError, ".npy file '" + path + "' has an impossibly large shape (" + dims + ")",
+                             "its header is damaged (over 2^48 elements); write the file again with numpy.save");
+        }
         numel *= static_cast<uint64_t>(d);
     }
     const uint64_t dataBytes = numel * itemSize;

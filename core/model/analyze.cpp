@@ -851,9 +851,9 @@ GraphAnalysis analyzeModel(const ModelSpec& spec)
                     names.push_back(spec.layers[static_cast<std::size_t>(cycle[k])].id);
             }
             const std::string& head = spec.layers[static_cast<std::size_t>(first)].id;
-            report(head, nodeRef(head) + " is on a cycle: " + path,
-                   "a model must be acyclic; remove one of the connections between "
-                       + quotedList(names));
+            report(head, nodeRef(head) + (names.size() == 1 ? " takes its own output as an input: " : " is on a cycle: ") + path,
+                   names.size() == 1 ? "a model must be acyclic; remove '" + head + "' from its own inputs"
+                                     : "a model must be acyclic; remove one of the connections between " + quotedList(names));
         }
         order.insert(order.end(), stuck.begin(), stuck.end());
     }

@@ -1,6 +1,7 @@
 #include "optim/precision.h"
 
 #include <cmath>
+#include <limits>
 
 #include "backend/backend.h"
 #include "common/json_keys.h"
@@ -58,6 +59,10 @@ Result<PrecisionConfig> PrecisionConfig::fromJson(const nlohmann::json& j, const
     auto positive = [&](const char* key, double value, const char* hint) -> Status {
         if (!std::isfinite(value) || value < 1.0)
             return makeError(ErrorCode::InvalidArgument, where + ": precision." + key + " is " + j[key].dump(), hint);
+        // The scale is a float: a larger double would become inf.
+        if (value > static_cast<double>(std::numeric_limits<float>::max()))
+            return makeError(ErrorCode::InvalidArgument, where + ": precision." + key + " is " + j[key].dump() + ", more than a float holds",
+                             "use a scale below 3.4e38; 32768 is Keras' default");
         return okStatus();
     };
     if (j.contains("loss_scale")) {

@@ -551,7 +551,7 @@ void TestModel::problems_data()
         << "remove one of the connections between 'sum', 'b' and 'c'" << 1;
     QTest::newRow("self loop")
         << L(R"({"id": "loop", "type": "Add", "inputs": ["input", "loop"]})") << "" << "loop"
-        << "node 'loop' is on a cycle: 'loop' -> 'loop'" << "acyclic" << 1;
+        << "node 'loop' takes its own output as an input: 'loop' -> 'loop'" << "remove 'loop' from its own inputs" << 1;
     QTest::newRow("duplicate id")
         << L(R"({"id": "input", "type": "Dense", "inputs": ["input"], "attrs": {"units": 3}})")
         << "" << "input" << "node 'input': duplicate id (layers #0 and #1)" << "rename" << 1;

@@ -631,7 +631,8 @@ void TestTraining::precisionConfigRoundTrips()
     QCOMPARE(bad({{"policy", "mixed_float16"}, {"loss_scale", "auto"}}, "dynamic"), QString());
     QCOMPARE(bad({{"policy", "mixed_float16"}, {"growth_steps", 0}}, "growth_steps"), QString());
     QCOMPARE(bad({{"policy", "mixed_float16"}, {"loss_scale", 8}, {"initial_scale", 8}}, "drop one"), QString());
-    QCOMPARE(bad({{"policy", "mixed_float16"}, {"initial_scale", 1e39}}, "finite"), QString());
+    QCOMPARE(bad({{"policy", "mixed_float16"}, {"initial_scale", 1e39}}, "initial_scale is 1e+39, more than a float holds"), QString());
+    QCOMPARE(bad({{"policy", "mixed_float16"}, {"loss_scale", 1e300}}, "loss_scale is 1e+300, more than a float holds"), QString());
     QCOMPARE(bad({{"polcy", "mixed_float16"}}, "polcy"), QString());
     QCOMPARE(bad(42, "policy name"), QString());
 }

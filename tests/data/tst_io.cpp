@@ -1222,6 +1222,10 @@ void TestIo::npyErrors_data()
     row("version 4", [&] { std::string s = npyBytes(1, "<f4", "(2,)", two); s[6] = 4; return s; }(),
         ErrorCode::Unsupported, "version 4.0");
     row("malformed header", npyBytes(1, "<f4", "[2]", two), ErrorCode::ParseError, "malformed header");
+    row("impossible shape", npyBytes(1, "<f4", "(1000000000000, 784)", two), ErrorCode::ParseError,
+        "impossibly large shape (1000000000000, 784)");
+    row("impossible shape", npyBytes(1, "<f4", "(1000000000000, 784)", two), ErrorCode::ParseError,
+        "impossibly large shape (1000000000000, 784)");
     row("header past end", bin("\x93NUMPY\x01\x00\xff\x00{'descr'"), ErrorCode::IoError, "truncated");
     row("i8 out of range", npyBytes(1, "<i8", "(2,)", rawOf(std::vector<int64_t>{1, int64_t(1) << 40})),
         ErrorCode::InvalidArgument, "element 1 = 1099511627776");
