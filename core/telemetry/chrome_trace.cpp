@@ -10,7 +10,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <numeric>
+#include <optional>
 #include <sstream>
 
 namespace ts::telemetry {
@@ -463,11 +465,6 @@ struct Open {
     std::size_t index = 0;
 };
 
-struct PendingSpan {
-    SpanEvent span;
-    std::string pid, tid;
-};
-
 std::string where(const std::string& source, std::size_t index, const std::string& ph)
 {
     return source + ": event " + std::to_string(index) + (ph.empty() ? "" : " (ph \"" + ph + "\")");
@@ -475,54 +472,55 @@ std::string where(const std::string& source, std::size_t index, const std::strin
 
 } // namespace
 
-Result<Trace> parseChromeTrace(const nlohmann::json& doc, const std::string& source)
-{
-    Trace t;
-    t.source = source;
-    const nlohmann::json* events = nullptr;
-    if (doc.is_array()) {
-        events = &doc;
-    } else if (doc.is_object()) {
-        auto it = doc.find("traceEvents");
-        if (it == doc.end() || !it->is_array())
-            return makeError(ErrorCode::ParseError,
-                             source + ": not a Chrome trace: the object has no \"traceEvents\" array",
-                             "export a Chrome trace (Trace Event Format) from the profiler, e.g. torch.profiler's "
-                             "export_chrome_trace()");
-        events = &*it;
-        for (auto m = doc.begin(); m != doc.end(); ++m) {
-            if (m.key() == "traceEvents") continue;
-            if (m.key() == "otherData" && m->is_object()) {
-                for (auto o = m->begin(); o != m->end(); ++o) t.metadata[o.key()] = argText(*o);
-            } else if (m.key() == "deviceProperties" && m->is_array()) {
-                std::string names;
-                for (const auto& d : *m)
-                    if (d.is_object() && d.contains("name")) names += (names.empty() ? "" : ", ") + argText(d["name"]);
-                t.metadata["deviceProperties"] = names;
-            } else if (m->is_primitive()) {
-                t.metadata[m.key()] = argText(*m);
-            }
+namespace {
+
+// Builds a Trace from the entries of traceEvents one at a time, so a reader can hand each event
+// over as soon as it is parsed and drop it (a 100 MB trace held as a JSON tree took 16x its size).
+class TraceBuilder {
+public:
+    explicit TraceBuilder(const std::string& source) { m_t.source = source; }
+
+    // A top-level field of the object form besides traceEvents.
+    void topLevel(const std::string& key, const nlohmann::json& v)
+    {
+        if (key == "otherData" && v.is_object()) {
+            for (auto o = v.begin(); o != v.end(); ++o) m_t.metadata[o.key()] = argText(*o);
+        } else if (key == "deviceProperties" && v.is_array()) {
+            std::string names;
+            for (const auto& d : v)
+                if (d.is_object() && d.contains("name")) names += (names.empty() ? "" : ", ") + argText(d["name"]);
+            m_t.metadata["deviceProperties"] = names;
+        } else if (v.is_primitive()) {
+            m_t.metadata[key] = argText(v);
         }
-    } else {
-        return makeError(ErrorCode::ParseError,
-                         source + ": not a Chrome trace: expected an array of events or an object with \"traceEvents\"");
     }
-    t.eventCount = static_cast<int64_t>(events->size());
 
-    std::map<std::string, std::string> processName, processLabel;
-    std::map<std::pair<std::string, std::string>, std::string> threadName;
-    std::map<std::pair<std::string, std::string>, Lane> ownLane;  // our ts_* thread args
-    std::map<std::pair<std::string, std::string>, std::vector<Open>> open;
-    std::vector<PendingSpan> spans, instants;
-    struct PendingCounter {
-        TraceCounter counter;
-        std::string pid, tid;
-    };
-    std::vector<PendingCounter> counters;
-    double maxTs = 0;
-    bool sawPyTorchStep = false, sawHorovod = false;
+    // The next entry of traceEvents. After an error the builder stays failed: later entries are
+    // counted and otherwise ignored, and finish() returns the error.
+    void event(const nlohmann::json& e)
+    {
+        const std::size_t i = m_index++;
+        if (!m_error) {
+            Status st = take(e, i);
+            if (!st.ok()) m_error = st.takeError();
+        }
+    }
 
-    auto toSpan = [](const std::string& name, const std::string& cat, double ts, double dur, const nlohmann::json* args) {
+    Result<Trace> finish(bool arrayForm);
+
+private:
+    using Key = std::pair<std::string, std::string>;  // (pid, tid)
+
+    // Threads are interned: spans keep an index, and their lanes are resolved once at the end.
+    int32_t laneIndex(const std::string& pid, const std::string& tid)
+    {
+        auto [it, added] = m_laneIndex.try_emplace(Key{pid, tid}, static_cast<int32_t>(m_laneKeys.size()));
+        if (added) m_laneKeys.push_back(it->first);
+        return it->second;
+    }
+
+    SpanEvent toSpan(const std::string& name, const std::string& cat, double ts, double dur, const nlohmann::json* args) const
+    {
         SpanEvent s;
         s.name = name;
         s.category = cat;
@@ -532,211 +530,301 @@ Result<Trace> parseChromeTrace(const nlohmann::json& doc, const std::string& sou
         if (args && args->is_object())
             for (auto a = args->begin(); a != args->end(); ++a) s.args[a.key()] = argText(*a);
         return s;
-    };
-
-    for (std::size_t i = 0; i < events->size(); ++i) {
-        const nlohmann::json& e = (*events)[i];
-        if (e.is_object() && e.empty()) {  // TensorBoard's trace viewer ends traceEvents with {}
-            ++t.ignored["{}"];
-            continue;
-        }
-        if (!e.is_object())
-            return makeError(ErrorCode::ParseError, where(source, i, "") + ": not a JSON object",
-                             "every entry of traceEvents must be an object with at least \"ph\"");
-        auto phIt = e.find("ph");
-        if (phIt == e.end() || !phIt->is_string() || phIt->get_ref<const std::string&>().empty())
-            return makeError(ErrorCode::ParseError, where(source, i, "") + ": no \"ph\" (phase) string",
-                             "each event needs \"ph\": \"X\", \"B\", \"E\", \"i\", \"C\" or \"M\"");
-        const std::string ph = phIt->get<std::string>();
-        const std::string name = e.contains("name") ? argText(e["name"]) : std::string();
-        const std::string cat = e.contains("cat") ? argText(e["cat"]) : std::string();
-        const nlohmann::json* args = e.contains("args") ? &e["args"] : nullptr;
-        auto needTs = [&](double* ts) -> Status {
-            auto it = e.find("ts");
-            if (it == e.end() || !numberOf(*it, ts))
-                return makeError(ErrorCode::ParseError, where(source, i, ph) + ": no numeric \"ts\"",
-                                 "timestamps are microseconds, as numbers");
-            maxTs = std::max(maxTs, *ts);
-            return okStatus();
-        };
-        const std::string pid = idOf(e, "pid"), tid = idOf(e, "tid");
-
-        if (ph == "X") {
-            double ts = 0, dur = 0;
-            TS_TRY(needTs(&ts));
-            auto d = e.find("dur");
-            if (d == e.end() || !numberOf(*d, &dur))
-                return makeError(ErrorCode::ParseError, where(source, i, ph) + ": no numeric \"dur\"",
-                                 "complete (X) events need a duration in microseconds");
-            if (dur < 0)
-                return makeError(ErrorCode::ParseError, where(source, i, ph) + ": negative \"dur\" " + std::to_string(dur));
-            maxTs = std::max(maxTs, ts + dur);
-            spans.push_back({toSpan(name, cat, ts, dur, args), pid, tid});
-        } else if (ph == "B") {
-            double ts = 0;
-            TS_TRY(needTs(&ts));
-            open[{pid, tid}].push_back({name, cat, ts, args ? *args : nlohmann::json(), i});
-        } else if (ph == "E") {
-            double ts = 0;
-            TS_TRY(needTs(&ts));
-            auto& stack = open[{pid, tid}];
-            if (stack.empty())
-                return makeError(ErrorCode::ParseError,
-                                 where(source, i, ph) + ": an end event with no open \"B\" on pid " + pid + ", tid " + tid,
-                                 "B and E events pair up per pid and tid, innermost first");
-            Open b = std::move(stack.back());
-            stack.pop_back();
-            if (ts < b.ts)
-                return makeError(ErrorCode::ParseError, where(source, i, ph) + ": ends at " + std::to_string(ts) +
-                                                            " before its B (event " + std::to_string(b.index) + ") begins");
-            if (args && args->is_object())
-                for (auto a = args->begin(); a != args->end(); ++a) b.args[a.key()] = *a;  // Chrome merges E's args
-            spans.push_back({toSpan(b.name, b.category, b.ts, ts - b.ts, &b.args), pid, tid});
-        } else if (ph == "i" || ph == "I") {
-            double ts = 0;
-            TS_TRY(needTs(&ts));
-            instants.push_back({toSpan(name, cat, ts, 0, args), pid, tid});
-        } else if (ph == "C") {
-            double ts = 0;
-            TS_TRY(needTs(&ts));
-            TraceCounter c;
-            c.name = name;
-            if (e.contains("id")) c.name += " " + argText(e["id"]);
-            c.timeUs = std::llround(ts);
-            if (args && args->is_object())
-                for (auto a = args->begin(); a != args->end(); ++a) {
-                    double v = 0;
-                    if (numberOf(*a, &v)) c.values[a.key()] = v;
-                }
-            counters.push_back({std::move(c), pid, tid});
-        } else if (ph == "M") {
-            const std::string value = args && args->is_object() && args->contains("name") ? argText((*args)["name"]) : "";
-            if (name == "process_name") {
-                processName[pid] = value;
-            } else if (name == "process_labels") {
-                if (args && args->is_object() && args->contains("labels")) processLabel[pid] = argText((*args)["labels"]);
-            } else if (name == "thread_name") {
-                threadName[{pid, tid}] = value;
-                if (args && args->is_object() && args->contains("ts_worker"))
-                    ownLane[{pid, tid}] = Lane{argText((*args)["ts_worker"]),
-                                               args->contains("ts_device") ? argText((*args)["ts_device"]) : "",
-                                               args->contains("ts_thread") ? argText((*args)["ts_thread"]) : ""};
-            }
-        } else {
-            ++t.ignored[ph];
-        }
-        if (name.rfind("ProfilerStep#", 0) == 0) sawPyTorchStep = true;
-        if (name == "NEGOTIATE_ALLREDUCE" || name == "NCCL_ALLREDUCE" || name == "MPI_ALLREDUCE" ||
-            name == "NEGOTIATE_ALLGATHER" || name == "NEGOTIATE_BROADCAST")
-            sawHorovod = true;
     }
-    for (auto& [key, stack] : open) {
+
+    void addSpan(SpanEvent s, const std::string& pid, const std::string& tid)
+    {
+        m_t.spans.push_back(std::move(s));
+        m_spanLanes.push_back(laneIndex(pid, tid));
+    }
+
+    Status take(const nlohmann::json& e, std::size_t i);
+
+    Trace m_t;
+    std::size_t m_index = 0;
+    std::optional<Error> m_error;
+    std::map<Key, int32_t> m_laneIndex;
+    std::vector<Key> m_laneKeys;
+    std::vector<int32_t> m_spanLanes, m_instantLanes, m_counterLanes;  // parallel to m_t's vectors
+    std::map<std::string, std::string> m_processName, m_processLabel;
+    std::map<Key, std::string> m_threadName;
+    std::map<Key, Lane> m_ownLane;  // our ts_* thread args
+    std::map<Key, std::vector<Open>> m_open;
+    double m_maxTs = 0;
+    bool m_sawPyTorchStep = false, m_sawHorovod = false;
+};
+
+Status TraceBuilder::take(const nlohmann::json& e, std::size_t i)
+{
+    const std::string& source = m_t.source;
+    if (e.is_object() && e.empty()) {  // TensorBoard's trace viewer ends traceEvents with {}
+        ++m_t.ignored["{}"];
+        return okStatus();
+    }
+    if (!e.is_object())
+        return makeError(ErrorCode::ParseError, where(source, i, "") + ": not a JSON object",
+                         "every entry of traceEvents must be an object with at least \"ph\"");
+    auto phIt = e.find("ph");
+    if (phIt == e.end() || !phIt->is_string() || phIt->get_ref<const std::string&>().empty())
+        return makeError(ErrorCode::ParseError, where(source, i, "") + ": no \"ph\" (phase) string",
+                         "each event needs \"ph\": \"X\", \"B\", \"E\", \"i\", \"C\" or \"M\"");
+    const std::string ph = phIt->get<std::string>();
+    const std::string name = e.contains("name") ? argText(e["name"]) : std::string();
+    const std::string cat = e.contains("cat") ? argText(e["cat"]) : std::string();
+    const nlohmann::json* args = e.contains("args") ? &e["args"] : nullptr;
+    auto needTs = [&](double* ts) -> Status {
+        auto it = e.find("ts");
+        if (it == e.end() || !numberOf(*it, ts))
+            return makeError(ErrorCode::ParseError, where(source, i, ph) + ": no numeric \"ts\"", "timestamps are microseconds, as numbers");
+        m_maxTs = std::max(m_maxTs, *ts);
+        return okStatus();
+    };
+    const std::string pid = idOf(e, "pid"), tid = idOf(e, "tid");
+
+    if (ph == "X") {
+        double ts = 0, dur = 0;
+        TS_TRY(needTs(&ts));
+        auto d = e.find("dur");
+        if (d == e.end() || !numberOf(*d, &dur))
+            return makeError(ErrorCode::ParseError, where(source, i, ph) + ": no numeric \"dur\"",
+                             "complete (X) events need a duration in microseconds");
+        if (dur < 0) return makeError(ErrorCode::ParseError, where(source, i, ph) + ": negative \"dur\" " + std::to_string(dur));
+        m_maxTs = std::max(m_maxTs, ts + dur);
+        addSpan(toSpan(name, cat, ts, dur, args), pid, tid);
+    } else if (ph == "B") {
+        double ts = 0;
+        TS_TRY(needTs(&ts));
+        m_open[{pid, tid}].push_back({name, cat, ts, args ? *args : nlohmann::json(), i});
+    } else if (ph == "E") {
+        double ts = 0;
+        TS_TRY(needTs(&ts));
+        auto& stack = m_open[{pid, tid}];
+        if (stack.empty())
+            return makeError(ErrorCode::ParseError, where(source, i, ph) + ": an end event with no open \"B\" on pid " + pid + ", tid " + tid,
+                             "B and E events pair up per pid and tid, innermost first");
+        Open b = std::move(stack.back());
+        stack.pop_back();
+        if (ts < b.ts)
+            return makeError(ErrorCode::ParseError, where(source, i, ph) + ": ends at " + std::to_string(ts) + " before its B (event " +
+                                                        std::to_string(b.index) + ") begins");
+        if (args && args->is_object())
+            for (auto a = args->begin(); a != args->end(); ++a) b.args[a.key()] = *a;  // Chrome merges E's args
+        addSpan(toSpan(b.name, b.category, b.ts, ts - b.ts, &b.args), pid, tid);
+    } else if (ph == "i" || ph == "I") {
+        double ts = 0;
+        TS_TRY(needTs(&ts));
+        m_t.instants.push_back(toSpan(name, cat, ts, 0, args));
+        m_instantLanes.push_back(laneIndex(pid, tid));
+    } else if (ph == "C") {
+        double ts = 0;
+        TS_TRY(needTs(&ts));
+        TraceCounter c;
+        c.name = name;
+        if (e.contains("id")) c.name += " " + argText(e["id"]);
+        c.timeUs = std::llround(ts);
+        if (args && args->is_object())
+            for (auto a = args->begin(); a != args->end(); ++a) {
+                double v = 0;
+                if (numberOf(*a, &v)) c.values[a.key()] = v;
+            }
+        m_t.counters.push_back(std::move(c));
+        m_counterLanes.push_back(laneIndex(pid, tid));
+    } else if (ph == "M") {
+        const std::string value = args && args->is_object() && args->contains("name") ? argText((*args)["name"]) : "";
+        if (name == "process_name") {
+            m_processName[pid] = value;
+        } else if (name == "process_labels") {
+            if (args && args->is_object() && args->contains("labels")) m_processLabel[pid] = argText((*args)["labels"]);
+        } else if (name == "thread_name") {
+            m_threadName[{pid, tid}] = value;
+            if (args && args->is_object() && args->contains("ts_worker"))
+                m_ownLane[{pid, tid}] = Lane{argText((*args)["ts_worker"]), args->contains("ts_device") ? argText((*args)["ts_device"]) : "",
+                                             args->contains("ts_thread") ? argText((*args)["ts_thread"]) : ""};
+        }
+    } else {
+        ++m_t.ignored[ph];
+    }
+    if (name.rfind("ProfilerStep#", 0) == 0) m_sawPyTorchStep = true;
+    if (name == "NEGOTIATE_ALLREDUCE" || name == "NCCL_ALLREDUCE" || name == "MPI_ALLREDUCE" || name == "NEGOTIATE_ALLGATHER" ||
+        name == "NEGOTIATE_BROADCAST")
+        m_sawHorovod = true;
+    return okStatus();
+}
+
+Result<Trace> TraceBuilder::finish(bool arrayForm)
+{
+    if (m_error) return *m_error;
+    m_t.eventCount = static_cast<int64_t>(m_index);
+    for (auto& [key, stack] : m_open) {
         for (auto& b : stack) {
-            t.warnings.push_back(where(source, b.index, "B") + " \"" + b.name +
-                                 "\" has no matching E; closed at the end of the trace");
-            SpanEvent s = toSpan(b.name, b.category, b.ts, std::max(0.0, maxTs - b.ts), &b.args);
+            m_t.warnings.push_back(where(m_t.source, b.index, "B") + " \"" + b.name + "\" has no matching E; closed at the end of the trace");
+            SpanEvent s = toSpan(b.name, b.category, b.ts, std::max(0.0, m_maxTs - b.ts), &b.args);
             s.args["unterminated"] = "true";
-            spans.push_back({std::move(s), key.first, key.second});
+            addSpan(std::move(s), key.first, key.second);
         }
     }
 
     // Format, for the summary's heuristics and the user.
-    const auto producer = t.metadata.find("producer");
-    const bool ours = producer != t.metadata.end() && producer->second.rfind("TrainStudio", 0) == 0;
+    const auto producer = m_t.metadata.find("producer");
+    const bool ours = producer != m_t.metadata.end() && producer->second.rfind("TrainStudio", 0) == 0;
     bool tensorflow = false;
-    for (const auto& [pid, pname] : processName)
+    for (const auto& [pid, pname] : m_processName)
         if (pname.rfind("/device:", 0) == 0 || pname.rfind("/host:", 0) == 0 || pname.rfind("/job:", 0) == 0) tensorflow = true;
-    for (const auto& [key, tname] : threadName)
+    for (const auto& [key, tname] : m_threadName)
         if (tname == "Steps" || tname == "TensorFlow Ops" || tname == "TensorFlow Name Scope") tensorflow = true;
-    if (ours) t.format = "trainstudio";
-    else if (t.metadata.count("schemaVersion") || t.metadata.count("deviceProperties")) t.format = "pytorch";
-    else if (sawPyTorchStep) t.format = doc.is_array() ? "pytorch-legacy" : "pytorch";
-    else if (tensorflow) t.format = "tensorflow";
-    else if (sawHorovod) t.format = "horovod";
-    else t.format = "chrome";
+    if (ours) m_t.format = "trainstudio";
+    else if (m_t.metadata.count("schemaVersion") || m_t.metadata.count("deviceProperties")) m_t.format = "pytorch";
+    else if (m_sawPyTorchStep) m_t.format = arrayForm ? "pytorch-legacy" : "pytorch";
+    else if (tensorflow) m_t.format = "tensorflow";
+    else if (m_sawHorovod) m_t.format = "horovod";
+    else m_t.format = "chrome";
 
-    auto laneOf = [&](const std::string& pid, const std::string& tid) {
-        auto own = ownLane.find({pid, tid});
-        if (own != ownLane.end()) return own->second;
+    std::vector<Lane> lanes;
+    lanes.reserve(m_laneKeys.size());
+    for (const auto& [pid, tid] : m_laneKeys) {
+        auto own = m_ownLane.find({pid, tid});
+        if (own != m_ownLane.end()) {
+            lanes.push_back(own->second);
+            continue;
+        }
         Lane l;
-        auto pn = processName.find(pid);
+        auto pn = m_processName.find(pid);
         const bool numericPid = !pid.empty() && std::all_of(pid.begin(), pid.end(), [](unsigned char c) { return std::isdigit(c); });
-        l.worker = pn != processName.end() && !pn->second.empty() ? pn->second : (numericPid ? "pid " + pid : pid);
-        auto label = processLabel.find(pid);
-        l.device = deviceFromName(label != processLabel.end() ? label->second : l.worker);
-        auto tn = threadName.find({pid, tid});
+        l.worker = pn != m_processName.end() && !pn->second.empty() ? pn->second : (numericPid ? "pid " + pid : pid);
+        auto label = m_processLabel.find(pid);
+        l.device = deviceFromName(label != m_processLabel.end() ? label->second : l.worker);
+        auto tn = m_threadName.find({pid, tid});
         const bool numericTid = !tid.empty() && std::all_of(tid.begin(), tid.end(), [](unsigned char c) { return std::isdigit(c); });
-        l.thread = tn != threadName.end() && !tn->second.empty() ? tn->second : (numericTid ? "tid " + tid : tid);
-        return l;
-    };
-    auto finishSpan = [&](PendingSpan& p) {
-        p.span.stamp.lane = laneOf(p.pid, p.tid);
+        l.thread = tn != m_threadName.end() && !tn->second.empty() ? tn->second : (numericTid ? "tid " + tid : tid);
+        lanes.push_back(std::move(l));
+    }
+    const auto rid = m_t.metadata.find("run_id");
+    auto finishSpan = [&](SpanEvent& s, int32_t lane) {
+        s.stamp.lane = lanes[static_cast<std::size_t>(lane)];
         if (ours) {
-            auto rid = t.metadata.find("run_id");
-            if (rid != t.metadata.end()) p.span.stamp.runId = rid->second;
-            auto st = p.span.args.find("step");
-            if (st != p.span.args.end()) {
-                p.span.stamp.step = std::strtoll(st->second.c_str(), nullptr, 10);
-                p.span.args.erase(st);
+            if (rid != m_t.metadata.end()) s.stamp.runId = rid->second;
+            auto st = s.args.find("step");
+            if (st != s.args.end()) {
+                s.stamp.step = std::strtoll(st->second.c_str(), nullptr, 10);
+                s.args.erase(st);
             }
         }
-        return std::move(p.span);
     };
-    t.spans.reserve(spans.size());
-    for (auto& p : spans) t.spans.push_back(finishSpan(p));
-    for (auto& p : instants) t.instants.push_back(finishSpan(p));
-    for (auto& c : counters) {
-        c.counter.lane = laneOf(c.pid, c.tid);
-        t.counters.push_back(std::move(c.counter));
-    }
-    std::stable_sort(t.spans.begin(), t.spans.end(), [](const SpanEvent& a, const SpanEvent& b) {
+    for (std::size_t k = 0; k < m_t.spans.size(); ++k) finishSpan(m_t.spans[k], m_spanLanes[k]);
+    for (std::size_t k = 0; k < m_t.instants.size(); ++k) finishSpan(m_t.instants[k], m_instantLanes[k]);
+    for (std::size_t k = 0; k < m_t.counters.size(); ++k) m_t.counters[k].lane = lanes[static_cast<std::size_t>(m_counterLanes[k])];
+    std::stable_sort(m_t.spans.begin(), m_t.spans.end(), [](const SpanEvent& a, const SpanEvent& b) {
         if (a.startUs != b.startUs) return a.startUs < b.startUs;
         return a.durationUs > b.durationUs;
     });
-    return t;
+    return std::move(m_t);
+}
+
+Error notATraceObject(const std::string& source)
+{
+    return makeError(ErrorCode::ParseError, source + ": not a Chrome trace: the object has no \"traceEvents\" array",
+                     "export a Chrome trace (Trace Event Format) from the profiler, e.g. torch.profiler's export_chrome_trace()");
+}
+
+Error notATrace(const std::string& source)
+{
+    return makeError(ErrorCode::ParseError, source + ": not a Chrome trace: expected an array of events or an object with \"traceEvents\"");
+}
+
+// Parses `text` and feeds the entries of traceEvents to `b` as the parser completes them; they
+// are dropped from the document at once, so only the top-level fields stay in memory.
+nlohmann::json parseFeeding(const std::string& text, TraceBuilder& b, bool* arrayForm, bool* sawEvents)
+{
+    using Event = nlohmann::json::parse_event_t;
+    int entryDepth = -1;  // the depth the parser reports for entries of traceEvents while inside it
+    std::string topKey;
+    auto callback = [&](int depth, Event ev, nlohmann::json& parsed) -> bool {
+        if (depth == 0 && ev == Event::array_start) {
+            *arrayForm = true;
+            *sawEvents = true;
+            entryDepth = 1;
+        } else if (depth == 1 && ev == Event::key && entryDepth < 0) {
+            topKey = parsed.get<std::string>();
+        } else if (depth == 1 && ev == Event::array_start && topKey == "traceEvents" && !*arrayForm) {
+            *sawEvents = true;
+            entryDepth = 2;
+        } else if (entryDepth > 0 && depth == entryDepth &&
+                   (ev == Event::object_end || ev == Event::value || ev == Event::array_end)) {
+            b.event(parsed);
+            return false;  // handed over: not kept in the document
+        } else if (entryDepth == 2 && depth == 1 && ev == Event::array_end) {
+            entryDepth = -1;  // traceEvents closed; other top-level keys follow
+            topKey.clear();
+        }
+        return true;
+    };
+    return nlohmann::json::parse(text, callback);
+}
+
+} // namespace
+
+Result<Trace> parseChromeTrace(const nlohmann::json& doc, const std::string& source)
+{
+    TraceBuilder b(source);
+    if (doc.is_array()) {
+        for (const auto& e : doc) b.event(e);
+        return b.finish(true);
+    }
+    if (!doc.is_object()) return notATrace(source);
+    auto it = doc.find("traceEvents");
+    if (it == doc.end() || !it->is_array()) return notATraceObject(source);
+    for (auto m = doc.begin(); m != doc.end(); ++m)
+        if (m.key() != "traceEvents") b.topLevel(m.key(), *m);
+    for (const auto& e : *it) b.event(e);
+    return b.finish(false);
 }
 
 Result<Trace> parseChromeTraceText(const std::string& text, const std::string& source)
 {
-    nlohmann::json doc;
-    std::string warning;
     // Nesting too deep to walk later is refused before parsing.
     TS_TRY(checkJsonDepth(text, source));
+    std::string warning;
+    auto attempt = [&](const std::string& json) -> Result<Trace> {
+        TraceBuilder b(source);
+        bool arrayForm = false, sawEvents = false;
+        const nlohmann::json doc = parseFeeding(json, b, &arrayForm, &sawEvents);  // throws on bad JSON
+        if (arrayForm) return b.finish(true);
+        if (!doc.is_object()) return notATrace(source);
+        if (!sawEvents) return notATraceObject(source);
+        for (auto m = doc.begin(); m != doc.end(); ++m)
+            if (m.key() != "traceEvents") b.topLevel(m.key(), *m);
+        return b.finish(false);
+    };
     try {
-        doc = nlohmann::json::parse(text);
+        return attempt(text);
     } catch (const nlohmann::json::out_of_range& e) {
         return makeError(ErrorCode::ParseError, source + ": " + e.what(), "numbers must fit a double (below about 1.8e308)");
     } catch (const nlohmann::json::parse_error& e) {
         // A timeline written incrementally (Horovod, Chrome) lacks its closing bracket when the
         // job was killed; chrome://tracing accepts that, so do we.
         const auto firstChar = text.find_first_not_of(" \t\r\n");
-        bool repaired = false;
         if (firstChar != std::string::npos && text[firstChar] == '[') {
             std::string fixed = text;
             while (!fixed.empty() && std::isspace(static_cast<unsigned char>(fixed.back()))) fixed.pop_back();
             if (!fixed.empty() && fixed.back() == ',') fixed.pop_back();
             fixed += "]";
             try {
-                doc = nlohmann::json::parse(fixed);
-                repaired = true;
-                warning = source + ": no closing ']' (a timeline cut off while being written); read what is there";
-            } catch (const nlohmann::json::parse_error&) {
+                auto t = attempt(fixed);
+                if (t.ok())
+                    t->warnings.insert(t->warnings.begin(),
+                                       source + ": no closing ']' (a timeline cut off while being written); read what is there");
+                return t;
+            } catch (const nlohmann::json::exception&) {
             }
         }
-        if (!repaired) {
-            auto [line, col] = jsonLineColumn(text, e.byte);
-            std::string what = e.what();
-            const auto p = what.find("parse error");
-            if (p != std::string::npos) what = what.substr(p);
-            return makeError(ErrorCode::ParseError,
-                             source + ": not valid JSON at line " + std::to_string(line) + ", column " + std::to_string(col) +
-                                 " (" + what + ")",
-                             "the file is truncated or not a Chrome trace");
-        }
+        auto [line, col] = jsonLineColumn(text, e.byte);
+        std::string what = e.what();
+        const auto p = what.find("parse error");
+        if (p != std::string::npos) what = what.substr(p);
+        return makeError(ErrorCode::ParseError,
+                         source + ": not valid JSON at line " + std::to_string(line) + ", column " + std::to_string(col) + " (" + what + ")",
+                         "the file is truncated or not a Chrome trace");
     }
-    TS_ASSIGN(Trace t, parseChromeTrace(doc, source));
-    if (!warning.empty()) t.warnings.insert(t.warnings.begin(), warning);
-    return t;
 }
 
 Result<Trace> readChromeTrace(const std::string& path)

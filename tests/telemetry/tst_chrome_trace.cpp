@@ -123,6 +123,7 @@ private slots:
     void tensorflowFixture();
     void horovodTimelineCutOff();
     void beginEndPairing();
+    void topLevelFieldsAroundStreamedEvents();
     void malformedTraces_data();
     void malformedTraces();
     void gzipTrace();
@@ -419,6 +420,34 @@ void TestChromeTrace::beginEndPairing()
     QCOMPARE(t->spans[0].name, std::string("outer"));  // sorted by start
 }
 
+// The reader hands each entry of traceEvents over as it is parsed and drops it (a 100 MB trace
+// took 1.65 GB as a JSON tree, 0.6 GB this way); fields before and after the array still count,
+// and the streamed result equals the one from a parsed document.
+void TestChromeTrace::topLevelFieldsAroundStreamedEvents()
+{
+    const std::string text = R"({"schemaVersion": 1, "traceEvents": [
+        {"ph": "X", "name": "a", "ts": 1, "dur": 2, "pid": 1, "tid": 1, "args": {"k": [1, 2]}},
+        {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "main"}},
+        {}],
+      "otherData": {"producer": "someone", "nested": {"deep": [1]}}, "deviceProperties": [{"name": "H100"}]})";
+    auto streamed = parseChromeTraceText(text, "s.json");
+    QVERIFY2(streamed.ok(), streamed.ok() ? "" : streamed.error().toString().c_str());
+    QCOMPARE(streamed->format, std::string("pytorch"));
+    QCOMPARE(streamed->eventCount, int64_t(3));
+    QCOMPARE(streamed->ignored.at("{}"), int64_t(1));
+    QCOMPARE(streamed->metadata.at("producer"), std::string("someone"));
+    QCOMPARE(streamed->metadata.at("deviceProperties"), std::string("H100"));
+    QCOMPARE(streamed->metadata.at("schemaVersion"), std::string("1"));
+    QCOMPARE(streamed->spans.size(), std::size_t(1));
+    QCOMPARE(streamed->spans[0].stamp.lane.thread, std::string("main"));
+    QCOMPARE(streamed->spans[0].args.at("k"), std::string("[1,2]"));
+    auto whole = parseChromeTrace(nlohmann::json::parse(text), "s.json");
+    QVERIFY(whole.ok());
+    QCOMPARE(whole->metadata, streamed->metadata);
+    QCOMPARE(whole->spans.size(), streamed->spans.size());
+    QCOMPARE(whole->spans[0].stamp.lane.thread, streamed->spans[0].stamp.lane.thread);
+}
+
 void TestChromeTrace::malformedTraces_data()
 {
     QTest::addColumn<QString>("text");
@@ -436,6 +465,10 @@ void TestChromeTrace::malformedTraces_data()
                                  << "event 3 (ph \"E\"): an end event with no open \"B\" on pid 1, tid 1";
     QTest::newRow("E before B") << "[{\"ph\":\"B\",\"name\":\"a\",\"ts\":10},{\"ph\":\"E\",\"ts\":5}]" << "event 1 (ph \"E\"): ends at";
     QTest::newRow("empty file") << "  \n" << "the file is empty";
+    QTest::newRow("array entry") << "{\"traceEvents\": [{\"ph\":\"i\",\"ts\":1}, [1, 2], 3]}" << "event 1: not a JSON object";
+    QTest::newRow("traceEvents object") << "{\"traceEvents\": {\"ph\": \"i\"}}" << "no \"traceEvents\" array";
+    QTest::newRow("error after many") << "[{\"ph\":\"i\",\"ts\":1}, {\"ph\":\"i\",\"ts\":1}, {\"ph\":\"X\",\"ts\":1}, {\"ph\":\"Q\"}"
+                                      << "event 2 (ph \"X\"): no numeric \"dur\"";
 }
 
 void TestChromeTrace::malformedTraces()
