@@ -111,7 +111,8 @@ Result<std::unique_ptr<Backend>> BackendRegistry::create(const Device& device,
 {
     const BackendFactory* f = preferred(device.kind);
     if (!f)
-        return makeError(ErrorCode::NotFound, "no backend can drive device " + device.toString(),
+        return makeError(ErrorCode::NotFound,
+                         std::string("no backend can drive ") + (device.kind == DeviceKind::Cuda ? "GPU devices (gpu:N, also written cuda:N)" : "CPU devices"),
                          device.kind == DeviceKind::Cuda
                              ? "the CUDA plugin is not loaded or found no GPU; use cpu:N devices"
                              : "this build has no CPU backend");
