@@ -25,6 +25,17 @@ Result<LossSpec> parseLoss(const std::string& name, bool fromLogits)
     return s;
 }
 
+const char* lossName(LossKind kind)
+{
+    switch (kind) {
+    case LossKind::SparseCategoricalCrossentropy: return "sparse_categorical_crossentropy";
+    case LossKind::CategoricalCrossentropy: return "categorical_crossentropy";
+    case LossKind::BinaryCrossentropy: return "binary_crossentropy";
+    case LossKind::MeanSquaredError: return "mean_squared_error";
+    }
+    return "?";
+}
+
 namespace {
 
 enum class Kind { Input, Dense, Conv, Pool, GlobalAvgPool, Reshape, Dropout, BatchNorm, Act, Softmax, Add, Concat };
@@ -486,16 +497,38 @@ Status Program::lossAndBackward(const Tensor& y, bool backward, int64_t globalBa
     if (y.shape()[0] != n)
         return makeError(ErrorCode::ShapeMismatch,
                          "labels have " + std::to_string(y.shape()[0]) + " rows but the batch has " + std::to_string(n));
-    Tensor target = y;
-    if (!d.hostMemory) {
-        Tensor dst = d.yDev.rows(0, n).reshaped(y.shape());
-        telemetry::PhaseScope h2d(telemetry::StepPart::Input, "host-to-device");
-        TS_TRY(be.copyFromHost(y.raw(), dst));
-        target = dst;
-    }
     const int outIdx = d.outputNode;
     NodeRt& outRt = d.nodes[static_cast<std::size_t>(outIdx)];
     const NodeInfo& outNi = g.nodes[static_cast<std::size_t>(outIdx)];
+    // The loss kernels read targets in one layout; anything else is an error here, not values
+    // read in the wrong dtype. Class ids for a loss that takes a value per output (one output)
+    // become floats, as Keras casts y_true to the prediction's dtype.
+    Tensor target = y;
+    const int64_t per = outNi.outputShape.numel();
+    const bool sparse = d.loss.kind == LossKind::SparseCategoricalCrossentropy;
+    if (sparse ? (y.dtype() != DType::I32 || y.numel() != n)
+               : (y.dtype() == DType::I32 ? (per != 1 || d.loss.kind == LossKind::CategoricalCrossentropy)
+                                          : (y.dtype() != DType::F32 || y.numel() != n * per))) {
+        const std::string labels = y.dtype() == DType::I32 && y.numel() == n ? "class ids"
+                                                                              : std::string(dtypeName(y.dtype())) + " targets " + y.shape().toString();
+        return makeError(ErrorCode::InvalidArgument,
+                         std::string(lossName(d.loss.kind)) + " needs " +
+                             (sparse ? "one class id per example"
+                                     : d.loss.kind == LossKind::CategoricalCrossentropy ? "one-hot label rows of " + std::to_string(per)
+                                                                                         : std::to_string(per) + " target value(s) per example") +
+                             ", but the labels are " + labels,
+                         sparse ? "for one-hot rows use categorical_crossentropy" : "for class ids use sparse_categorical_crossentropy, or map one_hot over the labels");
+    }
+    if (!sparse && y.dtype() == DType::I32) {
+        TS_ASSIGN(target, Tensor::create(Shape{n, 1}, DType::F32));
+        for (int64_t i = 0; i < n; ++i) target.data<float>()[i] = static_cast<float>(y.data<int32_t>()[i]);
+    }
+    if (!d.hostMemory) {
+        Tensor dst = d.yDev.rows(0, n).reshaped(target.shape());
+        telemetry::PhaseScope h2d(telemetry::StepPart::Input, "host-to-device");
+        TS_TRY(be.copyFromHost(target.raw(), dst));
+        target = dst;
+    }
     LossParams lp = d.loss;
     lp.globalBatch = globalBatch > 0 ? globalBatch : n;
     lp.gradScale *= lossScale;

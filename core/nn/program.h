@@ -34,6 +34,8 @@ struct LossSpec {
     bool fromLogits = false;
 };
 Result<LossSpec> parseLoss(const std::string& name, bool fromLogits);
+// Keras' name of the loss ("sparse_categorical_crossentropy", ...).
+const char* lossName(LossKind kind);
 
 class Program {
 public:

@@ -258,10 +258,6 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
     }
     PipelineOptions po = options;
     po.featureShape = inShape;
-    if (analysis.outputNodes.size() == 1) {
-        const NodeInfo& out = analysis.nodes[static_cast<std::size_t>(analysis.outputNodes[0])];
-        if (out.outputShape.rank() == 1) po.classCount = out.outputShape[0];
-    }
     ShardedPipeline sharded;
     const PipelineSpec* built = &spec;
     if (share.workers > 1) {
@@ -335,12 +331,18 @@ std::string idxFile(const std::string& dir, const std::string& base)
 }
 
 Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const LossSpec& loss, const Shape& inShape,
-                        const PipelineOptions& options)
+                        const PipelineOptions& modelOptions)
 {
     RunConfig& cfg = run.config;
     PipelineSpec& spec = *cfg.pipeline;
     if (spec.batchSize() > 0) cfg.batchSize = spec.batchSize();
     TS_TRY(checkModelFitsLabels(analysis, loss, 0, "the input pipeline"));
+    // A loss that reads class ids: batch() checks each one against the output as it stacks them.
+    PipelineOptions options = modelOptions;
+    if (loss.kind == LossKind::SparseCategoricalCrossentropy && analysis.outputNodes.size() == 1) {
+        const NodeInfo& out = analysis.nodes[static_cast<std::size_t>(analysis.outputNodes[0])];
+        if (out.outputShape.rank() == 1) options.classCount = out.outputShape[0];
+    }
     // Multi-worker and parameter-server processes each read their part of the data. Validation
     // is shared only where the processes sum it in lockstep (multi-worker mirrored).
     const int processes = trainingProcesses(cfg.strategy);

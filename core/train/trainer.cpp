@@ -40,9 +40,7 @@ Status checkModelFitsLabels(const GraphAnalysis& graph, const LossSpec& loss, in
                            (loss.kind != LossKind::SparseCategoricalCrossentropy && !oneOutput))) {
         // Class ids against a loss that wants one-hot rows or 0/1 targets: the loss turned NaN at
         // the first step and the hint blamed the learning rate.
-        const char* name = loss.kind == LossKind::CategoricalCrossentropy ? "categorical_crossentropy"
-                         : loss.kind == LossKind::BinaryCrossentropy      ? "binary_crossentropy"
-                                                                          : "mean_squared_error";
+        const char* name = lossName(loss.kind);
         return makeError(ErrorCode::InvalidArgument,
                          std::string("the loss ") + name + " needs " +
                              (loss.kind == LossKind::CategoricalCrossentropy ? "one-hot label rows" : "a target per output") +

@@ -40,6 +40,7 @@ private slots:
     void float32LayersStayFullPrecision();
     void badBatchSizes();
     void modelOutputMustFitLabels();
+    void classIdTargetsForOneOutput();
     void unknownStrategyAndDuplicateDevices();
     void cancelStopsPromptly();
     void weightsRoundTrip();
@@ -664,6 +665,71 @@ void TestTraining::modelOutputMustFitLabels()
     QVERIFY(QString::fromStdString(st.error().message).contains("dense_1"));
     QVERIFY(QString::fromStdString(st.error().hint).contains("10"));
     QVERIFY(checkModelFitsLabels(g, *loss, 5, "data/").ok());
+}
+
+// Class ids (i32) for a loss that reads one value per output, on a one-output model, are the
+// targets as floats (Keras casts y_true). Before, the kernels read the ids' bits as floats (about
+// 4e-45 for 3) in release builds, and a regression on the ids trained towards 0.
+void TestTraining::classIdTargetsForOneOutput()
+{
+    auto oneOutput = [](const char* loss, const char* activation) {
+        return ModelBuilder("one")
+            .input({2})
+            .layer("Dense", "out", {{"units", 1}, {"activation", activation}})
+            .compile(loss, false, {{"type", "sgd"}, {"learning_rate", 0.05}})
+            .spec();
+    };
+    Tensor x = Tensor::empty(Shape{8, 2});
+    for (int i = 0; i < 16; ++i) x.data<float>()[i] = (i % 3) * 0.5f;
+    Tensor ids = Tensor::empty(Shape{8}, DType::I32);
+    Tensor floats = Tensor::empty(Shape{8, 1});
+    for (int i = 0; i < 8; ++i) {
+        ids.data<int32_t>()[i] = i % 2;
+        floats.data<float>()[i] = float(i % 2);
+    }
+    for (const std::string be : {"reference", "cpu"}) {
+        // binary_crossentropy on ids equals it on the same values as floats, step for step.
+        for (const char* loss : {"binary_crossentropy", "mean_squared_error"}) {
+            const ModelSpec spec = oneOutput(loss, loss == std::string("binary_crossentropy") ? "sigmoid" : "linear");
+            StrategyConfig sc;
+            sc.backend = be;
+            QCOMPARE(trainAndExport(spec, sc, x, ids, 4, 6), trainAndExport(spec, sc, x, floats, 4, 6));
+        }
+        // A regression on the ids reaches them: every label 3, prediction about 3.
+        TrainConfig tc;
+        tc.epochs = 200;
+        tc.strategy.backend = be;
+        auto t = Trainer::create(oneOutput("mean_squared_error", "linear"), tc);
+        QVERIFY(t.ok() && (*t)->initialise().ok());
+        Tensor threes = Tensor::empty(Shape{8}, DType::I32);
+        Tensor threesF = Tensor::empty(Shape{8, 1});
+        for (int i = 0; i < 8; ++i) {
+            threes.data<int32_t>()[i] = 3;
+            threesF.data<float>()[i] = 3.f;
+        }
+        TensorSource src(x, threes, 8), check(x, threesF, 8);  // validated against float targets
+        auto r = (*t)->fit(src, &check, nullptr);
+        QVERIFY2(r.ok(), r.ok() ? "" : r.error().toString().c_str());
+        QVERIFY2(r->last.valLoss < 0.1, qPrintable(QString::number(r->last.valLoss)));  // towards 0 it would be 9
+    }
+    // Targets a loss cannot read are refused by name, not read in the wrong dtype.
+    auto refused = [&](const ModelSpec& spec, const Tensor& y, const char* mention) {
+        TrainConfig tc;
+        tc.epochs = 1;
+        auto t = Trainer::create(spec, tc);
+        if (!t.ok() || !(*t)->initialise().ok()) return QString("no trainer");
+        TensorSource src(x, y, 8);
+        auto r = (*t)->fit(src, nullptr, nullptr);
+        if (r.ok()) return QString("trained");
+        return QString::fromStdString(r.error().message).contains(mention) ? QString() : QString::fromStdString(r.error().toString());
+    };
+    const ModelSpec two = ModelBuilder("two").input({2}).layer("Dense", "out", {{"units", 2}, {"activation", "softmax"}})
+                              .compile("categorical_crossentropy", false, {{"type", "sgd"}}).spec();
+    QCOMPARE(refused(two, ids, "categorical_crossentropy needs one-hot label rows of 2, but the labels are class ids"), QString());
+    const ModelSpec sparse = ModelBuilder("sparse").input({2}).layer("Dense", "out", {{"units", 2}, {"activation", "softmax"}})
+                                 .compile("sparse_categorical_crossentropy", false, {{"type", "sgd"}}).spec();
+    QCOMPARE(refused(sparse, floats, "sparse_categorical_crossentropy needs one class id per example, but the labels are f32 targets (8, 1)"),
+             QString());
 }
 
 void TestTraining::unknownStrategyAndDuplicateDevices()
