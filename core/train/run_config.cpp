@@ -330,11 +330,28 @@ std::string idxFile(const std::string& dir, const std::string& base)
     return std::filesystem::is_regular_file(gz, ec) ? gz.string() : (std::filesystem::path(dir) / base).string();
 }
 
+// The run's own settings beside a pipeline apply to it, as flags override a configuration's
+// fields: an explicit batch size replaces the batch op's, a limit takes the first N elements of
+// the source (after a leading interleave), shuffle off drops the shuffles.
+void applyRunSettings(PipelineSpec& spec, int64_t explicitBatch, int64_t limit, bool shuffle)
+{
+    for (TransformSpec& op : spec.ops)
+        if (op.kind == TransformKind::Batch && explicitBatch > 0) op.batchSize = explicitBatch;
+    if (limit > 0) {
+        const bool interleaved = !spec.ops.empty() && spec.ops.front().kind == TransformKind::Interleave;
+        spec.ops.insert(spec.ops.begin() + (interleaved ? 1 : 0), TransformSpec::take(limit));
+    }
+    if (!shuffle)
+        std::erase_if(spec.ops, [](const TransformSpec& op) { return op.kind == TransformKind::Shuffle; });
+}
+
 Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const LossSpec& loss, const Shape& inShape,
-                        const PipelineOptions& modelOptions)
+                        const PipelineOptions& modelOptions, int64_t explicitBatch)
 {
     RunConfig& cfg = run.config;
     PipelineSpec& spec = *cfg.pipeline;
+    applyRunSettings(spec, explicitBatch, cfg.limit, cfg.shuffle);
+    if (cfg.validationPipeline) applyRunSettings(*cfg.validationPipeline, 0, cfg.validationLimit, true);
     if (spec.batchSize() > 0) cfg.batchSize = spec.batchSize();
     TS_TRY(checkModelFitsLabels(analysis, loss, 0, "the input pipeline"));
     // A loss that reads class ids: batch() checks each one against the output as it stacks them.
@@ -448,7 +465,7 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
     if (cfg.backup.enabled()) tc.backupFingerprint = cfg.backupFingerprint();
     TS_ASSIGN(LossSpec loss, parseLoss(cfg.loss.empty() ? run.model.compile.loss : cfg.loss, run.model.compile.fromLogits));
     if (cfg.pipeline) {
-        TS_TRY(preparePipelines(run, analysis, loss, inShape, pipelineOptions));
+        TS_TRY(preparePipelines(run, analysis, loss, inShape, pipelineOptions, cfgIn.batchSize));
     } else {
         const std::string dir = cfg.dataDir.empty() ? defaultFashionMnistDir() : cfg.dataDir;
         TS_ASSIGN(IdxFolder folder, loadIdxFolder(dir, /*flatten=*/true, /*testRequired=*/cfg.validate));

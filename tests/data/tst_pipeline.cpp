@@ -1481,6 +1481,38 @@ private slots:
         QCOMPARE(fit->steps, int64_t(4));
         QVERIFY(!std::isnan(fit->last.valLoss));
 
+        // The run's own settings apply to its pipeline (flags override a configuration): a batch
+        // size replaces the batch op's, a limit takes the first N elements, shuffle off drops the
+        // shuffles. They were ignored: every variant trained the same 16 steps.
+        {
+            nlohmann::json own = j;
+            own["pipeline"]["transformations"].insert(own["pipeline"]["transformations"].begin() + 1,
+                                                      nlohmann::json{{"op", "batch"}, {"size", 8}});
+            auto ownCfg = RunConfig::fromJson(own, "run.json");
+            VERIFY_OK(ownCfg);
+            ownCfg->batchSize = 16;
+            ownCfg->limit = 40;
+            ownCfg->shuffle = false;
+            auto ownRun = prepareRun(*ownCfg);
+            VERIFY_OK(ownRun);
+            const auto& o = ownRun->config.pipeline->ops;
+            QCOMPARE(o.size(), std::size_t(4));  // take(40), normalise, batch(16), prefetch
+            QCOMPARE(o[0].kind, TransformKind::Take);
+            QCOMPARE(o[0].count, int64_t(40));
+            QCOMPARE(o[2].kind, TransformKind::Batch);
+            QCOMPARE(o[2].batchSize, int64_t(16));
+            QCOMPARE(ownRun->config.batchSize, int64_t(16));
+            auto ownFit = ownRun->trainer->fit(*ownRun->trainSource(), nullptr, nullptr);
+            VERIFY_OK(ownFit);
+            QCOMPARE(ownFit->steps, int64_t(2 * 3));  // 40 rows in batches of 16: 3 a epoch
+            // Without an explicit batch size the pipeline's own stays.
+            auto keepCfg = RunConfig::fromJson(own, "run.json");
+            keepCfg->batchSize = -1;
+            auto keepRun = prepareRun(*keepCfg);
+            VERIFY_OK(keepRun);
+            QCOMPARE(keepRun->config.batchSize, int64_t(8));
+        }
+
         // The model expects 784 values; a pipeline that crops to 20x20 is refused before training.
         nlohmann::json bad = j;
         bad["pipeline"]["source"]["layout"] = "image";
