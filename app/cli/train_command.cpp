@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
@@ -525,16 +526,20 @@ int runTrain(const TrainOptions& options)
                                                 {"the TF_CONFIG file", o.tfConfig},
                                                 {"the cluster file", o.cluster},
                                                 {"the token file", o.tokenFile},
-                                                {"the TLS CA file", o.tlsCa},
-                                                {"the initial weights (--load-weights)", cfg.loadWeights}};
+                                                {"the TLS CA file", o.tlsCa}};
         // The pipelines' own files: a trace written over the training CSV destroyed the data.
         for (const auto* pipeline : {&cfg.pipeline, &cfg.validationPipeline})
             if (*pipeline)
                 for (const std::string& path : (*pipeline)->source.paths) inputs.push_back({"a file the pipeline reads", path});
         std::vector<tscli::Protected> dirs;
         if (!db.empty()) dirs.push_back({"the run store's files", ts::store::RunStore::filesRoot(db)});
-        for (const auto& [out, flag] : {std::pair{cfg.saveWeights, std::string("--save-weights")}, std::pair{o.trace, std::string("--trace")}})
-            if (ts::Status st = tscli::checkOutputPath(out, flag, inputs, dirs); !st.ok()) {
+        // --save-weights may replace the --load-weights file (read before the first step, as
+        // Keras' load_weights(f); fit(); save_weights(f)); a trace may not.
+        std::vector<tscli::Protected> traceInputs = inputs;
+        traceInputs.push_back({"the initial weights (--load-weights)", cfg.loadWeights});
+        for (const auto& [out, flag, protectedFiles] : {std::tuple{cfg.saveWeights, std::string("--save-weights"), &inputs},
+                                                        std::tuple{o.trace, std::string("--trace"), &traceInputs}})
+            if (ts::Status st = tscli::checkOutputPath(out, flag, *protectedFiles, dirs); !st.ok()) {
                 printError(st.error());
                 return 2;
             }

@@ -118,27 +118,41 @@ void RunRecording::saveCheckpoint(const std::string& fileName, int64_t step, con
     if (!c.ok()) warn(c.error());
 }
 
+namespace {
+
+// The store's own name for a file the user also has: a hard link (no copy, and the user's next
+// atomic write to their path leaves the store's as it was), else a copy.
+Status linkOrCopy(const std::string& from, const std::string& to)
+{
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    fs::remove(to, ec);
+    fs::create_hard_link(from, to, ec);
+    if (!ec) return okStatus();
+    fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
+    if (ec) return makeError(ErrorCode::IoError, "cannot keep " + from + " with the run as " + to + ": " + ec.message());
+    return okStatus();
+}
+
+} // namespace
+
 void RunRecording::keepWeights(PreparedRun& run, const std::string& savedPath, int64_t step)
 {
     if (m_id.empty()) return;
-    if (savedPath.empty()) {
-        saveCheckpoint("final.safetensors", step, "final", [&](const std::string& path) { return run.trainer->saveWeights(path); });
-        return;
-    }
-    auto c = m_store.addCheckpoint(m_id, savedPath, step, "final");
-    if (!c.ok()) warn(c.error());
+    // The user's --save-weights file is theirs to overwrite: recorded under its own name, the
+    // next run saving there replaced this run's weights. The store keeps them under its name.
+    saveCheckpoint("final.safetensors", step, "final", [&](const std::string& path) {
+        return savedPath.empty() ? run.trainer->saveWeights(path) : linkOrCopy(savedPath, path);
+    });
 }
 
 void RunRecording::keepWeights(const std::vector<std::pair<std::string, Tensor>>& weights, const std::map<std::string, std::string>& metadata,
                                const std::string& savedPath, int64_t step)
 {
     if (m_id.empty() || weights.empty()) return;
-    if (savedPath.empty()) {
-        saveCheckpoint("final.safetensors", step, "final", [&](const std::string& path) { return writeSafetensors(path, weights, metadata); });
-        return;
-    }
-    auto c = m_store.addCheckpoint(m_id, savedPath, step, "final");
-    if (!c.ok()) warn(c.error());
+    saveCheckpoint("final.safetensors", step, "final", [&](const std::string& path) {
+        return savedPath.empty() ? writeSafetensors(path, weights, metadata) : linkOrCopy(savedPath, path);
+    });
 }
 
 void RunRecording::checkpoint(PreparedRun& run, int64_t epoch, int64_t step)
@@ -151,7 +165,16 @@ void RunRecording::checkpoint(PreparedRun& run, int64_t epoch, int64_t step)
 void RunRecording::keepFile(const std::string& kind, const std::string& path)
 {
     if (m_id.empty()) return;
-    auto f = m_store.addFile(m_id, kind, path);
+    // Kept under the store's own name, as the weights are: the user's path is theirs to reuse.
+    const std::filesystem::path dir = m_store.runFilesDir(m_id);
+    std::error_code ec;
+    std::filesystem::create_directories(dir, ec);
+    const std::string own = (dir / (kind + std::filesystem::path(path).extension().string())).string();
+    if (Status s = linkOrCopy(path, own); !s.ok()) {
+        warn(s.error());
+        return;
+    }
+    auto f = m_store.addFile(m_id, kind, own);
     if (!f.ok()) warn(f.error());
 }
 

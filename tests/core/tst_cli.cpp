@@ -297,6 +297,15 @@ void TestCli::jsonOutputAndWeights()
     QVERIFY2(r.code == 0, qPrintable(r.err));
     const double acc2 = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object().value("val_accuracy").toDouble();
     QVERIFY2(std::fabs(acc - acc2) < 0.005, qPrintable(QString("%1 vs %2").arg(acc).arg(acc2)));
+    // Continuing from a file and saving back into it is fine (it is read before the first step).
+    const qint64 before = QFileInfo(weights).lastModified().toMSecsSinceEpoch();
+    QTest::qWait(20);
+    r = cli({"train", "--no-record", "--max-steps", "1", "--limit", "2048", "--no-validation", "--load-weights", weights, "--save-weights", weights});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    QVERIFY(QFileInfo(weights).lastModified().toMSecsSinceEpoch() > before);
+    // A trace over the weights it reads is still refused.
+    r = cli({"train", "--no-record", "--max-steps", "1", "--load-weights", weights, "--trace", weights});
+    QVERIFY2(r.code == 2 && r.err.contains("initial weights"), qPrintable(r.err));
     // Weights of another model are refused with the tensor's name.
     r = cli({"train", "--model", "cnn", "--load-weights", weights, "--max-steps", "1"});
     QVERIFY(r.code != 0);

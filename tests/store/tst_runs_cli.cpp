@@ -415,8 +415,12 @@ void TestRunsCli::trainRecordsRuns()
     QCOMPARE(id.size(), 36);
     r = cli({"runs", "show", id, "--db", db(), "--json"});
     o = json(r).object();
-    QCOMPARE(o["checkpoints"].toArray()[0].toObject()["path"].toString(), saved);
-    QCOMPARE(o["files"].toArray()[0].toObject()["path"].toString(), trace);
+    // The store keeps them under its own names (hard links): the user's paths are theirs to reuse.
+    const QString kept = o["checkpoints"].toArray()[0].toObject()["path"].toString();
+    const QString keptTrace = o["files"].toArray()[0].toObject()["path"].toString();
+    QCOMPARE(kept, m_dir->filePath("runs-files/" + id + "/final.safetensors"));
+    QCOMPARE(keptTrace, m_dir->filePath("runs-files/" + id + "/trace.json"));
+    QCOMPARE(std::filesystem::file_size(kept.toStdString()), std::filesystem::file_size(saved.toStdString()));
     QCOMPARE(o["records"].toObject()["step_breakdowns"].toInt(), 4);
     QVERIFY(o["records"].toObject()["spans"].toInt() >= 4);
     const QString reexported = m_dir->filePath("again.trace.json");
@@ -437,11 +441,20 @@ void TestRunsCli::trainRecordsRuns()
     QCOMPARE(a.size(), 4);  // the two from init(), the --db run, the failed one
     QCOMPARE(a[0].toObject()["status"].toString(), QString("failed"));
     QVERIFY(a[0].toObject()["error"].toString().contains("no-such-folder"));
+    // Another run saving to the same paths leaves this run's record whole (it read "changed").
+    r = cli(QStringList{"train", "--db", db(), "--seed", "5", "--save-weights", saved, "--trace", trace} + small);
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    r = cli({"runs", "show", id, "--db", db(), "--json"});
+    QCOMPARE(json(r).object()["checkpoints"].toArray()[0].toObject()["state"].toString(), QString("ok"));
+    const QString back = m_dir->filePath("back.safetensors");
+    r = cli({"runs", "export", id, "--db", db(), "--weights", back});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
     // Deleting the traced run leaves the files the user asked for (--save-weights, --trace).
     r = cli({"runs", "delete", id, "--db", db()});
     QCOMPARE(r.code, 0);
     QVERIFY(QFile::exists(saved));
     QVERIFY(QFile::exists(trace));
+    QVERIFY(!QFile::exists(kept));
 }
 
 // A database with a damaged page opens, but the new run cannot be inserted: train refuses
