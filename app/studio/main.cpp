@@ -18,7 +18,9 @@
 #include <QTemporaryDir>
 #include <QTimer>
 
+#include <algorithm>
 #include <cstdio>
+#include <limits>
 
 #include "backend/registry.h"
 #include "bench_dashboard.h"
@@ -29,6 +31,7 @@
 #include "trainpage.h"
 #include <QSpinBox>
 #include "designer/format.h"
+#include "designer/modeldocument.h"
 #include "designer/theme.h"
 #include "mainwindow.h"
 
@@ -83,6 +86,38 @@ int main(int argc, char** argv)
                        shotStepOpt, benchOpt, pairsOpt, captureOpt});
     parser.process(app);
 
+    // Values are checked before anything opens: a bad one is an error naming the flag (exit 2),
+    // never a default put in its place, and never a dialog a headless --screenshot cannot close.
+    auto refuse = [](const QString& flag, const QString& value, const QString& expected) {
+        std::fprintf(stderr, "error: --%s %s: %s\nhint: trainstudio --help lists the options\n", qPrintable(flag), qPrintable(value),
+                     qPrintable(expected));
+        return 2;
+    };
+    auto wholeNumber = [&](const QCommandLineOption& opt, qlonglong least) -> bool {
+        if (!parser.isSet(opt)) return true;
+        bool isNumber = false;
+        const qlonglong v = parser.value(opt).toLongLong(&isNumber);
+        return isNumber && v >= least && v <= std::numeric_limits<int>::max();
+    };
+    for (const auto& [opt, least] : {std::pair{&epochsOpt, 1LL}, std::pair{&limitOpt, 0LL}, std::pair{&shotStepOpt, 0LL},
+                                     std::pair{&captureOpt, 0LL}, std::pair{&pairsOpt, 1LL}})
+        if (!wholeNumber(*opt, least))
+            return refuse(opt->names().constFirst(), parser.value(*opt), QStringLiteral("expected a whole number >= %1").arg(least));
+    const QStringList tabs{QStringLiteral("design"), QStringLiteral("train"), QStringLiteral("profiler"), QStringLiteral("runs")};
+    if (parser.isSet(tabOpt) && !tabs.contains(parser.value(tabOpt)))
+        return refuse(QStringLiteral("tab"), parser.value(tabOpt), QStringLiteral("expected one of ") + tabs.join(QStringLiteral(", ")));
+    const QStringList themes{QStringLiteral("system"), QStringLiteral("light"), QStringLiteral("dark")};
+    if (parser.isSet(themeOpt) && !themes.contains(parser.value(themeOpt), Qt::CaseInsensitive))
+        return refuse(QStringLiteral("theme"), parser.value(themeOpt), QStringLiteral("expected system, light or dark"));
+    if (parser.isSet(templateOpt) && !parser.value(templateOpt).isEmpty() && !ts::MainWindow::templateNames().contains(parser.value(templateOpt)))
+        return refuse(QStringLiteral("template"), parser.value(templateOpt),
+                      QStringLiteral("no such template; the templates are ") + ts::MainWindow::templateNames().join(QStringLiteral(", ")));
+    if (parser.isSet(sizeOpt)) {
+        const QStringList wh = parser.value(sizeOpt).split(QLatin1Char('x'));
+        if (wh.size() != 2 || wh[0].toInt() < 200 || wh[1].toInt() < 200 || wh[0].toInt() > 16384 || wh[1].toInt() > 16384)
+            return refuse(QStringLiteral("size"), parser.value(sizeOpt), QStringLiteral("expected WIDTHxHEIGHT, each 200 to 16384, e.g. 1440x900"));
+    }
+
     // A screenshot must not depend on (or change) the user's saved layout, theme or recent files.
     QTemporaryDir scratchSettings;
     if (parser.isSet(shotOpt)) {
@@ -114,8 +149,13 @@ int main(int argc, char** argv)
     } else if (!parser.isSet(shotOpt) || parser.isSet(trainOpt) || parser.isSet(tabOpt)) {
         window.newFromTemplate(QStringLiteral("seed_mlp"));  // something to look at and edit
     }
-    if (parser.isSet(selectOpt))
-        window.scene()->selectIds({ts::toStdString(parser.value(selectOpt))});
+    if (parser.isSet(selectOpt)) {
+        const std::string id = ts::toStdString(parser.value(selectOpt));
+        const auto& layers = window.document()->spec().layers;
+        if (std::none_of(layers.begin(), layers.end(), [&](const ts::LayerSpec& l) { return l.id == id; }))
+            return refuse(QStringLiteral("select"), parser.value(selectOpt), QStringLiteral("the model has no layer of that name"));
+        window.scene()->selectIds({id});
+    }
 
     if (parser.isSet(tabOpt)) window.showTab(parser.value(tabOpt));
     if (parser.isSet(trainOpt)) {

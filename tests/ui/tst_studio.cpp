@@ -11,6 +11,8 @@ class TestStudio : public QObject {
 private slots:
     void screenshotOfSeedModel();
     void screenshotOfBrokenModel();
+    void badFlagValuesAreRefused_data();
+    void badFlagValuesAreRefused();
 
 private:
     struct Run {
@@ -58,6 +60,32 @@ void TestStudio::screenshotOfBrokenModel()
     QCOMPARE(r.code, 1);
     QVERIFY2(r.err.contains("broken.json"), qPrintable(r.err));
     QVERIFY(!QFile::exists(png));
+}
+
+// A bad value is an error naming the flag, exit 2: before, --epochs abc trained one epoch, --limit
+// -5 all 60,000 examples, and --template bogus in --screenshot mode waited forever in a dialog.
+void TestStudio::badFlagValuesAreRefused_data()
+{
+    QTest::addColumn<QStringList>("args");
+    QTest::addColumn<QString>("mention");
+    const QString png = m_dir.filePath("never.png");
+    QTest::newRow("template") << QStringList{"--template", "bogus", "--screenshot", png} << "--template bogus: no such template";
+    QTest::newRow("epochs") << QStringList{"--train", "--epochs", "abc", "--screenshot", png} << "--epochs abc: expected a whole number >= 1";
+    QTest::newRow("limit") << QStringList{"--train", "--limit", "-5", "--screenshot", png} << "--limit -5";
+    QTest::newRow("tab") << QStringList{"--tab", "nonsense", "--screenshot", png} << "--tab nonsense: expected one of design";
+    QTest::newRow("theme") << QStringList{"--theme", "purple", "--screenshot", png} << "--theme purple";
+    QTest::newRow("size") << QStringList{"--size", "0x0", "--screenshot", png} << "--size 0x0";
+    QTest::newRow("select") << QStringList{"--template", "seed_mlp", "--select", "nosuch", "--screenshot", png} << "--select nosuch";
+}
+
+void TestStudio::badFlagValuesAreRefused()
+{
+    QFETCH(QStringList, args);
+    QFETCH(QString, mention);
+    const Run r = studio(args);
+    QVERIFY2(r.code == 2, qPrintable(QString::number(r.code) + ": " + r.err));
+    QVERIFY2(r.err.contains("error: " + mention) && r.err.contains("hint: "), qPrintable(r.err));
+    QVERIFY(!QFile::exists(m_dir.filePath("never.png")));
 }
 
 QTEST_GUILESS_MAIN(TestStudio)
