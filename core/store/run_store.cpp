@@ -1188,9 +1188,16 @@ Status RunStore::close()
     for (sql::Stmt* st : {&m->insSeries, &m->insEpoch, &m->insBreakdown, &m->insDevice, &m->insPipeline, &m->insChunk,
                           &m->insFinding, &m->insLog, &m->selRid, &m->insAutoRun})
         *st = sql::Stmt();
-    m->writer.close();
-    std::lock_guard lk(m->readMutex);
-    m->reader.close();
+    // Fold the WAL into the database file before leaving, so a runs.db copied or moved without
+    // its -wal holds everything (after the studio exited it read as empty). SQLite does this when
+    // the last connection closes, which was the read-only reader; another process may also still
+    // hold the file. PASSIVE: never waits for readers.
+    if (!m->options.readOnly && m->writer.isOpen()) (void)m->writer.exec("PRAGMA wal_checkpoint(PASSIVE)");
+    {
+        std::lock_guard lk(m->readMutex);
+        m->reader.close();
+    }
+    m->writer.close();  // last: it deletes the WAL when no other process has the file open
     return s;
 }
 

@@ -471,6 +471,18 @@ void TestStore::resolveAndEdit()
     store->record(stepEvent(id, 1, 1.0));
     QVERIFY(!store->setRunStatus("no-such-run", st::RunState::Completed).ok());
     QCOMPARE(store->series(id, "loss")->samples, int64_t(1));
+    // A reader of the same file still open (the studio's history, another process): closing the
+    // writer folds the WAL into the database, so the .db file copied alone holds the edits.
+    auto reader = st::RunStore::open(dbPath(), [] { st::OpenOptions o; o.readOnly = true; return o; }());
+    QVERIFY(reader.ok());
+    QVERIFY(store->renameRun(id, "alpha v3").ok());
+    QVERIFY(store->close().ok());
+    const std::string copy = dbPath() + ".copy";
+    std::filesystem::copy_file(dbPath(), copy, std::filesystem::copy_options::overwrite_existing);
+    auto copied = st::RunStore::open(copy, [] { st::OpenOptions o; o.readOnly = true; return o; }());
+    QVERIFY(copied.ok());
+    QCOMPARE(copied->run(id)->name, std::string("alpha v3"));
+    QCOMPARE(copied->series(id, "loss")->samples, int64_t(1));
 }
 
 void TestStore::migratesVersion1Fixture()
