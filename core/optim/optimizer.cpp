@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <map>
 #include <set>
 
 namespace ts {
@@ -29,20 +30,41 @@ Result<float> number(const nlohmann::json& cfg, const char* key, float def, floa
 
 Status checkKeys(const nlohmann::json& cfg, const std::set<std::string>& allowed, const std::string& type)
 {
-    // Keras serialises extra bookkeeping keys; accept those silently.
-    static const std::set<std::string> ignored = {"type", "name", "class_name", "decay", "clipnorm", "clipvalue",
-                                                  "global_clipnorm", "use_ema", "ema_momentum",
-                                                  "ema_overwrite_frequency", "jit_compile", "is_legacy_optimizer",
-                                                  "amsgrad", "loss_scale_factor", "gradient_accumulation_steps"};
+    // Keras serialises bookkeeping keys (accepted), and settings this engine does not implement
+    // with their defaults (accepted at the default only: a clipnorm dropped silently trained
+    // exactly as without it).
+    static const std::set<std::string> ignored = {"type", "name", "class_name", "ema_momentum", "ema_overwrite_frequency",
+                                                  "jit_compile", "is_legacy_optimizer"};
+    auto isDefault = [&](const std::string& key) {
+        const nlohmann::json& v = cfg[key];
+        if (v.is_null()) return true;
+        if (key == "decay") return v.is_number() && v.get<double>() == 0.0;
+        if (key == "use_ema" || key == "amsgrad") return v.is_boolean() && !v.get<bool>();
+        if (key == "gradient_accumulation_steps") return v.is_number() && v.get<double>() == 1.0;
+        return false;  // clipnorm, clipvalue, global_clipnorm, loss_scale_factor: null only
+    };
+    static const std::map<std::string, std::string> unimplemented = {
+        {"decay", "Keras 2's per-step learning-rate decay is not supported: set it to 0 and give the run a \"schedule\""},
+        {"clipnorm", "gradient clipping is not supported yet: remove clipnorm (or set it to null)"},
+        {"clipvalue", "gradient clipping is not supported yet: remove clipvalue (or set it to null)"},
+        {"global_clipnorm", "gradient clipping is not supported yet: remove global_clipnorm (or set it to null)"},
+        {"use_ema", "an exponential moving average of the weights is not supported: set use_ema to false"},
+        {"amsgrad", "amsgrad is not supported: set amsgrad to false"},
+        {"gradient_accumulation_steps", "gradient accumulation is not supported: use a larger batch (or set it to null)"},
+        {"loss_scale_factor", "a fixed loss scale factor is set with the run's precision (\"loss_scale\"): set it to null here"},
+    };
     for (auto it = cfg.begin(); it != cfg.end(); ++it) {
         if (allowed.count(it.key()) || ignored.count(it.key())) continue;
+        if (const auto u = unimplemented.find(it.key()); u != unimplemented.end()) {
+            if (isDefault(it.key())) continue;
+            return makeError(ErrorCode::Unsupported, "optimizer '" + type + "': " + it.key() + " = " + it.value().dump() + " would be ignored",
+                             u->second);
+        }
         std::string list;
         for (const auto& k : allowed) list += (list.empty() ? "" : ", ") + k;
         return makeError(ErrorCode::InvalidArgument, "optimizer '" + type + "': unknown setting '" + it.key() + "'",
                          "known settings: " + list);
     }
-    if (cfg.value("amsgrad", false))
-        return makeError(ErrorCode::Unsupported, "optimizer '" + type + "': amsgrad is not supported", "set amsgrad to false");
     return okStatus();
 }
 
@@ -192,7 +214,7 @@ Result<std::unique_ptr<Optimizer>> Optimizer::create(const nlohmann::json& cfgIn
         TS_ASSIGN(o->m_lr, number(cfg, "learning_rate", 1e-3f, 0.f, 1e3f, true));
         TS_ASSIGN(o->p.beta1, number(cfg, "beta_1", 0.9f, 0.f, 0.999999f));
         TS_ASSIGN(o->p.beta2, number(cfg, "beta_2", 0.999f, 0.f, 0.9999999f));
-        TS_ASSIGN(o->p.epsilon, number(cfg, "epsilon", 1e-7f, 0.f, 1.f));
+        TS_ASSIGN(o->p.epsilon, number(cfg, "epsilon", 1e-7f, 0.f, 1.f, /*loOpen=*/true));  // 0 divides by zero at step 2
         TS_ASSIGN(o->p.weightDecay, number(cfg, "weight_decay", o->decoupled ? 0.004f : 0.f, 0.f, 1.f));
         if (!o->decoupled && o->p.weightDecay != 0.f)
             return makeError(ErrorCode::InvalidArgument, "optimizer 'adam': weight_decay is only for adamw",
@@ -217,7 +239,7 @@ Result<std::unique_ptr<Optimizer>> Optimizer::create(const nlohmann::json& cfgIn
         TS_ASSIGN(o->m_lr, number(cfg, "learning_rate", 1e-3f, 0.f, 1e3f, true));
         TS_ASSIGN(o->p.rho, number(cfg, "rho", 0.9f, 0.f, 0.999999f));
         TS_ASSIGN(o->p.momentum, number(cfg, "momentum", 0.f, 0.f, 0.999999f));
-        TS_ASSIGN(o->p.epsilon, number(cfg, "epsilon", 1e-7f, 0.f, 1.f));
+        TS_ASSIGN(o->p.epsilon, number(cfg, "epsilon", 1e-7f, 0.f, 1.f, /*loOpen=*/true));  // 0 divides by zero at step 2
         o->p.centered = cfg.value("centered", false);
         return std::unique_ptr<Optimizer>(std::move(o));
     }

@@ -754,6 +754,24 @@ void TestTraining::unknownStrategyAndDuplicateDevices()
     auto bad = Optimizer::create(nlohmann::json{{"type", "adam"}, {"learning_rte", 0.1}});
     QVERIFY(!bad.ok());
     QVERIFY(QString::fromStdString(bad.error().message).contains("learning_rte"));
+    // Keras settings this engine does not implement: accepted at their defaults (as Keras writes
+    // them), refused otherwise; they were dropped silently (clipnorm 1e-9 trained as plain Adam).
+    const nlohmann::json kerasDefaults = {{"type", "adam"}, {"decay", 0.0}, {"clipnorm", nullptr}, {"clipvalue", nullptr},
+                                          {"global_clipnorm", nullptr}, {"use_ema", false}, {"ema_momentum", 0.99},
+                                          {"amsgrad", false}, {"gradient_accumulation_steps", nullptr}, {"jit_compile", true}};
+    QVERIFY(Optimizer::create(kerasDefaults).ok());
+    for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+             {"clipnorm", 1e-9}, {"clipvalue", 1.0}, {"global_clipnorm", 1.0}, {"decay", 0.9}, {"use_ema", true}, {"amsgrad", true},
+             {"gradient_accumulation_steps", 4}, {"loss_scale_factor", 128}}) {
+        nlohmann::json cfg = {{"type", "adam"}};
+        cfg[key] = value;
+        auto refused = Optimizer::create(cfg);
+        QVERIFY2(!refused.ok(), key.c_str());
+        QVERIFY2(refused.error().message.find(key + " = ") != std::string::npos && !refused.error().hint.empty(), refused.error().toString().c_str());
+    }
+    auto noEpsilon = Optimizer::create(nlohmann::json{{"type", "adam"}, {"epsilon", 0}});
+    QVERIFY(!noEpsilon.ok());
+    QVERIFY2(noEpsilon.error().message.find("'epsilon' = 0 is out of range") != std::string::npos, noEpsilon.error().message.c_str());
 }
 
 void TestTraining::cancelStopsPromptly()
