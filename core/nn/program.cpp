@@ -36,6 +36,27 @@ const char* lossName(LossKind kind)
     return "?";
 }
 
+Status checkLossTargets(LossKind kind, const Shape& outputShape, const Tensor& y)
+{
+    const int64_t n = y.shape().rank() > 0 ? y.shape()[0] : 0;
+    const int64_t per = outputShape.numel();
+    const bool sparse = kind == LossKind::SparseCategoricalCrossentropy;
+    const bool fits = sparse ? (y.dtype() == DType::I32 && y.numel() == n)
+                             : (y.dtype() == DType::I32 ? (per == 1 && kind != LossKind::CategoricalCrossentropy && y.numel() == n)
+                                                        : (y.dtype() == DType::F32 && y.numel() == n * per));
+    if (fits) return okStatus();
+    const std::string labels =
+        y.dtype() == DType::I32 && y.numel() == n ? "class ids" : std::string(dtypeName(y.dtype())) + " targets " + y.shape().toString();
+    return makeError(ErrorCode::InvalidArgument,
+                     std::string(lossName(kind)) + " needs " +
+                         (sparse ? "one class id per example"
+                                 : kind == LossKind::CategoricalCrossentropy ? "one-hot label rows of " + std::to_string(per)
+                                                                                  : std::to_string(per) + " target value(s) per example") +
+                         ", but the labels are " + labels,
+                     sparse ? "for one-hot rows use categorical_crossentropy"
+                            : "for class ids use sparse_categorical_crossentropy, or map one_hot over the labels");
+}
+
 namespace {
 
 enum class Kind { Input, Dense, Conv, Pool, GlobalAvgPool, Reshape, Dropout, BatchNorm, Act, Softmax, Add, Concat };
@@ -504,21 +525,8 @@ Status Program::lossAndBackward(const Tensor& y, bool backward, int64_t globalBa
     // read in the wrong dtype. Class ids for a loss that takes a value per output (one output)
     // become floats, as Keras casts y_true to the prediction's dtype.
     Tensor target = y;
-    const int64_t per = outNi.outputShape.numel();
+    TS_TRY(checkLossTargets(d.loss.kind, outNi.outputShape, y));
     const bool sparse = d.loss.kind == LossKind::SparseCategoricalCrossentropy;
-    if (sparse ? (y.dtype() != DType::I32 || y.numel() != n)
-               : (y.dtype() == DType::I32 ? (per != 1 || d.loss.kind == LossKind::CategoricalCrossentropy)
-                                          : (y.dtype() != DType::F32 || y.numel() != n * per))) {
-        const std::string labels = y.dtype() == DType::I32 && y.numel() == n ? "class ids"
-                                                                              : std::string(dtypeName(y.dtype())) + " targets " + y.shape().toString();
-        return makeError(ErrorCode::InvalidArgument,
-                         std::string(lossName(d.loss.kind)) + " needs " +
-                             (sparse ? "one class id per example"
-                                     : d.loss.kind == LossKind::CategoricalCrossentropy ? "one-hot label rows of " + std::to_string(per)
-                                                                                         : std::to_string(per) + " target value(s) per example") +
-                             ", but the labels are " + labels,
-                         sparse ? "for one-hot rows use categorical_crossentropy" : "for class ids use sparse_categorical_crossentropy, or map one_hot over the labels");
-    }
     if (!sparse && y.dtype() == DType::I32) {
         TS_ASSIGN(target, Tensor::create(Shape{n, 1}, DType::F32));
         for (int64_t i = 0; i < n; ++i) target.data<float>()[i] = static_cast<float>(y.data<int32_t>()[i]);

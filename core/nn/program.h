@@ -36,6 +36,10 @@ struct LossSpec {
 Result<LossSpec> parseLoss(const std::string& name, bool fromLogits);
 // Keras' name of the loss ("sparse_categorical_crossentropy", ...).
 const char* lossName(LossKind kind);
+// Whether the labels `y` (a batch, host) are targets the loss can read for a model output of
+// `outputShape` per example: one i32 class id (sparse), f32 rows of the output's size, or, for a
+// one-value output and a loss other than categorical_crossentropy, class ids (read as floats).
+Status checkLossTargets(LossKind loss, const Shape& outputShape, const Tensor& y);
 
 class Program {
 public:

@@ -247,7 +247,7 @@ struct InputShare {
 // pipeline is fine; Keras likewise refuses an infinite dataset without steps_per_epoch.
 // `share.workers` > 1: this process is worker `share.index` of a multi-worker run, and builds its
 // auto-sharded part of the pipeline (data/auto_shard.h); `spec` stays the run's whole pipeline.
-Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batchSize, const GraphAnalysis& analysis,
+Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batchSize, const GraphAnalysis& analysis, LossKind loss,
                                                 const Shape& inShape, const PipelineOptions& options, const std::string& what,
                                                 bool stepLimited, InputShare share = {})
 {
@@ -297,14 +297,14 @@ Result<std::unique_ptr<Pipeline>> buildPipeline(PipelineSpec& spec, int64_t batc
         return e;
     }
     if (analysis.outputNodes.size() == 1) {
-        // Class ids were checked against the output as batch() stacked them (classCount).
+        // The labels against the loss and the output (class ids were checked against the output
+        // as batch() stacked them): refused here, before the run is recorded, not at step 1.
         const NodeInfo& out = analysis.nodes[static_cast<std::size_t>(analysis.outputNodes[0])];
-        const Tensor& y = first->y;
-        if (out.outputShape.rank() == 1 && y.dtype() == DType::F32 && y.shape().rank() == 2 && y.shape()[1] != out.outputShape[0]) {
-            return makeError(ErrorCode::ShapeMismatch,
-                             what + ": targets have " + std::to_string(y.shape()[1]) + " values per example but output node '" +
-                                 out.id + "' produces " + std::to_string(out.outputShape[0]),
-                             "match one_hot's depth to the model's output");
+        if (Status st = checkLossTargets(loss, out.outputShape, first->y); !st.ok()) {
+            Error e = st.takeError();
+            e.message = what + ": " + e.message + " (output node '" + out.id + "' produces " + out.outputShape.toString() + ")";
+            if (first->y.dtype() == DType::F32) e.hint = "match one_hot's depth to the model's output, or " + e.hint;
+            return e;
         }
     }
     return p;
@@ -368,12 +368,12 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
                                                          std::to_string(processes - 1));
     const bool lockstep = cfg.strategy.crossProcess != nullptr;
     const InputShare share{processes, cfg.strategy.processRank, lockstep};
-    TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, inShape, options, "training pipeline", cfg.maxSteps > 0, share));
+    TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, loss.kind, inShape, options, "training pipeline", cfg.maxSteps > 0, share));
     if (cfg.validationPipeline) {
         PipelineOptions vo = options;
         vo.lane.thread = "validation input";
         TS_ASSIGN(run.validationPipeline, buildPipeline(*cfg.validationPipeline, std::max<int64_t>(cfg.batchSize, 1000),
-                                                        analysis, inShape, vo, "validation pipeline", false,
+                                                        analysis, loss.kind, inShape, vo, "validation pipeline", false,
                                                         lockstep ? InputShare{processes, cfg.strategy.processRank, true, true} : InputShare{}));
     } else if (cfg.validate && spec.source.kind == SourceKind::Idx && spec.source.paths.empty()) {
         // The idx folder's test split, scaled to [0, 1] like normalise's default.

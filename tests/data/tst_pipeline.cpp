@@ -1546,6 +1546,19 @@ private slots:
                                                    "' row 3: label -3 is not one of the model's 10 class ids (0..9)");
             VERIFY_MSG(negRun.error().hint, "class ids start at 0");
 
+            // Class ids for a loss that reads one-hot rows: refused before training (it failed at
+            // step 1, recorded as a failed run; earlier builds read the ids as floats).
+            for (int i = 0; i < 8; ++i) y.data<int32_t>()[i] = i;
+            VERIFY_OK(writeNpy(tmp("ids_y.npy"), y));
+            nlohmann::json oneHot = negative;
+            oneHot["loss"] = "categorical_crossentropy";
+            oneHot["pipeline"]["source"]["y"] = tmp("ids_y.npy");
+            auto oneHotRun = prepareRun(*RunConfig::fromJson(oneHot, "run.json"));
+            QVERIFY(!oneHotRun.ok());
+            VERIFY_MSG(oneHotRun.error().message,
+                       "training pipeline: categorical_crossentropy needs one-hot label rows of 10, but the labels are class ids");
+            VERIFY_MSG(oneHotRun.error().hint, "sparse_categorical_crossentropy");
+
             // A class id beyond the output, in a later batch of a CSV: named by file and line, as
             // the batch is stacked, before the loss sees it as "batch row N".
             std::string csv = "label,a,b\n";
