@@ -25,6 +25,13 @@
 namespace tscli {
 namespace {
 
+std::string fixed4(double v)
+{
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.4f", v);
+    return buf;
+}
+
 using namespace std::chrono_literals;
 
 } // namespace
@@ -162,17 +169,19 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         printWarnings();
         if (o.quiet) return;
         const double loss = m.metrics.count("loss") ? m.metrics.at("loss") : 0.0;
-        const double acc = m.metrics.count("accuracy") ? m.metrics.at("accuracy") : 0.0;
-        // As a local run's epoch lines, with the task whose epoch it is.
-        nlohmann::json j{{"epoch", m.epoch},           {"loss", loss},       {"accuracy", acc}, {"samples_per_sec", m.samplesPerSec},
-                         {"seconds", m.seconds}, {"worker", m.stamp.lane.worker}};
-        for (const char* k : {"val_loss", "val_accuracy"})
+        // As a local run's epoch lines, with the task whose epoch it is (no accuracy for a regression).
+        nlohmann::json j{{"epoch", m.epoch}, {"loss", loss}, {"samples_per_sec", m.samplesPerSec}, {"seconds", m.seconds},
+                         {"worker", m.stamp.lane.worker}};
+        for (const char* k : {"accuracy", "val_loss", "val_accuracy"})
             if (m.metrics.count(k)) j[k] = m.metrics.at(k);
-        if (o.json) std::cout << j.dump() << "\n";
-        else if (m.metrics.count("val_accuracy"))
-            std::printf("Epoch %lld: loss %.4f accuracy %.4f val_accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc,
-                        m.metrics.at("val_accuracy"), m.samplesPerSec);
-        else std::printf("Epoch %lld: loss %.4f accuracy %.4f | %.0f samples/s\n", static_cast<long long>(m.epoch), loss, acc, m.samplesPerSec);
+        if (o.json) {
+            std::cout << j.dump() << "\n";
+        } else {
+            std::string line = "Epoch " + std::to_string(m.epoch) + ": loss " + fixed4(loss);
+            for (const char* k : {"accuracy", "val_loss", "val_accuracy"})
+                if (m.metrics.count(k)) line += std::string(" ") + k + " " + fixed4(m.metrics.at(k));
+            std::printf("%s | %.0f samples/s\n", line.c_str(), m.samplesPerSec);
+        }
         std::fflush(stdout);
     });
     printWarnings();
@@ -208,7 +217,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     }
     if (o.json) {
         nlohmann::json j = {{"final", true}, {"epochs", fit.epochs}, {"steps", fit.steps}, {"loss", fit.last.loss},
-                            {"accuracy", fit.last.accuracy}, {"samples_per_sec", fit.samplesPerSec}, {"seconds", fit.seconds},
+                            {"accuracy", std::isfinite(fit.last.accuracy) ? nlohmann::json(fit.last.accuracy) : nlohmann::json(nullptr)},
+                            {"samples_per_sec", fit.samplesPerSec}, {"seconds", fit.seconds},
                             {"strategy", strategy}, {"workers", c.numTasks()}, {"run_id", runId},
                             {"restarts", c.restarts()}, {"rejoins", c.rejoins()}};
         if (std::isfinite(fit.last.valAccuracy)) j["val_accuracy"] = fit.last.valAccuracy;

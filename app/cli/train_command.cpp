@@ -90,9 +90,11 @@ public:
                                ? static_cast<double>(e.stepsInEpoch - e.stepInEpoch) * static_cast<double>(e.batchSize) / e.samplesPerSec
                                : 0;
         char line[256];
-        std::snprintf(line, sizeof line, "\rEpoch %lld/%lld %5lld/%lld [%s] loss %.4f acc %.4f | %s samples/s | ETA %s   ",
+        char acc[32] = "";
+        if (std::isfinite(e.accuracy)) std::snprintf(acc, sizeof acc, " acc %.4f", e.accuracy);
+        std::snprintf(line, sizeof line, "\rEpoch %lld/%lld %5lld/%lld [%s] loss %.4f%s | %s samples/s | ETA %s   ",
                       static_cast<long long>(e.epoch), static_cast<long long>(m_epochs), static_cast<long long>(e.stepInEpoch),
-                      static_cast<long long>(e.stepsInEpoch), bar.c_str(), e.loss, e.accuracy, fmtRate(e.samplesPerSec).c_str(),
+                      static_cast<long long>(e.stepsInEpoch), bar.c_str(), e.loss, acc, fmtRate(e.samplesPerSec).c_str(),
                       fmtDuration(eta).c_str());
         std::cerr << line << std::flush;
     }
@@ -127,10 +129,13 @@ public:
         }
         if (m_tty) clearProgressLine();
         char line[256];
-        int n = std::snprintf(line, sizeof line, "Epoch %lld/%lld: loss %.4f accuracy %.4f", static_cast<long long>(e.epoch),
-                              static_cast<long long>(m_epochs), e.loss, e.accuracy);
-        if (std::isfinite(e.valLoss))
-            n += std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " | val_loss %.4f val_accuracy %.4f", e.valLoss, e.valAccuracy);
+        // A regression has no accuracy (NaN): only the losses are shown.
+        int n = std::snprintf(line, sizeof line, "Epoch %lld/%lld: loss %.4f", static_cast<long long>(e.epoch), static_cast<long long>(m_epochs),
+                              e.loss);
+        if (std::isfinite(e.accuracy)) n += std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " accuracy %.4f", e.accuracy);
+        if (std::isfinite(e.valLoss)) n += std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " | val_loss %.4f", e.valLoss);
+        if (std::isfinite(e.valLoss) && std::isfinite(e.valAccuracy))
+            n += std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " val_accuracy %.4f", e.valAccuracy);
         std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " | %s samples/s | %s", fmtRate(e.samplesPerSec).c_str(),
                       fmtDuration(e.seconds).c_str());
         std::cout << std::string(line) + "\n" << std::flush;

@@ -918,7 +918,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 fit.epochs = m.epoch;
                 fit.last.epoch = m.epoch;
                 fit.last.loss = f.value("loss", 0.0);
-                fit.last.accuracy = f.value("accuracy", 0.0);
+                fit.last.accuracy = f.contains("accuracy") && f["accuracy"].is_number() ? f["accuracy"].get<double>()
+                                                                                        : std::numeric_limits<double>::quiet_NaN();
                 if (psRun) {
                     psEpochSamples += m.samplesPerSec * m.seconds;
                     psEpochSeconds += m.seconds;

@@ -609,8 +609,9 @@ private:
         explicit Listener(WorkerService& s) : m_s(s) {}
         void onStep(const StepEvent& e) override
         {
-            nlohmann::json j = {{"epoch", e.epoch}, {"loss", e.loss}, {"accuracy", e.accuracy}, {"samples_per_sec", e.samplesPerSec},
+            nlohmann::json j = {{"epoch", e.epoch}, {"loss", e.loss}, {"samples_per_sec", e.samplesPerSec},
                                 {"learning_rate", e.learningRate}, {"step_seconds", e.stepSeconds}, {"batch_size", e.batchSize}};
+            if (std::isfinite(e.accuracy)) j["accuracy"] = e.accuracy;  // none for a regression
             if (e.staleness >= 0) j["staleness"] = e.staleness;
             if (e.lossScale > 0) {
                 j["loss_scale"] = e.lossScale;
@@ -631,8 +632,9 @@ private:
             // For the run's evaluator task (through the coordinator); on the training thread, so
             // the weights are this epoch's.
             if (m_s.m_sendEpochWeights && m_s.m_trainer) m_s.publishWeights(*m_s.m_trainer, e.epoch);
-            nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", e.loss}, {"accuracy", e.accuracy},
+            nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", e.loss},
                                 {"samples_per_sec", e.samplesPerSec}, {"seconds", e.seconds}};
+            if (std::isfinite(e.accuracy)) j["accuracy"] = e.accuracy;
             if (std::isfinite(e.valLoss)) j["val_loss"] = e.valLoss;
             if (std::isfinite(e.valAccuracy)) j["val_accuracy"] = e.valAccuracy;
             m_s.publish("epoch", m_lastStep, j);

@@ -289,10 +289,18 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
 namespace {
 
 // A step's running means over its epoch so far (seen > 0).
-void setRunningMeans(StepEvent& se, double lossSum, int64_t correct, int64_t seen, double seconds)
+// Accuracy as Keras reports it for the loss: categorical (argmax) or binary; none (NaN) for a
+// regression (mean_squared_error), where "accuracy 0.0000" read as a useless model.
+double accuracyOf(const LossSpec& loss, int64_t correct, int64_t seen)
+{
+    if (loss.kind == LossKind::MeanSquaredError || seen == 0) return std::numeric_limits<double>::quiet_NaN();
+    return static_cast<double>(correct) / static_cast<double>(seen);
+}
+
+void setRunningMeans(StepEvent& se, const LossSpec& loss, double lossSum, int64_t correct, int64_t seen, double seconds)
 {
     se.loss = lossSum / static_cast<double>(seen);
-    se.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+    se.accuracy = accuracyOf(loss, correct, seen);
     se.samplesPerSec = static_cast<double>(seen) / std::max(1e-9, seconds);
 }
 
@@ -412,7 +420,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 se.stepInEpoch = s;
                 // Lockstep shards: an epoch lasts as long as the largest shard, known after one.
                 se.stepsInEpoch = join ? m_agreedEpochSteps : train.batchesPerEpoch();
-                setRunningMeans(se, lossSum, correct, seen, secondsSince(epochStart));
+                setRunningMeans(se, m_loss, lossSum, correct, seen, secondsSince(epochStart));
                 se.learningRate = lr;
                 se.stepSeconds = secondsSince(t0);
                 se.inputWaitSeconds = wait;
@@ -444,7 +452,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
         }
         if (seen == 0) break;
         ev.loss = lossSum / static_cast<double>(seen);
-        ev.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+        ev.accuracy = accuracyOf(m_loss, correct, seen);
         ev.samplesPerSec = static_cast<double>(seen) / std::max(1e-9, ev.seconds);
         trainSeconds += ev.seconds;
         trainSamples += seen;
@@ -468,7 +476,8 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
             EpochMetricsEvent em;
             em.stamp = Stamp{m_config.runId, m_step, wallNowMicros(), trainerLane()};
             em.epoch = epoch;
-            em.metrics = {{"loss", ev.loss}, {"accuracy", ev.accuracy}};
+            em.metrics = {{"loss", ev.loss}};
+            if (std::isfinite(ev.accuracy)) em.metrics["accuracy"] = ev.accuracy;  // none for a regression
             if (std::isfinite(ev.valLoss)) em.metrics["val_loss"] = ev.valLoss;
             if (std::isfinite(ev.valAccuracy)) em.metrics["val_accuracy"] = ev.valAccuracy;
             em.seconds = ev.seconds;
@@ -516,7 +525,7 @@ void Trainer::reportStep(const StepEvent& se, int64_t stepStartNs, int64_t stepE
         m.stamp = std::move(st);
         m.epoch = se.epoch;
         m.loss = se.loss;
-        m.metrics.emplace("accuracy", se.accuracy);
+        if (std::isfinite(se.accuracy)) m.metrics.emplace("accuracy", se.accuracy);
         if (se.staleness >= 0) m.metrics.emplace("staleness", static_cast<double>(se.staleness));
         if (se.lossScale > 0) {
             // Keras reports the scale as the LossScaleOptimizer's dynamic_scale; the skipped
@@ -560,7 +569,7 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
         if (ev.epoch == 0 || seen == 0) return;
         ev.seconds = secondsSince(epochStart);
         ev.loss = lossSum / static_cast<double>(seen);
-        ev.accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+        ev.accuracy = accuracyOf(m_loss, correct, seen);
         ev.samplesPerSec = static_cast<double>(seen) / std::max(1e-9, ev.seconds);
         trainSeconds += ev.seconds;
         trainSamples += seen;
@@ -674,7 +683,7 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
             se.epoch = g.epoch;
             se.stepInEpoch = g.stepInEpoch;
             se.stepsInEpoch = g.stepsPerEpoch;
-            setRunningMeans(se, lossSum, correct, seen, secondsSince(epochStart));
+            setRunningMeans(se, m_loss, lossSum, correct, seen, secondsSince(epochStart));
             se.learningRate = lr;
             se.stepSeconds = secondsSince(t0);
             se.inputWaitSeconds = wait;
@@ -718,7 +727,7 @@ Result<EvalResult> Trainer::evaluate(BatchSource& data)
     }
     if (r.examples > 0) {
         r.loss = lossSum / static_cast<double>(r.examples);
-        r.accuracy = static_cast<double>(correct) / static_cast<double>(r.examples);
+        r.accuracy = accuracyOf(m_loss, correct, r.examples);
     }
     return r;
 }
