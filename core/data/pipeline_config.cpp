@@ -10,6 +10,11 @@
 
 namespace ts {
 
+namespace {
+// The hint of a pipeline error that has no more specific one.
+constexpr const char* kPipelineHint = "fix the value at that key; core/data/pipeline_config.h lists every source's and op's settings and their ranges";
+} // namespace
+
 const char* sourceKindName(SourceKind kind)
 {
     switch (kind) {
@@ -302,7 +307,9 @@ int64_t PipelineSpec::batchSize() const
 Status PipelineSpec::validate(const std::string& where) const
 {
     const std::string src = where + ".source";
-    auto bad = [](std::string msg, std::string hint = {}) { return makeError(ErrorCode::InvalidArgument, std::move(msg), std::move(hint)); };
+    auto bad = [](std::string msg, std::string hint = {}) {
+        return makeError(ErrorCode::InvalidArgument, std::move(msg), hint.empty() ? std::string(kPipelineHint) : std::move(hint));
+    };
     const SourceSpec& s = source;
     switch (s.kind) {
     case SourceKind::Idx:
@@ -422,7 +429,7 @@ nlohmann::json countJson(int64_t v) { return v == kAutotune ? json("AUTOTUNE") :
 
 Error jsonError(const std::string& at, const std::string& what, const std::string& hint = {})
 {
-    return makeError(ErrorCode::ParseError, at + ": " + what, hint);
+    return makeError(ErrorCode::ParseError, at + ": " + what, hint.empty() ? std::string(kPipelineHint) : hint);
 }
 
 
@@ -516,7 +523,8 @@ Result<SourceSpec> sourceFromJson(const json& j, const std::string& at)
         TS_ASSIGN(s.featureColumns, getStrings(j, "feature_columns", at));
         TS_ASSIGN(std::string delim, getString(j, "delimiter", at, ","));
         if (delim == "\\t" || delim == "tab") delim = "\t";
-        if (delim.size() != 1) return jsonError(at + ".delimiter", "expected one character, got \"" + delim + "\"");
+        if (delim.size() != 1)
+            return jsonError(at + ".delimiter", "expected one character, got \"" + delim + "\"", "e.g. \",\", \";\" or \"\\t\" (a tab)");
         s.delimiter = delim[0];
         TS_ASSIGN(std::string lt, getString(j, "label_type", at, "int"));
         if (lt != "int" && lt != "float") return jsonError(at + ".label_type", "expected \"int\" or \"float\", got \"" + lt + "\"");

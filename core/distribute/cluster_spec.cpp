@@ -43,7 +43,8 @@ std::string hostKey(const HostPort& hp)
 Result<TaskId> parseTask(const nlohmann::json& t, const std::string& source)
 {
     if (!t.is_object())
-        return makeError(ErrorCode::ParseError, source + ": \"task\" must be an object like {\"type\": \"worker\", \"index\": 0}");
+        return makeError(ErrorCode::ParseError, source + ": \"task\" must be an object like {\"type\": \"worker\", \"index\": 0}",
+                         "name this process's role and its index in that role's list");
     TS_TRY(checkJsonKeys(t, {"type", "index", "trial"}, source + ": task"));
     if (!t.contains("type") || !t["type"].is_string())
         return makeError(ErrorCode::ParseError, source + ": task.type is missing or not a string",
@@ -63,10 +64,12 @@ Result<TaskId> parseTask(const nlohmann::json& t, const std::string& source)
             char* end = nullptr;
             const long v = std::strtol(s.c_str(), &end, 10);
             if (s.empty() || *end != '\0')
-                return makeError(ErrorCode::ParseError, source + ": task.index \"" + s + "\" is not an integer");
+                return makeError(ErrorCode::ParseError, source + ": task.index \"" + s + "\" is not an integer",
+                                 "the index is the task's position in its role's list, from 0");
             id.index = static_cast<int>(v);
         } else {
-            return makeError(ErrorCode::ParseError, source + ": task.index must be an integer");
+            return makeError(ErrorCode::ParseError, source + ": task.index must be an integer",
+                             "the index is the task's position in its role's list, from 0");
         }
     }
     return id;
@@ -117,7 +120,8 @@ const std::vector<std::string>& ClusterSpec::roles() { return kRoles; }
 Result<ClusterSpec> ClusterSpec::fromJson(const nlohmann::json& j, const std::string& source)
 {
     if (!j.is_object())
-        return makeError(ErrorCode::ParseError, source + ": TF_CONFIG must be a JSON object with \"cluster\" and \"task\"");
+        return makeError(ErrorCode::ParseError, source + ": TF_CONFIG must be a JSON object with \"cluster\" and \"task\"",
+                         "e.g. {\"cluster\": {\"worker\": [\"host1:2222\", \"host2:2222\"]}, \"task\": {\"type\": \"worker\", \"index\": 0}}");
     TS_TRY(checkJsonKeys(j, {"cluster", "task", "environment", "rpc_layer"}, source));
     if (!j.contains("cluster") || !j["cluster"].is_object())
         return makeError(ErrorCode::ParseError, source + ": \"cluster\" is missing or not an object",
@@ -131,12 +135,15 @@ Result<ClusterSpec> ClusterSpec::fromJson(const nlohmann::json& j, const std::st
             return makeError(ErrorCode::ParseError, source + ": cluster has an unknown role \"" + role + "\"",
                              "roles are chief, worker, ps and evaluator");
         if (!it.value().is_array())
-            return makeError(ErrorCode::ParseError, source + ": cluster." + role + " must be a list of \"host:port\" strings");
+            return makeError(ErrorCode::ParseError, source + ": cluster." + role + " must be a list of \"host:port\" strings",
+                             "e.g. \"" + role + "\": [\"host1:2222\", \"host2:2222\"]");
         std::vector<std::string> list;
         for (std::size_t i = 0; i < it.value().size(); ++i) {
             const auto& e = it.value()[i];
             const std::string where = source + ": cluster." + role + "[" + std::to_string(i) + "]";
-            if (!e.is_string()) return makeError(ErrorCode::ParseError, where + " must be a \"host:port\" string");
+            if (!e.is_string())
+                return makeError(ErrorCode::ParseError, where + " must be a \"host:port\" string, not " + e.dump(),
+                                 "write each address in quotes, e.g. \"host1:2222\"");
             auto hp = HostPort::parse(e.get<std::string>());
             if (!hp.ok()) {
                 Error err = hp.takeError();
@@ -159,7 +166,8 @@ Result<ClusterSpec> ClusterSpec::fromJson(const nlohmann::json& j, const std::st
         }
         if ((role == "chief" || role == "evaluator") && list.size() > 1)
             return makeError(ErrorCode::InvalidArgument,
-                             source + ": cluster." + role + " has " + std::to_string(list.size()) + " entries; there can be at most one " + role);
+                             source + ": cluster." + role + " has " + std::to_string(list.size()) + " entries; there can be at most one " + role,
+                             role == "chief" ? "keep one chief and list the others under \"worker\"" : "keep one evaluator; it evaluates every checkpoint");
         if (!list.empty()) spec.m_jobs[role] = std::move(list);
     }
     if (spec.m_jobs.empty())

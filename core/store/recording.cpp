@@ -203,10 +203,15 @@ Status RunRecording::create(const RunConfig& config, const PreparedRun* run)
         for (const auto& d : config.strategy.devices) devices.push_back({{"device", d.toString()}});
     spec.devices = devices;
     auto info = m_store.createRun(spec);
-    if (!info.ok())
+    if (!info.ok()) {
+        // A refused name or tag (InvalidArgument) has its own hint; anything else is the database.
+        if (info.error().code == ErrorCode::InvalidArgument)
+            return makeError(ErrorCode::InvalidArgument, "cannot record the run: " + info.error().message,
+                             info.error().hint.empty() ? "choose another --run-name or --tag" : info.error().hint);
         return makeError(info.error().code, "cannot record the run: " + info.error().message,
                          "repair it (sqlite3 '" + m_store.path() + "' .recover | sqlite3 repaired.db), choose another database, "
                          "or train without recording");
+    }
     m_id = info->id;
     return okStatus();
 }

@@ -1,6 +1,7 @@
 #include "telemetry/chrome_trace.h"
 
 #include "common/json_document.h"
+#include "common/paths.h"
 
 #include <zlib.h>
 
@@ -474,6 +475,8 @@ std::string where(const std::string& source, std::size_t index, const std::strin
 
 namespace {
 
+constexpr double kMaxTraceMicros = 9007199254740992.0;  // 2^53
+
 // Builds a Trace from the entries of traceEvents one at a time, so a reader can hand each event
 // over as soon as it is parsed and drop it (a 100 MB trace held as a JSON tree took 16x its size).
 class TraceBuilder {
@@ -576,6 +579,10 @@ Status TraceBuilder::take(const nlohmann::json& e, std::size_t i)
         auto it = e.find("ts");
         if (it == e.end() || !numberOf(*it, ts))
             return makeError(ErrorCode::ParseError, where(source, i, ph) + ": no numeric \"ts\"", "timestamps are microseconds, as numbers");
+        // Beyond 2^53 us, microseconds are no longer exact and the span arithmetic overflows.
+        if (std::fabs(*ts) > kMaxTraceMicros)
+            return makeError(ErrorCode::ParseError, where(source, i, ph) + ": \"ts\" " + std::to_string(*ts) + " us is beyond 2^53 us",
+                             "timestamps are microseconds (a trace from 1970 on is about 1.7e15); this one is not a time");
         m_maxTs = std::max(m_maxTs, *ts);
         return okStatus();
     };
@@ -588,7 +595,12 @@ Status TraceBuilder::take(const nlohmann::json& e, std::size_t i)
         if (d == e.end() || !numberOf(*d, &dur))
             return makeError(ErrorCode::ParseError, where(source, i, ph) + ": no numeric \"dur\"",
                              "complete (X) events need a duration in microseconds");
-        if (dur < 0) return makeError(ErrorCode::ParseError, where(source, i, ph) + ": negative \"dur\" " + std::to_string(dur));
+        if (dur < 0)
+            return makeError(ErrorCode::ParseError, where(source, i, ph) + ": negative \"dur\" " + std::to_string(dur),
+                             "durations are microseconds >= 0; the profiler that wrote it is at fault, or the file was edited");
+        if (dur > kMaxTraceMicros)
+            return makeError(ErrorCode::ParseError, where(source, i, ph) + ": \"dur\" " + std::to_string(dur) + " us is beyond 2^53 us",
+                             "durations are microseconds; this one is over 285 years");
         m_maxTs = std::max(m_maxTs, ts + dur);
         addSpan(toSpan(name, cat, ts, dur, args), pid, tid);
     } else if (ph == "B") {
@@ -798,7 +810,10 @@ Result<Trace> parseChromeTraceText(const std::string& text, const std::string& s
     try {
         return attempt(text);
     } catch (const nlohmann::json::out_of_range& e) {
-        return makeError(ErrorCode::ParseError, source + ": " + e.what(), "numbers must fit a double (below about 1.8e308)");
+        // "[json.exception.out_of_range.406] number overflow parsing '1e400'": the library's tag dropped.
+        std::string what = e.what();
+        if (const auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
+        return makeError(ErrorCode::ParseError, source + ": " + what, "numbers must fit a double (below about 1.8e308)");
     } catch (const nlohmann::json::parse_error& e) {
         // A timeline written incrementally (Horovod, Chrome) lacks its closing bracket when the
         // job was killed; chrome://tracing accepts that, so do we.
@@ -830,7 +845,7 @@ Result<Trace> parseChromeTraceText(const std::string& text, const std::string& s
 Result<Trace> readChromeTrace(const std::string& path)
 {
     if (!std::filesystem::exists(path))
-        return makeError(ErrorCode::NotFound, "trace file " + path + " does not exist");
+        return makeError(ErrorCode::NotFound, "trace file " + path + " does not exist", missingFileHint(path));
     if (std::filesystem::is_directory(path))
         return makeError(ErrorCode::InvalidArgument, path + " is a folder, not a trace file",
                          "name the .json or .json.gz file inside it (a TensorBoard profile keeps it under plugins/profile/<run>/)");

@@ -252,6 +252,7 @@ void TestClusterSpec::rejectsMalformed()
     const std::string msg = spec.error().message;
     QVERIFY2(msg.find(expected.toStdString()) != std::string::npos, msg.c_str());
     QVERIFY2(msg.rfind("src", 0) == 0, "the message starts with the source");
+    QVERIFY2(!spec.error().hint.empty(), ("no hint for: " + msg).c_str());  // every error says what to do
 }
 
 void TestClusterSpec::strategyRoles()

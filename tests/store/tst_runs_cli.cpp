@@ -449,6 +449,11 @@ void TestRunsCli::trainRecordsRuns()
     const QString back = m_dir->filePath("back.safetensors");
     r = cli({"runs", "export", id, "--db", db(), "--weights", back});
     QVERIFY2(r.code == 0, qPrintable(r.err));
+    // A run name the store refuses (the start of another run's id) says so, not "repair it".
+    r = cli(QStringList{"train", "--db", db(), "--run-name", id.left(8)} + small);
+    QVERIFY2(r.code == 2 && r.err.contains("is the start of run") && r.err.contains("hint: choose a name that is not a run id") &&
+                 !r.err.contains("repair"),
+             qPrintable(r.err));
     // Deleting the traced run leaves the files the user asked for (--save-weights, --trace).
     r = cli({"runs", "delete", id, "--db", db()});
     QCOMPARE(r.code, 0);

@@ -465,6 +465,10 @@ void TestChromeTrace::malformedTraces_data()
                                  << "event 3 (ph \"E\"): an end event with no open \"B\" on pid 1, tid 1";
     QTest::newRow("E before B") << "[{\"ph\":\"B\",\"name\":\"a\",\"ts\":10},{\"ph\":\"E\",\"ts\":5}]" << "event 1 (ph \"E\"): ends at";
     QTest::newRow("empty file") << "  \n" << "the file is empty";
+    QTest::newRow("ts beyond 2^53") << "{\"traceEvents\":[{\"ph\":\"X\",\"name\":\"big\",\"ts\":9223372036854775807,\"dur\":1}]}"
+                                    << "event 0 (ph \"X\"): \"ts\" 9223372036854775808.000000 us is beyond 2^53 us";
+    QTest::newRow("dur beyond 2^53") << "[{\"ph\":\"X\",\"name\":\"big\",\"ts\":0,\"dur\":1e300}]" << "\"dur\" 1000000";
+    QTest::newRow("number overflow") << "[{\"ph\":\"X\",\"name\":\"big\",\"ts\":1e400,\"dur\":1}]" << ": number overflow parsing '1e400'";
     QTest::newRow("array entry") << "{\"traceEvents\": [{\"ph\":\"i\",\"ts\":1}, [1, 2], 3]}" << "event 1: not a JSON object";
     QTest::newRow("traceEvents object") << "{\"traceEvents\": {\"ph\": \"i\"}}" << "no \"traceEvents\" array";
     QTest::newRow("error after many") << "[{\"ph\":\"i\",\"ts\":1}, {\"ph\":\"i\",\"ts\":1}, {\"ph\":\"X\",\"ts\":1}, {\"ph\":\"Q\"}"
