@@ -451,6 +451,15 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
                                  "--weights FILE (safetensors); '-' writes a CSV to standard output"));
         return 2;
     }
+    // Standard output holds one thing: one CSV, or --json's summary.
+    {
+        const int toStdout = (o.csv == "-") + (o.epochsCsv == "-");
+        if (o.trace == "-" || o.weights == "-")
+            return usage("only a CSV export can go to standard output ('-')", "runs export RUN --trace FILE --weights FILE [--csv -]");
+        if (toStdout > 1) return usage("--csv - and --epochs-csv - would mix two CSVs on standard output", "runs export RUN --csv - --epochs-csv FILE");
+        if (toStdout > 0 && o.json)
+            return usage("--json prints its summary on standard output, where the CSV ('-') goes too", "runs export RUN --csv FILE --json");
+    }
     auto id = store.resolveRunId(o.runs[0]);
     if (!id.ok()) return refused(id.error());
     {

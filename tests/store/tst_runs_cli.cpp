@@ -330,6 +330,12 @@ void TestRunsCli::renameAndTag()
     QVERIFY2(r.err.contains("hint: usage: trainstudio-cli runs compare RUN RUN"), qPrintable(r.err));
     r = cli({"runs", "tag", "no such run", "--add", "x", "--db", db()});
     QCOMPARE(r.code, 2);
+    // Standard output holds one export: two CSVs, or a CSV and --json's summary, are refused.
+    for (const QStringList& mixed : {QStringList{"--csv", "-", "--epochs-csv", "-"}, QStringList{"--csv", "-", "--json"},
+                                     QStringList{"--weights", "-"}}) {
+        r = cli(QStringList{"runs", "export", "cnn lr 0.1", "--db", db()} + mixed);
+        QVERIFY2(r.code == 2 && r.out.isEmpty() && r.err.contains("hint: usage:"), qPrintable(mixed.join(' ') + ": " + r.err));
+    }
 }
 
 void TestRunsCli::newerSchemaReadOnly()
