@@ -4,6 +4,7 @@
 // or asks every task's trainstudio-worker whether it is ready (the coordinator's pre-flight).
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 #include <iostream>
 
@@ -148,12 +149,26 @@ int runCluster(const ClusterOptions& o)
             printError(written.error());
             return 1;
         }
+        // TF_CONFIG files of an earlier cluster left in the folder would start tasks that are no
+        // longer in it: named, not removed (they are the user's files).
+        std::vector<std::string> stale;
+        for (const auto& entry : std::filesystem::directory_iterator(o.outDir, ec)) {
+            const std::string name = entry.path().filename().string();
+            if (!name.starts_with("tf_config-") || !name.ends_with(".json")) continue;
+            const bool ours = std::any_of(written->begin(), written->end(), [&](const std::string& w) {
+                return std::filesystem::path(w).filename() == entry.path().filename();
+            });
+            if (!ours) stale.push_back(entry.path().string());
+        }
+        std::sort(stale.begin(), stale.end());
         if (o.json) {
-            std::cout << nlohmann::json{{"files", *written}}.dump() << "\n";
+            std::cout << nlohmann::json{{"files", *written}, {"stale_files", stale}}.dump() << "\n";
         } else {
             for (const auto& path : *written) std::printf("%s\n", path.c_str());
             std::printf("Wrote %zu TF_CONFIG file(s); on each machine: trainstudio-cli train --tf-config FILE ...\n", written->size());
         }
+        for (const auto& path : stale)
+            std::fprintf(stderr, "warning: %s is not a task of this cluster (from an earlier one?); delete it\n", path.c_str());
         return 0;
     }
     nlohmann::json tasks = nlohmann::json::array();

@@ -828,7 +828,7 @@ int runTrain(const TrainOptions& options)
         return tscli::kInterruptedExitCode;
     }
     if (o.json) {
-        nlohmann::json j = {{"final", true}, {"epochs", r.epochs}, {"steps", r.steps}, {"loss", num(r.last.loss)},
+        nlohmann::json j = {{"final", true}, {"epochs", r.epochs}, {"partial_epoch", r.partialEpoch}, {"steps", r.steps}, {"loss", num(r.last.loss)},
                             {"accuracy", num(r.last.accuracy)}, {"val_loss", num(r.last.valLoss)},
                             {"val_accuracy", num(r.last.valAccuracy)}, {"samples_per_sec", num(r.samplesPerSec)},
                             {"seconds", num(r.seconds)}, {"strategy", run.trainer->strategy().name()},
@@ -852,6 +852,12 @@ int runValidate(const std::string& file, bool json)
     auto model = loadModel(file);
     if (!model.ok()) {
         printError(model.error());
+        // A script reading --json gets the verdict on standard output too.
+        if (json)
+            std::cout << nlohmann::json{{"ok", false}, {"readable", false}, {"nodes", nlohmann::json::array()},
+                                        {"problems", {{{"node", ""}, {"message", model.error().message}, {"hint", model.error().hint}}}}}
+                             .dump(2)
+                      << "\n";
         return 2;  // no model to validate (1: a model with problems)
     }
     ts::GraphAnalysis a = ts::analyzeModel(*model);

@@ -1,5 +1,7 @@
 #include "common/json_document.h"
 
+#include "common/paths.h"
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -151,7 +153,7 @@ Result<std::string> readTextFile(const std::string& path, const std::string& wha
     std::error_code ec;
     const auto status = std::filesystem::status(path, ec);
     if (ec || !std::filesystem::exists(status))
-        return makeError(ErrorCode::NotFound, path + ": no such " + what, "check the path");
+        return makeError(ErrorCode::NotFound, path + ": no such " + what, missingFileHint(path));
     if (std::filesystem::is_directory(status))
         return makeError(ErrorCode::InvalidArgument, path + " is a folder, not a " + what, "name the file inside it");
     std::ifstream in(path, std::ios::binary);

@@ -77,6 +77,7 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
 {
     if (!j.is_object()) return makeError(ErrorCode::ParseError, source + ": a run configuration must be a JSON object");
     RunConfig c;
+    c.source = source;
     TS_TRY(checkJsonKeys(j,
                          {"model_file", "model", "data", "strategy", "epochs", "max_steps", "batch_size", "seed", "optimizer",
                           "schedule", "loss", "load_weights", "save_weights", "pipeline", "validation_pipeline", "backup", "precision"},
@@ -419,7 +420,15 @@ Result<PreparedRun> prepareRun(const RunConfig& cfgIn, const PipelineOptions& pi
     run.config = cfgIn;
     RunConfig& cfg = run.config;
     if (!cfg.modelFile.empty()) {
-        TS_ASSIGN(run.model, loadModelFile(cfg.modelFile));
+        auto model = loadModelFile(cfg.modelFile);
+        if (!model.ok()) {
+            // Named in a configuration: say which (a relative path there is read from the current
+            // folder, not the configuration's).
+            Error e = model.takeError();
+            if (e.code == ErrorCode::NotFound && !cfg.source.empty()) e.message = cfg.source + ": model_file " + e.message;
+            return e;
+        }
+        run.model = std::move(model).value();
     } else {
         run.model = cfg.model;
     }

@@ -34,6 +34,7 @@
 namespace ts {
 
 struct RunConfig {
+    std::string source;           // the configuration file it was read from (messages); empty: flags only
     std::string modelFile;
     ModelSpec model;              // used when modelFile is empty
     std::string dataDir;          // empty: the default Fashion-MNIST folder

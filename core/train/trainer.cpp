@@ -466,7 +466,10 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
                 ev.valAccuracy = v->accuracy;
             }
         }
-        if (completed) result.epochs = epoch;
+        // max_steps ending an epoch early: it is reported (its line, row and checkpoint), so it
+        // counts, marked partial; the final line said 1 epoch after two epoch lines.
+        if (completed || !m_cancel) result.epochs = epoch;
+        result.partialEpoch = !completed && !m_cancel;
         result.last = ev;
         // A cancelled epoch is not an epoch: like Keras (no on_epoch_end on an interrupt), its
         // part is no epoch row, line or checkpoint (its steps are recorded). The run said it
@@ -573,7 +576,8 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
         ev.samplesPerSec = static_cast<double>(seen) / std::max(1e-9, ev.seconds);
         trainSeconds += ev.seconds;
         trainSamples += seen;
-        if (completed) result.epochs = ev.epoch;
+        if (completed || !m_cancel) result.epochs = ev.epoch;
+        result.partialEpoch = !completed && !m_cancel;
         result.last = ev;
         if (listener) listener->onEpoch(ev);
     };

@@ -98,7 +98,8 @@ struct EpochEvent {
 };
 
 struct FitResult {
-    int64_t epochs = 0, steps = 0;
+    int64_t epochs = 0, steps = 0;  // epochs: those reported, a last one cut short by max_steps included
+    bool partialEpoch = false;   // the last epoch was cut short by max_steps
     EpochEvent last;             // the last completed (or partial, if stopped) epoch
     double samplesPerSec = 0;    // whole run: samples / training seconds
     double seconds = 0;

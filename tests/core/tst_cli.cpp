@@ -141,6 +141,12 @@ void TestCli::validatePrintsTable()
     const Run cnn = cli({"validate", "cnn"});
     QCOMPARE(cnn.code, 0);
     QVERIFY(cnn.out.contains("Conv2D"));
+    // --json answers on standard output even for a file it cannot read as a model.
+    const Run broken = cli({"validate", "--json", m_dir.filePath("broken.json")});
+    QCOMPARE(broken.code, 2);
+    const QJsonObject verdict = QJsonDocument::fromJson(broken.out.toUtf8()).object();
+    QCOMPARE(verdict.value("ok").toBool(true), false);
+    QVERIFY2(verdict.value("problems").toArray()[0].toObject().value("message").toString().contains("broken.json:3:14"), qPrintable(broken.out));
 }
 
 void TestCli::badInput_data()
@@ -297,6 +303,15 @@ void TestCli::jsonOutputAndWeights()
     QVERIFY2(r.code == 0, qPrintable(r.err));
     const double acc2 = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object().value("val_accuracy").toDouble();
     QVERIFY2(std::fabs(acc - acc2) < 0.005, qPrintable(QString("%1 vs %2").arg(acc).arg(acc2)));
+    // max_steps ending an epoch early: the final line counts the epoch it reported, marked partial.
+    r = cli({"train", "--json", "--no-record", "--max-steps", "10", "--epochs", "3", "--limit", "2048", "--no-validation"});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    const QStringList partial = r.out.trimmed().split('\n');
+    QCOMPARE(partial.size(), 3);  // epoch 1 (8 steps of 256), epoch 2 (2 steps), final
+    const QJsonObject last = QJsonDocument::fromJson(partial[2].toUtf8()).object();
+    QCOMPARE(last.value("epochs").toInt(), 2);
+    QCOMPARE(last.value("partial_epoch").toBool(), true);
+    QCOMPARE(last.value("steps").toInt(), 10);
     // Continuing from a file and saving back into it is fine (it is read before the first step).
     const qint64 before = QFileInfo(weights).lastModified().toMSecsSinceEpoch();
     QTest::qWait(20);
@@ -453,6 +468,12 @@ void TestCli::clusterExportsTfConfigs()
     r = cli({"cluster", out + "/tf_config-chief-0.json", "--out-dir", out});
     QCOMPARE(r.code, 2);
     QVERIFY2(r.err.contains("would overwrite the cluster file"), qPrintable(r.err));
+    // A smaller cluster exported into the same folder names the earlier cluster's files left there.
+    const QString smaller = m_dir.filePath("smaller.json");
+    writeFile(smaller, R"({"cluster": {"worker": ["n1:2222", "n2:2222"]}})");
+    r = cli({"cluster", smaller, "--out-dir", out});
+    QVERIFY2(r.code == 0 && r.err.contains("tf_config-chief-0.json is not a task of this cluster"), qPrintable(r.err));
+    QVERIFY2(!r.err.contains("tf_config-worker-0.json"), qPrintable(r.err));
 }
 
 void TestCli::corruptInputFailsRun()
