@@ -162,6 +162,12 @@ int list(st::RunStore& store, const RunsOptions& o)
         }
         f.status = *s;
     }
+    if (!o.strategy.empty()) {
+        static const std::set<std::string> strategies = {"one-device", "mirrored", "multi-worker-mirrored", "parameter-server"};
+        if (!strategies.count(o.strategy))
+            return refused(ts::makeError(ts::ErrorCode::InvalidArgument, "unknown strategy '" + o.strategy + "'",
+                                         "one of one-device, mirrored, multi-worker-mirrored, parameter-server"));
+    }
     f.nameContains = o.name;
     f.tag = o.tag;
     f.strategy = o.strategy;
@@ -519,7 +525,13 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
     }
     if (!o.trace.empty()) {
         auto n = st::exportChromeTrace(store, *id, o.trace);
-        if (n.ok()) note("trace", o.trace, " (" + std::to_string(*n) + " spans)");
+        // A run trained without --trace has no timeline: the file holds its counters (device
+        // samples) for Perfetto, which `trace summary` does not summarise. Said, not left to find.
+        if (n.ok())
+            note("trace", o.trace,
+                 *n > 0 ? " (" + std::to_string(*n) + " spans)"
+                        : " (0 spans: the run was trained without --trace; the file holds its device and pipeline counters, "
+                          "which Perfetto shows and `trace summary` does not summarise)");
         else code = fail(n.error());
     }
     if (!o.weights.empty()) {

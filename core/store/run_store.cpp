@@ -9,6 +9,8 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cctype>
+#include <string_view>
 #include <limits>
 #include <charconv>
 #include <chrono>
@@ -416,6 +418,33 @@ struct RunStore::Impl {
     OpenOptions options;
     int fileVersion = 0;
     ProcessIdentity self;
+
+    // Files in the store's own folder are recorded relative to the database's folder, so a
+    // history moved or copied with its folder (another machine, a new home) keeps its
+    // checkpoints; files elsewhere (the user's) keep their absolute paths.
+    std::string storedPath(const std::string& absolute) const
+    {
+        const fs::path dbDir = fs::path(absolutePath(path)).parent_path();
+        const std::string root = absolutePath(filesRoot(path));
+        if (!absolute.starts_with(root + "/")) return absolute;
+        return fs::path(absolute).lexically_relative(dbDir).string();
+    }
+    std::string resolvedPath(const std::string& stored) const
+    {
+        const fs::path p(stored);
+        if (p.is_relative()) return (fs::path(absolutePath(path)).parent_path() / p).lexically_normal().string();
+        // Recorded absolute by earlier versions: a history moved with its folder
+        // finds them under the folder's new place.
+        std::error_code ec;
+        if (fs::exists(p, ec)) return stored;
+        const std::string root = absolutePath(filesRoot(path));
+        const std::string marker = "/" + fs::path(root).filename().string() + "/";
+        if (const auto at = stored.rfind(marker); at != std::string::npos) {
+            const fs::path moved = fs::path(root) / stored.substr(at + marker.size());
+            if (fs::exists(moved, ec)) return moved.string();
+        }
+        return stored;
+    }
 
     sql::Db reader;
     std::recursive_mutex readMutex;
@@ -1242,6 +1271,10 @@ Status checkText(const std::string& text, const char* what)
                              std::string("a run's ") + what + " must be one line of text (this one holds the control character 0x" +
                                  "0123456789abcdef"[c >> 4] + "0123456789abcdef"[c & 15] + ")",
                              "give it without newlines or tabs");
+    // Tags are listed joined by commas ("best,fast"): one holding a comma would read as two.
+    if (std::string_view(what) == "tag" && text.find(',') != std::string::npos)
+        return makeError(ErrorCode::InvalidArgument, "a run's tag cannot hold a comma ('" + text + "')",
+                         "give each tag on its own: --add a --add b");
     return okStatus();
 }
 
@@ -1251,7 +1284,9 @@ Status checkNameIsNotAnId(const sql::Db& db, const std::string& name, int64_t se
 {
     TS_ASSIGN(sql::Stmt s, db.prepare("SELECT id FROM runs WHERE rid != ?1 AND (id = ?2 OR (length(?2) >= 4 AND "
                                  "substr(id, 1, length(?2)) = ?2)) LIMIT 1"));
-    s.bind(1, self).bind(2, name);
+    std::string lower = name;  // lookups compare ids in lower case
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    s.bind(1, self).bind(2, lower);
     TS_ASSIGN(bool row, s.step());
     if (!row) return okStatus();
     return makeError(ErrorCode::InvalidArgument,
@@ -1440,7 +1475,7 @@ Result<Checkpoint> RunStore::addCheckpoint(const std::string& runId, const std::
         TS_ASSIGN(int64_t r, d->rid(runId, false));
         TS_ASSIGN(sql::Stmt s, d->writer.prepare("INSERT INTO checkpoints (run, step, kind, path, checksum, bytes, created_us) "
                                                  "VALUES (?, ?, ?, ?, ?, ?, ?)"));
-        s.bind(1, r).bind(2, c.step).bind(3, c.kind).bind(4, c.path).bind(5, c.checksum).bind(6, c.bytes).bind(7, c.createdUs);
+        s.bind(1, r).bind(2, c.step).bind(3, c.kind).bind(4, d->storedPath(c.path)).bind(5, c.checksum).bind(6, c.bytes).bind(7, c.createdUs);
         TS_TRY(s.run());
         c.id = d->writer.lastInsertRowId();
         return okStatus();
@@ -1465,7 +1500,7 @@ Result<RunFile> RunStore::addFile(const std::string& runId, const std::string& k
         TS_ASSIGN(int64_t r, d->rid(runId, false));
         TS_ASSIGN(sql::Stmt s, d->writer.prepare("INSERT INTO run_files (run, kind, path, checksum, bytes, created_us) "
                                                  "VALUES (?, ?, ?, ?, ?, ?)"));
-        s.bind(1, r).bind(2, f.kind).bind(3, f.path).bind(4, f.checksum).bind(5, f.bytes).bind(6, f.createdUs);
+        s.bind(1, r).bind(2, f.kind).bind(3, d->storedPath(f.path)).bind(4, f.checksum).bind(5, f.bytes).bind(6, f.createdUs);
         TS_TRY(s.run());
         f.id = d->writer.lastInsertRowId();
         return okStatus();
@@ -1476,8 +1511,9 @@ Result<RunFile> RunStore::addFile(const std::string& runId, const std::string& k
 Result<DeleteReport> RunStore::deleteRun(const std::string& runId, bool removeFiles)
 {
     struct Owned {
-        std::string path, checksum;
+        std::string stored, checksum;  // as recorded (relative in the store's folder)
         bool shared = false;
+        std::string path;               // resolved against the database's folder
     };
     std::vector<Owned> owned;
     Impl* d = m.get();
@@ -1507,7 +1543,7 @@ Result<DeleteReport> RunStore::deleteRun(const std::string& runId, bool removeFi
             while (true) {
                 TS_ASSIGN(bool row, s.step());
                 if (!row) break;
-                owned.push_back({s.text(0), s.text(1)});
+                owned.push_back({s.text(0), s.text(1), false, d->resolvedPath(s.text(0))});
             }
         }
         for (const char* table : {"step_metrics", "step_series", "epoch_metrics", "checkpoints", "run_tags", "step_breakdowns", "device_samples",
@@ -1523,7 +1559,7 @@ Result<DeleteReport> RunStore::deleteRun(const std::string& runId, bool removeFi
         TS_ASSIGN(sql::Stmt refs, d->writer.prepare("SELECT (SELECT count(*) FROM checkpoints WHERE path = ?1) + "
                                                     "(SELECT count(*) FROM run_files WHERE path = ?1)"));
         for (Owned& o : owned) {
-            refs.bind(1, o.path);
+            refs.bind(1, o.stored);
             TS_ASSIGN(bool row, refs.step());
             o.shared = row && refs.int64(0) > 0;
             refs.reset();
@@ -1611,11 +1647,14 @@ Result<std::string> RunStore::resolveRunId(const std::string& text)
         return makeError(ErrorCode::InvalidArgument, what + " '" + text + "' matches " + std::to_string(ids.size()) + " runs: " + list,
                          "give more of the run id");
     };
-    TS_ASSIGN(auto exact, collect("SELECT id FROM runs WHERE id = ?", text));
+    // Ids are lower-case hex: one typed or pasted in upper case finds its run too.
+    std::string lower = text;
+    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    TS_ASSIGN(auto exact, collect("SELECT id FROM runs WHERE id = ?", lower));
     if (!exact.empty()) return exact.front();
     if (text.size() >= 4) {
         // Prefix match without LIKE's wildcards: ids are plain hex and dashes anyway.
-        TS_ASSIGN(auto pre, collect("SELECT id FROM runs WHERE substr(id, 1, length(?1)) = ?1 ORDER BY created_us", text));
+        TS_ASSIGN(auto pre, collect("SELECT id FROM runs WHERE substr(id, 1, length(?1)) = ?1 ORDER BY created_us", lower));
         if (pre.size() == 1) return pre.front();
         if (pre.size() > 1) return ambiguous(pre, "run id prefix");
     }
@@ -2080,7 +2119,7 @@ Result<std::vector<Checkpoint>> RunStore::checkpoints(const std::string& runId)
     while (true) {
         TS_ASSIGN(bool row, s.step());
         if (!row) break;
-        out.push_back({s.int64(0), runId, s.int64(1), s.text(2), s.text(3), s.text(4), s.int64(5), s.int64(6)});
+        out.push_back({s.int64(0), runId, s.int64(1), s.text(2), m->resolvedPath(s.text(3)), s.text(4), s.int64(5), s.int64(6)});
     }
     return out;
 }
@@ -2095,7 +2134,7 @@ Result<std::vector<RunFile>> RunStore::files(const std::string& runId)
     while (true) {
         TS_ASSIGN(bool row, s.step());
         if (!row) break;
-        out.push_back({s.int64(0), runId, s.text(1), s.text(2), s.text(3), s.int64(4), s.int64(5)});
+        out.push_back({s.int64(0), runId, s.text(1), m->resolvedPath(s.text(2)), s.text(3), s.int64(4), s.int64(5)});
     }
     return out;
 }

@@ -330,6 +330,15 @@ void TestRunsCli::renameAndTag()
     QVERIFY2(r.err.contains("hint: usage: trainstudio-cli runs compare RUN RUN"), qPrintable(r.err));
     r = cli({"runs", "tag", "no such run", "--add", "x", "--db", db()});
     QCOMPARE(r.code, 2);
+    // Tags are shown joined by commas: one holding a comma is refused. Ids match in any case.
+    r = cli({"runs", "tag", "cnn lr 0.1", "--add", "a,b", "--db", db()});
+    QVERIFY2(r.code == 2 && r.err.contains("cannot hold a comma"), qPrintable(r.err));
+    r = cli({"runs", "show", QString::fromStdString(m_done).toUpper().left(8), "--db", db()});
+    QVERIFY2(r.code == 0, qPrintable(r.err));
+    r = cli({"runs", "rename", "cnn lr 0.1", QString::fromStdString(m_done).toUpper().left(8), "--db", db()});
+    QVERIFY2(r.code == 2 && r.err.contains("is the start of run"), qPrintable(r.err));
+    r = cli({"runs", "list", "--strategy", "Mirrored", "--db", db()});
+    QVERIFY2(r.code == 2 && r.err.contains("unknown strategy 'Mirrored'"), qPrintable(r.err));
     // Standard output holds one export: two CSVs, or a CSV and --json's summary, are refused.
     for (const QStringList& mixed : {QStringList{"--csv", "-", "--epochs-csv", "-"}, QStringList{"--csv", "-", "--json"},
                                      QStringList{"--weights", "-"}}) {

@@ -164,6 +164,7 @@ private slots:
     void compareRuns();
     void deleteRemovesFiles();
     void missingCheckpointKeepsHistory();
+    void movedHistoryKeepsItsFiles();
     void exports();
     void busSink();
     void busSinkAbsorbsHeldUpWriter();
@@ -1302,6 +1303,45 @@ void TestStore::missingCheckpointKeepsHistory()
     QVERIFY(st::exportStepMetricsCsv(*store, id, csv).ok());
     QVERIFY(store->setRunStatus(id, st::RunState::Cancelled).ok());
     QVERIFY(store->deleteRun(id).ok());
+}
+
+// A database moved with its -files folder (another machine, a new home folder) still finds the
+// checkpoints the store wrote there, exports them and deletes them with the run: they are
+// recorded relative to the database's folder. Files elsewhere keep their absolute paths.
+void TestStore::movedHistoryKeepsItsFiles()
+{
+    const QString from = m_dir->filePath("before"), to = m_dir->filePath("after");
+    QVERIFY(QDir().mkpath(from));
+    const std::string db = (from + "/history.db").toStdString();
+    std::string id, own;
+    const std::string outside = m_dir->filePath("user.safetensors").toStdString();
+    QVERIFY(ts::writeSafetensors(outside, {{"w", ts::Tensor::fromVector(ts::Shape({1}), {2.f})}}).ok());
+    {
+        auto store = st::RunStore::open(db);
+        QVERIFY(store.ok());
+        id = store->createRun({})->id;
+        std::filesystem::create_directories(store->runFilesDir(id));
+        own = store->runFilesDir(id) + "/final.safetensors";
+        QVERIFY(ts::writeSafetensors(own, {{"w", ts::Tensor::fromVector(ts::Shape({1}), {1.f})}}).ok());
+        QVERIFY(store->addCheckpoint(id, own, 10, "final").ok());
+        QVERIFY(store->addFile(id, "trace", outside).ok());
+        QCOMPARE(store->checkpoints(id)->at(0).path, own);  // read back absolute
+        QVERIFY(store->setRunStatus(id, st::RunState::Completed).ok());
+    }
+    QVERIFY(QDir().rename(from, to));
+    auto moved = st::RunStore::open((to + "/history.db").toStdString());
+    QVERIFY(moved.ok());
+    const auto cps = moved->checkpoints(id);
+    QVERIFY(cps.ok() && cps->size() == 1);
+    QCOMPARE(QString::fromStdString(cps->at(0).path), to + "/history-files/" + QString::fromStdString(id) + "/final.safetensors");
+    QVERIFY2(moved->verifyCheckpoint(cps->at(0)).ok(), moved->verifyCheckpoint(cps->at(0)).error().message.c_str());
+    QVERIFY(st::exportFinalWeights(*moved, id, m_dir->filePath("back.safetensors").toStdString()).ok());
+    QCOMPARE(moved->files(id)->at(0).path, outside);
+    auto report = moved->deleteRun(id);
+    QVERIFY(report.ok());
+    QCOMPARE(report->removedFiles.size(), std::size_t(1));
+    QVERIFY(!QFile::exists(QString::fromStdString(cps->at(0).path)));
+    QVERIFY(QFile::exists(QString::fromStdString(outside)));
 }
 
 void TestStore::exports()
