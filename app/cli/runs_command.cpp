@@ -290,7 +290,15 @@ int show(st::RunStore& store, const RunsOptions& o)
     if (!r.project.empty()) std::printf("  project     %s\n", r.project.c_str());
     std::printf("  status      %s%s\n", st::statusName(r.status), r.error.empty() ? "" : (": " + r.error).c_str());
     std::printf("  model       %s\n", r.modelName.c_str());
-    std::printf("  strategy    %s%s\n", r.strategy.c_str(), r.devices.is_array() && !r.devices.empty() ? (" on " + r.devices.dump()).c_str() : "");
+    // Devices as people name them: "cpu:0 (AMD EPYC, 2 threads), cpu:1 (...)", not the stored JSON.
+    std::string devices;
+    if (r.devices.is_array())
+        for (const auto& d : r.devices) {
+            std::string one = d.is_object() ? d.value("name", d.value("device", std::string())) : std::string();
+            if (d.is_object() && d.contains("task") && d["task"].is_string()) one = d["task"].get<std::string>() + " " + one;
+            if (!one.empty()) devices += (devices.empty() ? "" : ", ") + one;
+        }
+    std::printf("  strategy    %s%s\n", r.strategy.c_str(), devices.empty() ? "" : (" on " + devices).c_str());
     std::printf("  seed        %llu\n", static_cast<unsigned long long>(r.seed));
     // Mixed precision changes the numbers a run gets: say so, whether the configuration chose it
     // or left it to the model's policy (float32 runs from before either existed carry no key).
@@ -315,14 +323,16 @@ int show(st::RunStore& store, const RunsOptions& o)
         std::set<std::string> cols;
         for (const auto& e : *epochs)
             for (const auto& [k, v] : e.metrics) cols.insert(k);
+        // Each column as wide as its name (samples_per_sec was cut to "samples_per_se").
         std::printf("\nEpochs\n  %-6s %-8s", "epoch", "step");
-        for (const auto& c : cols) std::printf(" %14s", c.substr(0, 14).c_str());
+        for (const auto& c : cols) std::printf(" %*s", static_cast<int>(std::max<std::size_t>(10, c.size())), c.c_str());
         std::printf("\n");
         for (const auto& e : *epochs) {
             std::printf("  %-6lld %-8lld", static_cast<long long>(e.epoch), static_cast<long long>(e.step));
             for (const auto& c : cols) {
                 auto it = e.metrics.find(c);
-                std::printf(" %14s", it == e.metrics.end() ? "-" : fmtNum(it->second).c_str());
+                std::printf(" %*s", static_cast<int>(std::max<std::size_t>(10, c.size())),
+                            it == e.metrics.end() ? "-" : fmtNum(it->second).c_str());
             }
             std::printf("\n");
         }
