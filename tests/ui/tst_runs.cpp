@@ -146,7 +146,10 @@ void TestRuns::init()
     m_writer = std::make_unique<st::RunStore>(std::move(*store));
     m_adam = QString::fromStdString(addRun(*m_writer, {"adam baseline", "OneDevice", {"cpu:0"}, 40, 0.81, {"baseline"}}));
     m_mirrored = QString::fromStdString(addRun(*m_writer, {"mirrored 2 cpus", "Mirrored", {"cpu:0", "cpu:1"}, 60, 0.86, {}}));
-    m_sgd = QString::fromStdString(addRun(*m_writer, {"sgd short", "OneDevice", {"cpu:0"}, 10, -1, {}}));
+    // Devices as runs record them (objects with the task in multi-worker runs): shown by name.
+    m_sgd = QString::fromStdString(addRun(*m_writer, {"sgd short", "OneDevice",
+                                                      nlohmann::json::array({{{"device", "cpu:0"}, {"name", "cpu:0 (EPYC)"}, {"task", "worker:1"}}}),
+                                                      10, -1, {}}));
     QVERIFY(!m_adam.isEmpty() && !m_mirrored.isEmpty() && !m_sgd.isEmpty());
     QVERIFY(m_writer->flush().ok());
 }
@@ -175,6 +178,7 @@ void TestRuns::modelShowsTheRuns()
     QCOMPARE(cell(m, RunsModel::Model), QStringLiteral("seed_mlp"));
     QCOMPARE(cell(m, RunsModel::Strategy), QStringLiteral("Mirrored"));
     QCOMPARE(cell(m, RunsModel::Devices), QStringLiteral("cpu:0, cpu:1"));
+    QCOMPARE(cell(model->rowOfRun(m_sgd), RunsModel::Devices), QStringLiteral("worker:1 cpu:0"));
     QCOMPARE(cell(m, RunsModel::Status), QStringLiteral("completed"));
     QCOMPARE(cell(m, RunsModel::BestMetric), QStringLiteral("val_accuracy 0.86"));
     QVERIFY(!cell(m, RunsModel::Duration).isEmpty());

@@ -31,8 +31,18 @@ QString devicesText(const nlohmann::json& devices)
         return qs(devices.get<std::string>());
     QStringList parts;
     if (devices.is_array()) {
-        for (const auto& d : devices)
-            parts << (d.is_string() ? qs(d.get<std::string>()) : qs(d.dump()));
+        for (const auto& d : devices) {
+            if (d.is_string()) {
+                parts << qs(d.get<std::string>());
+            } else if (d.is_object()) {
+                // As recorded by runs: {"device": "cpu:0", "name": "cpu:0 (AMD EPYC, 2 threads)", "task": "worker:0"}.
+                QString one = qs(d.value("device", std::string()));
+                if (d.contains("task") && d["task"].is_string()) one = qs(d["task"].get<std::string>()) + QLatin1Char(' ') + one;
+                parts << (one.isEmpty() ? qs(d.dump()) : one);
+            } else {
+                parts << qs(d.dump());
+            }
+        }
         return parts.join(QStringLiteral(", "));
     }
     if (devices.is_object()) {
