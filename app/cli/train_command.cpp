@@ -124,6 +124,10 @@ public:
             nlohmann::json j = {{"epoch", e.epoch}, {"steps", e.steps}, {"loss", num(e.loss)}, {"accuracy", num(e.accuracy)},
                                 {"val_loss", num(e.valLoss)}, {"val_accuracy", num(e.valAccuracy)},
                                 {"samples_per_sec", num(e.samplesPerSec)}, {"seconds", num(e.seconds)}};
+            if (e.lossScale > 0) {
+                j["loss_scale"] = e.lossScale;
+                j["skipped_steps"] = e.skippedSteps;
+            }
             std::cout << j.dump() + "\n" << std::flush;  // one write: an evaluator's lines come from another thread
             return;
         }
@@ -139,6 +143,13 @@ public:
         std::snprintf(line + n, sizeof line - static_cast<std::size_t>(n), " | %s samples/s | %s", fmtRate(e.samplesPerSec).c_str(),
                       fmtDuration(e.seconds).c_str());
         std::cout << std::string(line) + "\n" << std::flush;
+        // An epoch whose every step the loss scale skipped changed no weight: said, not left to
+        // a flat loss (a fixed scale too large for float16 skips them all).
+        if (e.steps > 0 && e.skippedSteps == e.steps)
+            std::cerr << "warning: epoch " << e.epoch << ": all " << e.steps << " steps were skipped (their float16 gradients overflowed at loss scale "
+                      << e.lossScale << "), so the weights did not change\n"
+                      << "hint: use a dynamic loss scale (precision.loss_scale \"dynamic\") or a smaller fixed one, or train with mixed_bfloat16\n"
+                      << std::flush;
     }
 
 private:

@@ -170,11 +170,32 @@ std::vector<FindingEvent> advise(const AdvisorInput& in, const AdvisorThresholds
                 break;
             }
         const StepMetricsEvent* lastScale = in.lossScale.empty() ? nullptr : &in.lossScale.back();
-        if (first && lastScale && lastScale->stamp.step > first->stamp.step) {
-            auto metric = [](const StepMetricsEvent& m, const char* key) {
-                const auto it = m.metrics.find(key);
-                return it == m.metrics.end() ? 0.0 : it->second;
-            };
+        auto metric = [](const StepMetricsEvent& m, const char* key) {
+            const auto it = m.metrics.find(key);
+            return it == m.metrics.end() ? 0.0 : it->second;
+        };
+        // Every step so far skipped (a fixed scale too large for float16): no weight has changed.
+        // Said at any run length; the share below waits for the scale to settle.
+        const bool allSkipped = lastScale && lastScale->stamp.step >= th.allSkippedMinSteps &&
+                                metric(*lastScale, "skipped_steps") >= static_cast<double>(lastScale->stamp.step);
+        if (allSkipped) {
+            FindingEvent f;
+            f.stamp = lastScale->stamp;
+            f.kind = "loss-scale";
+            f.severity = "high";
+            f.message = "all " + std::to_string(lastScale->stamp.step) + " steps so far were skipped because their float16 gradients "
+                        "overflowed at loss scale " + [&] {
+                            char buf[32];
+                            std::snprintf(buf, sizeof buf, "%g", metric(*lastScale, "loss_scale"));  // may be 1e30
+                            return std::string(buf);
+                        }() + ": the weights have not changed.";
+            f.recommendation = "use a dynamic loss scale (precision.loss_scale \"dynamic\") or a smaller fixed one, or train with "
+                               "mixed_bfloat16, which needs no loss scaling";
+            f.firstStep = 1;
+            f.lastStep = lastScale->stamp.step;
+            out.push_back(std::move(f));
+        }
+        if (!allSkipped && first && lastScale && lastScale->stamp.step > first->stamp.step) {
             const int64_t steps = lastScale->stamp.step - first->stamp.step;
             const double skipped = metric(*lastScale, "skipped_steps") - metric(*first, "skipped_steps");
             const double share = skipped / static_cast<double>(steps);

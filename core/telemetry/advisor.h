@@ -35,6 +35,7 @@ struct AdvisorThresholds {
     // means the gradients keep overflowing (exploding, or bad data).
     double skippedModerate = 0.02, skippedHigh = 0.10;
     int64_t lossScaleSettleSteps = 100;
+    int64_t allSkippedMinSteps = 10;  // every step skipped: said from this many steps on
 };
 
 struct AdvisorInput {

@@ -408,6 +408,8 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
             correct += st->correct;
             seen += st->count;
             ev.inputWaitSeconds += wait;
+            if (st->skipped) ++ev.skippedSteps;
+            ev.lossScale = st->lossScale;
             if (!std::isfinite(st->lossSum))
                 return makeError(ErrorCode::InvalidArgument,
                                  "the loss became " + std::to_string(st->lossSum) + " at epoch " + std::to_string(epoch) +

@@ -95,6 +95,8 @@ struct EpochEvent {
     double samplesPerSec = 0;
     double seconds = 0;          // training time of the epoch (validation excluded)
     double inputWaitSeconds = 0;
+    int64_t skippedSteps = 0;    // steps of this epoch the loss scale skipped (float16 gradients overflowed)
+    double lossScale = 0;        // mixed_float16: the loss scale at the epoch's end; 0 otherwise
 };
 
 struct FitResult {

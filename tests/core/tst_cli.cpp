@@ -118,6 +118,8 @@ void TestCli::initTestCase()
               QStringLiteral(R"({"model_file": "%1", "strategy": {"type": "mirrored", "devices": ["cpu:0", "cpu:0"]}})").arg(seed).toUtf8());
     writeFile(m_dir.filePath("text_epochs.json"), QStringLiteral(R"({"model_file": "%1", "epochs": "3"})").arg(seed).toUtf8());
     writeFile(m_dir.filePath("float16_policy.json"), QStringLiteral(R"({"model_file": "%1", "precision": "float16"})").arg(seed).toUtf8());
+    writeFile(m_dir.filePath("huge_loss_scale.json"),
+              QStringLiteral(R"({"model_file": "%1", "precision": {"policy": "mixed_float16", "loss_scale": 1e30}})").arg(seed).toUtf8());
     writeFile(m_dir.filePath("zero_loss_scale.json"),
               QStringLiteral(R"({"model_file": "%1", "precision": {"policy": "mixed_float16", "loss_scale": 0}})").arg(seed).toUtf8());
     QDir().mkpath(m_dir.filePath("config_dir"));
@@ -303,6 +305,10 @@ void TestCli::jsonOutputAndWeights()
     QVERIFY2(r.code == 0, qPrintable(r.err));
     const double acc2 = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object().value("val_accuracy").toDouble();
     QVERIFY2(std::fabs(acc - acc2) < 0.005, qPrintable(QString("%1 vs %2").arg(acc).arg(acc2)));
+    // A fixed loss scale so large that float16 overflows at every step: the epoch says it changed nothing.
+    r = cli({"train", "--no-record", "--config", m_dir.filePath("huge_loss_scale.json"), "--epochs", "1", "--limit", "1024", "--no-validation"});
+    QVERIFY2(r.code == 0 && r.err.contains("warning: epoch 1: all 4 steps were skipped") && r.err.contains("hint: use a dynamic loss scale"),
+             qPrintable(r.err));
     // max_steps ending an epoch early: the final line counts the epoch it reported, marked partial.
     r = cli({"train", "--json", "--no-record", "--max-steps", "10", "--epochs", "3", "--limit", "2048", "--no-validation"});
     QVERIFY2(r.code == 0, qPrintable(r.err));

@@ -672,6 +672,21 @@ void TestTelemetry::advisorLossScale()
     in.lossScale.clear();
     for (int s = 1; s <= 300; ++s) in.lossScale.push_back(scaled(s, 1, s / 2));
     QCOMPARE(findKind(advise(in), "loss-scale")->severity, std::string("high"));
+    // Every step skipped (a fixed scale of 1e30): said at once, not after the 100 settling steps,
+    // and only once.
+    AdvisorInput all;
+    for (int s = 1; s <= 16; ++s) {
+        all.steps.push_back(breakdown(s, 0.01, 0, 0.004, 0.004, 0, 0.002));
+        all.lossScale.push_back(scaled(s, 1e30, s));
+    }
+    const auto allFindings = advise(all);
+    const auto stuck = findKind(allFindings, "loss-scale");
+    QVERIFY(stuck);
+    QCOMPARE(stuck->severity, std::string("high"));
+    QVERIFY2(stuck->message.find("all 16 steps so far were skipped") != std::string::npos, stuck->message.c_str());
+    QCOMPARE(std::count_if(allFindings.begin(), allFindings.end(), [](const FindingEvent& x) { return x.kind == "loss-scale"; }), 1);
+    all.lossScale.back().metrics["skipped_steps"] = 15;  // one step got through
+    QVERIFY(!findKind(advise(all), "loss-scale"));
     // The streaming Advisor keeps the metrics of its window only: skips before it are gone.
     Advisor adv(100);
     for (int s = 1; s <= 400; ++s) {
