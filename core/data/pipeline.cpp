@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <filesystem>
 #include <numeric>
 
 #include "data/stages.h"
@@ -20,6 +21,33 @@ double nowSeconds() { return static_cast<double>(nowNs()) * 1e-9; }
 int64_t wallTimeUs()
 {
     return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// What a cache at ops[index] holds depends on: the source (and its files' sizes and times), the
+// transformations before it (their settings, not their parallelism) and the seed of random maps.
+uint64_t cacheFingerprint(const PipelineSpec& spec, std::size_t index)
+{
+    nlohmann::json j = spec.toJson();
+    nlohmann::json before = nlohmann::json::array();
+    for (std::size_t k = 0; k < index && k < j["transformations"].size(); ++k) {
+        nlohmann::json op = j["transformations"][k];
+        op.erase("num_parallel_calls");
+        op.erase("deterministic");
+        before.push_back(std::move(op));
+    }
+    nlohmann::json files = nlohmann::json::array();
+    std::vector<std::string> paths = spec.source.paths;
+    if (!spec.source.dir.empty()) paths.push_back(spec.source.dir);
+    for (const auto& path : paths) {
+        std::error_code ec;
+        const auto size = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
+        const auto time = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
+        files.push_back({path, ec ? 0 : size, ec ? 0 : time});
+    }
+    const std::string text = nlohmann::json{{"source", j["source"]}, {"files", files}, {"before", before}, {"seed", spec.seed}}.dump();
+    uint64_t h = 14695981039346656037ull;  // FNV-1a
+    for (const unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+    return h;
 }
 
 } // namespace
@@ -142,7 +170,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(const PipelineSpec& spec, con
             p->m_hasBatch = true;
             break;
         case TransformKind::Prefetch: link(makePrefetchStage(op)); break;
-        case TransformKind::Cache: link(makeCacheStage(op)); break;
+        case TransformKind::Cache: link(makeCacheStage(op, cacheFingerprint(spec, i))); break;
         case TransformKind::Repeat: link(makeRepeatStage(op)); break;
         case TransformKind::Take: link(makeTakeStage(op)); break;
         case TransformKind::Skip: link(makeSkipStage(op)); break;

@@ -166,7 +166,8 @@ std::unique_ptr<Stage> makeMapStage(const TransformSpec& op, uint64_t seed, bool
 std::unique_ptr<Stage> makeShuffleStage(const TransformSpec& op, uint64_t seed);
 std::unique_ptr<Stage> makeBatchStage(const TransformSpec& op);
 std::unique_ptr<Stage> makePrefetchStage(const TransformSpec& op);
-std::unique_ptr<Stage> makeCacheStage(const TransformSpec& op);
+// `fingerprint`: of the pipeline up to the cache; a cache file made with another is refused.
+std::unique_ptr<Stage> makeCacheStage(const TransformSpec& op, uint64_t fingerprint);
 std::unique_ptr<Stage> makeRepeatStage(const TransformSpec& op);
 std::unique_ptr<Stage> makeTakeStage(const TransformSpec& op);
 std::unique_ptr<Stage> makeSkipStage(const TransformSpec& op);

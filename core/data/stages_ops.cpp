@@ -333,7 +333,11 @@ public:
 // and renamed when complete); later passes replay it without building the input at all. A pass
 // abandoned midway leaves nothing behind, like tf.data.
 
-constexpr char kCacheMagic[8] = {'T', 'S', 'C', 'A', 'C', 'H', 'E', '1'};
+// Version 1: the magic, then records. Version 2: the magic, a fingerprint of the pipeline up to
+// the cache (8 bytes), then records: a cache made from other data or transformations is refused
+// instead of replayed (it trained on the old 2000 rows, or failed with a shape error).
+constexpr char kCacheMagicV1[8] = {'T', 'S', 'C', 'A', 'C', 'H', 'E', '1'};
+constexpr char kCacheMagic[8] = {'T', 'S', 'C', 'A', 'C', 'H', 'E', '2'};
 
 class CacheStage;
 
@@ -382,7 +386,10 @@ private:
 
 class FileReplayIterator final : public Iterator {
 public:
-    FileReplayIterator(std::string path, Stage& stage, const IterContext& ctx) : m_path(std::move(path)), m_stage(stage), m_ctx(ctx) {}
+    FileReplayIterator(std::string path, Stage& stage, const IterContext& ctx, uint64_t fingerprint)
+        : m_path(std::move(path)), m_stage(stage), m_ctx(ctx), m_fingerprint(fingerprint)
+    {
+    }
     ~FileReplayIterator() override
     {
         if (m_file) std::fclose(m_file);
@@ -433,10 +440,17 @@ private:
             m_file = std::fopen(m_path.c_str(), "rb");
             if (!m_file) return makeError(ErrorCode::IoError, "cannot open cache file '" + m_path + "': " + std::strerror(errno));
             char magic[8];
-            if (!readBytes(magic, 8) || std::memcmp(magic, kCacheMagic, 8) != 0)
+            const bool read = readBytes(magic, 8);
+            if (!read || (std::memcmp(magic, kCacheMagic, 8) != 0 && std::memcmp(magic, kCacheMagicV1, 8) != 0))
                 // Someone else's file (perhaps the data itself): never suggest deleting it.
                 return makeError(ErrorCode::InvalidArgument, "cache file '" + m_path + "' exists and is not a TrainStudio cache file",
                                  "name a new file for cache (an existing file is read as the cache, never overwritten)");
+            uint64_t made = 0;
+            if (std::memcmp(magic, kCacheMagic, 8) == 0 && (!readBytes(&made, 8) || made != m_fingerprint))
+                return makeError(ErrorCode::InvalidArgument,
+                                 "cache file '" + m_path + "' was made by another pipeline: the source, its files or the "
+                                 "transformations before cache (a take, --limit) have changed since",
+                                 "delete it to cache the new data, or name another cache file");
         }
         uint8_t tag = 0;
         if (!readBytes(&tag, 1)) return corrupt("truncated: the end marker is missing");
@@ -466,6 +480,7 @@ private:
     std::string m_path;
     Stage& m_stage;
     IterContext m_ctx;
+    uint64_t m_fingerprint;
     std::FILE* m_file = nullptr;
     int64_t m_offset = 0;
     int64_t m_record = 0;
@@ -474,7 +489,7 @@ private:
 
 class CacheStage final : public Stage {
 public:
-    explicit CacheStage(const TransformSpec& op) : Stage(op.label(), "cache", false), m_file(op.cacheFile) {}
+    CacheStage(const TransformSpec& op, uint64_t fingerprint) : Stage(op.label(), "cache", false), m_file(op.cacheFile), m_fingerprint(fingerprint) {}
 
     Result<IteratorPtr> makeIterator(const IterContext& ctx) override
     {
@@ -484,7 +499,7 @@ public:
         if (!m_file.empty() && fs::is_directory(m_file, ec))
             return makeError(ErrorCode::InvalidArgument, "cache file '" + m_file + "' is a folder",
                              "name a file inside it for cache, e.g. '" + (fs::path(m_file) / "train.cache").string() + "'");
-        if (!m_file.empty() && fs::exists(m_file, ec)) return IteratorPtr(new FileReplayIterator(m_file, *this, ctx));
+        if (!m_file.empty() && fs::exists(m_file, ec)) return IteratorPtr(new FileReplayIterator(m_file, *this, ctx, m_fingerprint));
         const bool record = !m_writing;
         if (record) m_writing = true;
         lock.unlock();
@@ -504,7 +519,7 @@ public:
                 return makeError(ErrorCode::IoError, "cannot create cache file '" + tmp + "': " + std::strerror(errno),
                                  "check that the cache folder exists and is writable");
             }
-            if (std::fwrite(kCacheMagic, 1, 8, f) != 8) {
+            if (std::fwrite(kCacheMagic, 1, 8, f) != 8 || std::fwrite(&m_fingerprint, 1, 8, f) != 8) {
                 std::fclose(f);
                 finishWriting();
                 return makeError(ErrorCode::IoError, "cannot write cache file '" + tmp + "'");
@@ -528,6 +543,7 @@ public:
 
 private:
     std::string m_file;
+    uint64_t m_fingerprint;
     std::mutex m_mutex;
     std::shared_ptr<const std::vector<Element>> m_memory;
     bool m_writing = false;
@@ -766,7 +782,7 @@ std::unique_ptr<Stage> makeMapStage(const TransformSpec& op, uint64_t seed, bool
 std::unique_ptr<Stage> makeShuffleStage(const TransformSpec& op, uint64_t seed) { return std::make_unique<ShuffleStage>(op, seed); }
 std::unique_ptr<Stage> makeBatchStage(const TransformSpec& op) { return std::make_unique<BatchStage>(op); }
 std::unique_ptr<Stage> makePrefetchStage(const TransformSpec& op) { return std::make_unique<PrefetchStage>(op); }
-std::unique_ptr<Stage> makeCacheStage(const TransformSpec& op) { return std::make_unique<CacheStage>(op); }
+std::unique_ptr<Stage> makeCacheStage(const TransformSpec& op, uint64_t fingerprint) { return std::make_unique<CacheStage>(op, fingerprint); }
 std::unique_ptr<Stage> makeRepeatStage(const TransformSpec& op) { return std::make_unique<RepeatStage>(op); }
 std::unique_ptr<Stage> makeTakeStage(const TransformSpec& op)
 {

@@ -1033,8 +1033,18 @@ private slots:
         const std::string bytes = readBytes(file);
         writeBytes(tmp("damaged.bin"), bytes.substr(0, bytes.size() - 30));
         std::string err;
-        drain(*make(PipelineSpec(rows(6)).cache(tmp("damaged.bin"))), 0, &err);
+        drain(*make(PipelineSpec(rows(6)).map(counted).cache(tmp("damaged.bin"))), 0, &err);
         VERIFY_MSG(err, "cache file '" + tmp("damaged.bin") + "' is corrupt at byte");
+        // A cache made by another pipeline (fewer rows taken, no map) is refused, not replayed.
+        err.clear();
+        drain(*make(PipelineSpec(rows(6)).map(counted).take(3).cache(file)), 0, &err);
+        VERIFY_MSG(err, "cache file '" + file + "' was made by another pipeline");
+        VERIFY_MSG(err, "delete it");
+        err.clear();
+        drain(*make(PipelineSpec(rows(6)).cache(file)), 0, &err);
+        VERIFY_MSG(err, "was made by another pipeline");
+        // The same pipeline with other parallelism replays it.
+        QCOMPARE(labels(drain(*make(PipelineSpec(rows(6)).map(counted, 2).cache(file)), 0)), labels(first));
         // Someone else's file is named as such and left alone; a folder is named as a folder.
         writeBytes(tmp("data.csv"), "v,label\n1,0\n");
         err.clear();
