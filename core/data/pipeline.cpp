@@ -44,7 +44,12 @@ uint64_t cacheFingerprint(const PipelineSpec& spec, std::size_t index)
         const auto time = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
         files.push_back({path, ec ? 0 : size, ec ? 0 : time});
     }
-    const std::string text = nlohmann::json{{"source", j["source"]}, {"files", files}, {"before", before}, {"seed", spec.seed}}.dump();
+    // The seed matters only if something random comes first (a shuffle, a random map).
+    bool random = false;
+    for (std::size_t k = 0; k < index && k < spec.ops.size(); ++k)
+        random = random || spec.ops[k].kind == TransformKind::Shuffle || (spec.ops[k].kind == TransformKind::Map && spec.ops[k].fn.random);
+    const std::string text =
+        nlohmann::json{{"source", j["source"]}, {"files", files}, {"before", before}, {"seed", random ? spec.seed : 0}}.dump();
     uint64_t h = 14695981039346656037ull;  // FNV-1a
     for (const unsigned char c : text) h = (h ^ c) * 1099511628211ull;
     return h;
