@@ -86,14 +86,7 @@ Result<Db> Db::open(const std::string& path, bool readOnly, bool create)
         // write there either, so the file is opened as immutable.
         std::error_code ec;
         const std::filesystem::path dir = std::filesystem::absolute(path, ec).parent_path();
-        const bool readOnlyMedia = ::access(dir.c_str(), W_OK) != 0 && errno == EROFS;
-        // A reader who may not write the file (another user's history in a shared folder) would
-        // leave -wal and -shm files it owns, which then lock the owner out of writing ("attempt
-        // to write a readonly database"). With no -wal there, no writer is mid-way: read it as
-        // immutable and create nothing. (A writer starting meanwhile can make this read fail; it
-        // cannot damage the file.)
-        const bool othersFile = ::access(path.c_str(), W_OK) != 0 && !std::filesystem::exists(path + "-wal", ec);
-        if (readOnlyMedia || othersFile) {
+        if (::access(dir.c_str(), W_OK) != 0 && errno == EROFS) {
             flags |= SQLITE_OPEN_URI;
             name = "file:";
             for (const unsigned char c : std::filesystem::absolute(path, ec).string()) {
