@@ -1,5 +1,10 @@
 #include "store/recording.h"
 
+#include <fcntl.h>
+#include <linux/fs.h>
+#include <sys/ioctl.h>
+#include <unistd.h>
+
 #include <filesystem>
 #include <iostream>
 
@@ -120,17 +125,26 @@ void RunRecording::saveCheckpoint(const std::string& fileName, int64_t step, con
 
 namespace {
 
-// The store's own name for a file the user also has: a hard link (no copy, and the user's next
-// atomic write to their path leaves the store's as it was), else a copy.
-Status linkOrCopy(const std::string& from, const std::string& to)
+// The store's own copy of a file the user also has: a clone where the file system can share the
+// blocks (btrfs, XFS), else a full copy. Not a hard link: tools that overwrite a file in place
+// (cp, safetensors' save_file) would change the recorded one with it.
+Status keepCopy(const std::string& from, const std::string& to)
 {
     namespace fs = std::filesystem;
     std::error_code ec;
     fs::remove(to, ec);
-    fs::create_hard_link(from, to, ec);
-    if (!ec) return okStatus();
+    const int in = ::open(from.c_str(), O_RDONLY | O_CLOEXEC);
+    if (in >= 0) {
+        const int out = ::open(to.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        const bool cloned = out >= 0 && ::ioctl(out, FICLONE, in) == 0;
+        if (out >= 0) ::close(out);
+        ::close(in);
+        if (cloned) return okStatus();
+        fs::remove(to, ec);
+    }
     fs::copy_file(from, to, fs::copy_options::overwrite_existing, ec);
-    if (ec) return makeError(ErrorCode::IoError, "cannot keep " + from + " with the run as " + to + ": " + ec.message());
+    if (ec) return makeError(ErrorCode::IoError, "cannot keep a copy of " + from + " with the run as " + to + ": " + ec.message(),
+                             "check the free space and permissions of the run store's folder");
     return okStatus();
 }
 
@@ -140,9 +154,9 @@ void RunRecording::keepWeights(PreparedRun& run, const std::string& savedPath, i
 {
     if (m_id.empty()) return;
     // The user's --save-weights file is theirs to overwrite: recorded under its own name, the
-    // next run saving there replaced this run's weights. The store keeps them under its name.
+    // next run saving there replaced this run's weights. The store keeps its own copy.
     saveCheckpoint("final.safetensors", step, "final", [&](const std::string& path) {
-        return savedPath.empty() ? run.trainer->saveWeights(path) : linkOrCopy(savedPath, path);
+        return savedPath.empty() ? run.trainer->saveWeights(path) : keepCopy(savedPath, path);
     });
 }
 
@@ -151,7 +165,7 @@ void RunRecording::keepWeights(const std::vector<std::pair<std::string, Tensor>>
 {
     if (m_id.empty() || weights.empty()) return;
     saveCheckpoint("final.safetensors", step, "final", [&](const std::string& path) {
-        return savedPath.empty() ? writeSafetensors(path, weights, metadata) : linkOrCopy(savedPath, path);
+        return savedPath.empty() ? writeSafetensors(path, weights, metadata) : keepCopy(savedPath, path);
     });
 }
 
@@ -165,12 +179,12 @@ void RunRecording::checkpoint(PreparedRun& run, int64_t epoch, int64_t step)
 void RunRecording::keepFile(const std::string& kind, const std::string& path)
 {
     if (m_id.empty()) return;
-    // Kept under the store's own name, as the weights are: the user's path is theirs to reuse.
+    // A copy kept by the store, as the weights are: the user's path is theirs to reuse.
     const std::filesystem::path dir = m_store.runFilesDir(m_id);
     std::error_code ec;
     std::filesystem::create_directories(dir, ec);
     const std::string own = (dir / (kind + std::filesystem::path(path).extension().string())).string();
-    if (Status s = linkOrCopy(path, own); !s.ok()) {
+    if (Status s = keepCopy(path, own); !s.ok()) {
         warn(s.error());
         return;
     }

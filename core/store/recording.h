@@ -76,15 +76,15 @@ public:
     // Commits what the bus has delivered so far (the store batches for up to a second), for a
     // reader that needs it now. Thread-safe; blocks until committed.
     Status flush() { return m_store.flush(); }
-    // Keeps the final weights in the store's folder: `savedPath` (the user's copy) linked or
-    // copied there if given, else written from `run`'s trainer.
+    // Keeps the final weights in the store's folder: a copy of `savedPath` (the user's file) if
+    // given, else written from `run`'s trainer.
     void keepWeights(PreparedRun& run, const std::string& savedPath, int64_t step);
     // The same for weights that came from elsewhere (a remote run's chief or ps tasks).
     void keepWeights(const std::vector<std::pair<std::string, Tensor>>& weights, const std::map<std::string, std::string>& metadata,
                      const std::string& savedPath, int64_t step);
     // Writes the weights into the run's folder (atomically) as a periodic checkpoint.
     void checkpoint(PreparedRun& run, int64_t epoch, int64_t step);
-    // Another file the run wrote (kind "trace"): linked or copied into the store's folder,
+    // Another file the run wrote (kind "trace"): copied into the store's folder,
     // listed with the run and removed with it (the user's file stays theirs).
     void keepFile(const std::string& kind, const std::string& path);
 

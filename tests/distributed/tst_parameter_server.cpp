@@ -453,9 +453,9 @@ void TestParameterServer::trainEndToEnd(int ps, const QStringList& extra, const 
     }
     auto kept = store->checkpoints(runId);
     QVERIFY(kept.ok() && kept->size() == 1);
-    // The store keeps them under its own name (a hard link to the --save-weights file).
+    // The store keeps its own copy of the --save-weights file.
     QVERIFY2(kept->front().path.ends_with("/final.safetensors") &&
-                 std::filesystem::equivalent(kept->front().path, weights.toStdString()),
+                 std::filesystem::file_size(kept->front().path) == std::filesystem::file_size(weights.toStdString()),
              kept->front().path.c_str());
 
     // The saved weights are the ones evaluated: loaded into a local model they score the same.

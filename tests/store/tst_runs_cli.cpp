@@ -430,7 +430,7 @@ void TestRunsCli::trainRecordsRuns()
     QCOMPARE(id.size(), 36);
     r = cli({"runs", "show", id, "--db", db(), "--json"});
     o = json(r).object();
-    // The store keeps them under its own names (hard links): the user's paths are theirs to reuse.
+    // The store keeps its own copies: the user's paths are theirs to reuse.
     const QString kept = o["checkpoints"].toArray()[0].toObject()["path"].toString();
     const QString keptTrace = o["files"].toArray()[0].toObject()["path"].toString();
     QCOMPARE(kept, m_dir->filePath("runs-files/" + id + "/final.safetensors"));
@@ -456,6 +456,14 @@ void TestRunsCli::trainRecordsRuns()
     QCOMPARE(a.size(), 4);  // the two from init(), the --db run, the failed one
     QCOMPARE(a[0].toObject()["status"].toString(), QString("failed"));
     QVERIFY(a[0].toObject()["error"].toString().contains("no-such-folder"));
+    // Overwriting the user's file in place (cp, safetensors' save_file) leaves the record whole.
+    {
+        QFile inPlace(saved);
+        QVERIFY(inPlace.open(QIODevice::ReadWrite));
+        QVERIFY(inPlace.write("garbage!") == 8);
+    }
+    r = cli({"runs", "show", id, "--db", db(), "--json"});
+    QCOMPARE(json(r).object()["checkpoints"].toArray()[0].toObject()["state"].toString(), QString("ok"));
     // Another run saving to the same paths leaves this run's record whole (it read "changed").
     r = cli(QStringList{"train", "--db", db(), "--seed", "5", "--save-weights", saved, "--trace", trace} + small);
     QVERIFY2(r.code == 0, qPrintable(r.err));
