@@ -204,7 +204,7 @@ int show(st::RunStore& store, const RunsOptions& o)
         return usage("runs show takes one run", "runs show RUN (an id, a unique id prefix or a name; `runs list` lists them)");
     }
     auto id = store.resolveRunId(o.runs[0]);
-    if (!id.ok()) return refused(id.error());
+    if (!id.ok()) return failOrRefused(id.error());
     auto run = store.run(*id);
     if (!run.ok()) return fail(run.error());
     auto epochs = store.epochMetrics(*id);
@@ -290,14 +290,8 @@ int show(st::RunStore& store, const RunsOptions& o)
     if (!r.project.empty()) std::printf("  project     %s\n", r.project.c_str());
     std::printf("  status      %s%s\n", st::statusName(r.status), r.error.empty() ? "" : (": " + r.error).c_str());
     std::printf("  model       %s\n", r.modelName.c_str());
-    // Devices as people name them: "cpu:0 (AMD EPYC, 2 threads), cpu:1 (...)", not the stored JSON.
-    std::string devices;
-    if (r.devices.is_array())
-        for (const auto& d : r.devices) {
-            std::string one = d.is_object() ? d.value("name", d.value("device", std::string())) : std::string();
-            if (d.is_object() && d.contains("task") && d["task"].is_string()) one = d["task"].get<std::string>() + " " + one;
-            if (!one.empty()) devices += (devices.empty() ? "" : ", ") + one;
-        }
+    // Devices as people name them ("cpu:0 (AMD EPYC, 2 threads)"), not the stored JSON.
+    const std::string devices = st::devicesSummary(r.devices, true);
     std::printf("  strategy    %s%s\n", r.strategy.c_str(), devices.empty() ? "" : (" on " + devices).c_str());
     std::printf("  seed        %llu\n", static_cast<unsigned long long>(r.seed));
     // Mixed precision changes the numbers a run gets: say so, whether the configuration chose it
@@ -375,7 +369,7 @@ int compare(st::RunStore& store, const RunsOptions& o)
     std::vector<std::string> ids;
     for (const auto& r : o.runs) {
         auto id = store.resolveRunId(r);
-        if (!id.ok()) return refused(id.error());
+        if (!id.ok()) return failOrRefused(id.error());
         ids.push_back(*id);
     }
     st::SeriesQuery q;
@@ -432,7 +426,7 @@ int remove(st::RunStore& store, const RunsOptions& o)
     std::vector<std::pair<std::string, std::string>> targets;
     for (const auto& r : o.runs) {
         auto id = store.resolveRunId(r);
-        if (!id.ok()) return refused(id.error());
+        if (!id.ok()) return failOrRefused(id.error());
         // The same run named twice (by id and by name) is deleted once.
         if (std::any_of(targets.begin(), targets.end(), [&](const auto& t) { return t.first == *id; })) continue;
         auto info = store.run(*id);
@@ -477,7 +471,7 @@ int exportRun(st::RunStore& store, const RunsOptions& o)
             return usage("--json prints its summary on standard output, where the CSV ('-') goes too", "runs export RUN --csv FILE --json");
     }
     auto id = store.resolveRunId(o.runs[0]);
-    if (!id.ok()) return refused(id.error());
+    if (!id.ok()) return failOrRefused(id.error());
     {
         // Never over the database or the files the store keeps (checkpoints).
         const std::vector<tscli::Protected> files = {{"the run database", store.path()}};
@@ -559,7 +553,7 @@ int rename(st::RunStore& store, const RunsOptions& o)
         return usage("runs rename takes one run and the new name", "runs rename RUN NEW_NAME");
     }
     auto id = store.resolveRunId(o.runs[0]);
-    if (!id.ok()) return refused(id.error());
+    if (!id.ok()) return failOrRefused(id.error());
     ts::Status s = store.renameRun(*id, o.newName);
     if (!s.ok()) return failOrRefused(s.error());
     if (o.json) std::cout << jsonText(nlohmann::json{{"id", *id}, {"name", o.newName}}, -1) << "\n";
@@ -573,7 +567,7 @@ int tag(st::RunStore& store, const RunsOptions& o)
         return usage("runs tag takes one run", "runs tag RUN --add TAG... --remove TAG...");
     }
     auto id = store.resolveRunId(o.runs[0]);
-    if (!id.ok()) return refused(id.error());
+    if (!id.ok()) return failOrRefused(id.error());
     for (const auto& t : o.addTags) {
         ts::Status s = store.addTag(*id, t);
         if (!s.ok()) return failOrRefused(s.error());

@@ -35,14 +35,14 @@ uint64_t cacheFingerprint(const PipelineSpec& spec, std::size_t index)
         op.erase("deterministic");
         before.push_back(std::move(op));
     }
+    // The files' sizes and times; a folder (idx, image_folder) by its path only: its own time
+    // changes whenever anything is written into it, the cache file itself included.
     nlohmann::json files = nlohmann::json::array();
-    std::vector<std::string> paths = spec.source.paths;
-    if (!spec.source.dir.empty()) paths.push_back(spec.source.dir);
-    for (const auto& path : paths) {
-        std::error_code ec;
-        const auto size = std::filesystem::is_regular_file(path, ec) ? std::filesystem::file_size(path, ec) : 0;
-        const auto time = std::filesystem::last_write_time(path, ec).time_since_epoch().count();
-        files.push_back({path, ec ? 0 : size, ec ? 0 : time});
+    for (const auto& path : spec.source.paths) {
+        std::error_code sizeError, timeError;
+        const auto size = std::filesystem::file_size(path, sizeError);
+        const auto time = std::filesystem::last_write_time(path, timeError).time_since_epoch().count();
+        files.push_back({path, sizeError ? 0 : size, timeError ? 0 : time});
     }
     // The seed matters only if something random comes first (a shuffle, a random map).
     bool random = false;
@@ -86,9 +86,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(const PipelineSpec& spec, con
     };
     // Seeds of shuffles and random maps without their own: derived from the pipeline's seed and
     // the transformation's position, so editing one transformation does not reseed the others.
-    auto seedOf = [&](const TransformSpec& op, std::size_t index) {
-        return op.seed ? *op.seed : mixSeed(spec.seed ^ mixSeed(0xD1B54A32D192ED03ull * (index + 1)));
-    };
+    auto seedOf = [&](const TransformSpec& op, std::size_t index) { return op.seed ? *op.seed : spec.derivedSeed(index); };
 
     bool userDecodes = false;
     for (const auto& op : spec.ops)

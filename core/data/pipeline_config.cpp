@@ -294,6 +294,11 @@ PipelineSpec& PipelineSpec::interleave(int64_t cycleLength, int64_t blockLength,
     return *this;
 }
 
+uint64_t PipelineSpec::derivedSeed(std::size_t index) const
+{
+    return mixSeed(seed ^ mixSeed(0xD1B54A32D192ED03ull * (index + 1)));
+}
+
 int64_t PipelineSpec::batchSize() const
 {
     for (const auto& op : ops)

@@ -171,6 +171,9 @@ struct PipelineSpec {
 
     // The batch size of the (first) batch transformation, or 0 if there is none.
     int64_t batchSize() const;
+    // The seed of ops[index] when it has none of its own: derived from the pipeline's seed and
+    // the position, so editing one transformation does not reseed the others.
+    uint64_t derivedSeed(std::size_t index) const;
 
     // Checks counts, ranges and placement (interleave right after a multi-file source, ...).
     // Errors name "<where>.transformations[i]" and say what to change.

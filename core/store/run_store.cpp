@@ -2182,4 +2182,33 @@ Status RunStore::withReadSnapshot(const std::function<void()>& fn)
     return m->reader.exec("COMMIT");
 }
 
+std::string devicesSummary(const nlohmann::json& devices, bool withNames)
+{
+    auto text = [](const nlohmann::json& j, const char* key) {
+        return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+    };
+    std::string out;
+    auto add = [&out](const std::string& part) {
+        if (!part.empty()) out += (out.empty() ? "" : ", ") + part;
+    };
+    if (devices.is_string()) return devices.get<std::string>();
+    if (devices.is_array()) {
+        for (const auto& d : devices) {
+            if (d.is_string()) {
+                add(d.get<std::string>());
+            } else if (d.is_object()) {
+                std::string one = withNames && !text(d, "name").empty() ? text(d, "name") : text(d, "device");
+                if (!text(d, "task").empty()) one = text(d, "task") + " " + one;
+                add(one.empty() ? d.dump() : one);
+            } else {
+                add(d.dump());
+            }
+        }
+    } else if (devices.is_object()) {
+        for (auto it = devices.begin(); it != devices.end(); ++it)
+            add(it.value().is_array() ? it.key() + " \u00d7" + std::to_string(it.value().size()) : it.key());
+    }
+    return out;
+}
+
 } // namespace ts::store

@@ -269,6 +269,11 @@ private:
 // $XDG_DATA_HOME/trainstudio/runs.db, or ~/.local/share/trainstudio/runs.db.
 std::string defaultDatabasePath();
 
+// A run's recorded devices in one line: "cpu:0, cpu:1", "worker:0 cpu:0, ..." (objects as runs
+// record them, with the task in multi-worker runs), or a cluster "worker ×2, ps ×1". `withNames`:
+// the devices' long names where recorded ("cpu:0 (AMD EPYC, 2 threads)").
+std::string devicesSummary(const nlohmann::json& devices, bool withNames);
+
 // A random UUID in the v4 text form (8-4-4-4-12 lowercase hex).
 std::string newRunId();
 

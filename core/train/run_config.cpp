@@ -336,6 +336,14 @@ std::string idxFile(const std::string& dir, const std::string& base)
 // the source (after a leading interleave), shuffle off drops the shuffles.
 void applyRunSettings(PipelineSpec& spec, int64_t explicitBatch, int64_t limit, bool shuffle)
 {
+    // Random transformations keep the seeds their positions gave them before ops move (a limit
+    // or --no-shuffle must not reseed the augmentation).
+    if (limit > 0 || !shuffle)
+        for (std::size_t i = 0; i < spec.ops.size(); ++i) {
+            TransformSpec& op = spec.ops[i];
+            if (!op.seed && (op.kind == TransformKind::Shuffle || (op.kind == TransformKind::Map && op.fn.random)))
+                op.seed = spec.derivedSeed(i);
+        }
     for (TransformSpec& op : spec.ops)
         if (op.kind == TransformKind::Batch && explicitBatch > 0) op.batchSize = explicitBatch;
     if (limit > 0) {
@@ -353,6 +361,11 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
     PipelineSpec& spec = *cfg.pipeline;
     applyRunSettings(spec, explicitBatch, cfg.limit, cfg.shuffle);
     if (cfg.validationPipeline) applyRunSettings(*cfg.validationPipeline, 0, cfg.validationLimit, true);
+    // Folded into the pipelines, which the run records: a rerun of the recorded configuration
+    // must not apply them twice.
+    cfg.limit = 0;
+    cfg.shuffle = true;
+    if (cfg.validationPipeline) cfg.validationLimit = 0;
     if (spec.batchSize() > 0) cfg.batchSize = spec.batchSize();
     TS_TRY(checkModelFitsLabels(analysis, loss, 0, "the input pipeline"));
     // A loss that reads class ids: batch() checks each one against the output as it stacks them.

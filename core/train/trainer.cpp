@@ -471,7 +471,9 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
         // max_steps ending an epoch early: it is reported (its line, row and checkpoint), so it
         // counts, marked partial; the final line said 1 epoch after two epoch lines.
         if (completed || !m_cancel) result.epochs = epoch;
-        result.partialEpoch = !completed && !m_cancel;
+        // max_steps landing on an epoch's last step stops before the source says the epoch ended.
+        const int64_t perEpoch = train.batchesPerEpoch();
+        result.partialEpoch = !completed && !m_cancel && !(perEpoch > 0 && ev.steps >= perEpoch);
         result.last = ev;
         // A cancelled epoch is not an epoch: like Keras (no on_epoch_end on an interrupt), its
         // part is no epoch row, line or checkpoint (its steps are recorded). The run said it

@@ -1515,6 +1515,19 @@ private slots:
             auto ownFit = ownRun->trainer->fit(*ownRun->trainSource(), nullptr, nullptr);
             VERIFY_OK(ownFit);
             QCOMPARE(ownFit->steps, int64_t(2 * 3));  // 40 rows in batches of 16: 3 a epoch
+            // A limit moves the ops after it, not their seeds: an unseeded shuffle keeps the seed
+            // its first position gave it; the folded settings are not applied again by a rerun.
+            nlohmann::json unseeded = j;
+            unseeded["pipeline"]["transformations"][1] = {{"op", "shuffle"}, {"buffer_size", 64}};
+            auto unseededCfg = RunConfig::fromJson(unseeded, "run.json");
+            VERIFY_OK(unseededCfg);
+            const uint64_t before = unseededCfg->pipeline->derivedSeed(1);
+            unseededCfg->limit = 40;
+            auto unseededRun = prepareRun(*unseededCfg);
+            VERIFY_OK(unseededRun);
+            QCOMPARE(unseededRun->config.pipeline->ops[2].kind, TransformKind::Shuffle);
+            QCOMPARE(unseededRun->config.pipeline->ops[2].seed.value_or(0), before);
+            QCOMPARE(unseededRun->config.limit, int64_t(0));
             // Without an explicit batch size the pipeline's own stays.
             auto keepCfg = RunConfig::fromJson(own, "run.json");
             keepCfg->batchSize = -1;

@@ -25,34 +25,7 @@ int64_t nowUs()
 }
 
 // Device names, or a cluster ("worker ×2, ps ×1"), in one short line.
-QString devicesText(const nlohmann::json& devices)
-{
-    if (devices.is_string())
-        return qs(devices.get<std::string>());
-    QStringList parts;
-    if (devices.is_array()) {
-        for (const auto& d : devices) {
-            if (d.is_string()) {
-                parts << qs(d.get<std::string>());
-            } else if (d.is_object()) {
-                // As recorded by runs: {"device": "cpu:0", "name": "cpu:0 (AMD EPYC, 2 threads)", "task": "worker:0"}.
-                QString one = qs(d.value("device", std::string()));
-                if (d.contains("task") && d["task"].is_string()) one = qs(d["task"].get<std::string>()) + QLatin1Char(' ') + one;
-                parts << (one.isEmpty() ? qs(d.dump()) : one);
-            } else {
-                parts << qs(d.dump());
-            }
-        }
-        return parts.join(QStringLiteral(", "));
-    }
-    if (devices.is_object()) {
-        for (auto it = devices.begin(); it != devices.end(); ++it)
-            parts << (it.value().is_array() ? QStringLiteral("%1 ×%2").arg(qs(it.key())).arg(it.value().size())
-                                            : qs(it.key()));
-        return parts.join(QStringLiteral(", "));
-    }
-    return {};
-}
+QString devicesText(const nlohmann::json& devices) { return qs(ts::store::devicesSummary(devices, false)); }
 
 QString durationText(double seconds)
 {
