@@ -1271,9 +1271,15 @@ Status checkText(const std::string& text, const char* what)
                              std::string("a run's ") + what + " must be one line of text (this one holds the control character 0x" +
                                  "0123456789abcdef"[c >> 4] + "0123456789abcdef"[c & 15] + ")",
                              "give it without newlines or tabs");
-    // Tags are listed joined by commas ("best,fast"): one holding a comma would read as two.
-    if (std::string_view(what) == "tag" && text.find(',') != std::string::npos)
-        return makeError(ErrorCode::InvalidArgument, "a run's tag cannot hold a comma ('" + text + "')",
+    return okStatus();
+}
+
+// Tags are listed joined by commas ("best,fast"): a new one holding a comma would read as two.
+Status checkNewTag(const std::string& tag)
+{
+    TS_TRY(checkText(tag, "tag"));
+    if (tag.find(',') != std::string::npos)
+        return makeError(ErrorCode::InvalidArgument, "a run's tag cannot hold a comma ('" + tag + "')",
                          "give each tag on its own: --add a --add b");
     return okStatus();
 }
@@ -1311,7 +1317,7 @@ Status checkNameIsFree(const sql::Db& db, const std::string& name, int64_t self)
 Result<RunInfo> RunStore::createRun(const NewRun& spec)
 {
     TS_TRY(checkText(spec.name, "name"));
-    for (const auto& t : spec.tags) TS_TRY(checkText(t, "tag"));
+    for (const auto& t : spec.tags) TS_TRY(checkNewTag(t));
     RunInfo info;
     info.id = spec.id.empty() ? newRunId() : spec.id;
     info.name = spec.name.empty() ? defaultRunName(spec.model) : spec.name;
@@ -1418,6 +1424,17 @@ Status RunStore::setTags(const std::string& runId, const std::vector<std::string
     Impl* d = m.get();
     return m->submit([=]() -> Status {
         TS_ASSIGN(int64_t r, d->rid(runId, false));
+        // A comma is refused in new tags only: a run tagged so before the rule can still have its
+        // other tags edited (the studio saves the whole list).
+        {
+            TS_ASSIGN(sql::Stmt has, d->writer.prepare("SELECT 1 FROM run_tags WHERE run = ? AND tag = ?"));
+            for (const auto& t : tags) {
+                has.bind(1, r).bind(2, t);
+                TS_ASSIGN(bool kept, has.step());
+                has.reset();
+                if (!kept) TS_TRY(checkNewTag(t));
+            }
+        }
         TS_ASSIGN(sql::Stmt del, d->writer.prepare("DELETE FROM run_tags WHERE run = ?"));
         del.bind(1, r);
         TS_TRY(del.run());
@@ -1434,7 +1451,7 @@ Status RunStore::setTags(const std::string& runId, const std::vector<std::string
 Status RunStore::addTag(const std::string& runId, const std::string& tag)
 {
     if (tag.empty()) return makeError(ErrorCode::InvalidArgument, "a tag cannot be empty");
-    TS_TRY(checkText(tag, "tag"));
+    TS_TRY(checkNewTag(tag));
     Impl* d = m.get();
     return m->submit([=]() -> Status {
         TS_ASSIGN(int64_t r, d->rid(runId, false));

@@ -445,6 +445,18 @@ void TestStore::resolveAndEdit()
     QCOMPARE(info->tags, std::vector<std::string>{"best"});
     QVERIFY(store->setTags(id, {"x", "y"}).ok());
     QCOMPARE(store->run(id)->tags, (std::vector<std::string>{"x", "y"}));
+    // A comma is refused in new tags; a tag recorded with one before that rule does not block
+    // editing the others (the studio saves the whole list).
+    QVERIFY(!store->addTag(id, "a,b").ok());
+    QVERIFY(!store->setTags(id, {"x", "c,d"}).ok());
+    QVERIFY(store->flush().ok());
+    {
+        Raw raw(dbPath());
+        QVERIFY(raw.exec("INSERT INTO run_tags (run, tag) SELECT rid, 'old,tag' FROM runs WHERE id = '" + id + "'"));
+    }
+    QVERIFY(store->setTags(id, {"old,tag", "x", "y", "z"}).ok());
+    QCOMPARE(store->run(id)->tags.size(), std::size_t(4));
+    QVERIFY(store->setTags(id, {"x", "y"}).ok());
     QVERIFY(!store->renameRun("no-such-run", "x").ok());
     // Names and tags end up in JSON exports: bytes that are not UTF-8 are refused, and the run
     // keeps its name.
