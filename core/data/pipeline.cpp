@@ -8,6 +8,7 @@
 
 #include "data/stages.h"
 #include "data/transforms.h"
+#include "store/hash.h"
 #include "telemetry/bus.h"
 
 namespace ts {
@@ -50,9 +51,7 @@ uint64_t cacheFingerprint(const PipelineSpec& spec, std::size_t index)
         random = random || spec.ops[k].kind == TransformKind::Shuffle || (spec.ops[k].kind == TransformKind::Map && spec.ops[k].fn.random);
     const std::string text =
         nlohmann::json{{"source", j["source"]}, {"files", files}, {"before", before}, {"seed", random ? spec.seed : 0}}.dump();
-    uint64_t h = 14695981039346656037ull;  // FNV-1a
-    for (const unsigned char c : text) h = (h ^ c) * 1099511628211ull;
-    return h;
+    return store::fnv1a64(text);
 }
 
 } // namespace

@@ -107,13 +107,18 @@ void RunRecording::setDevices(const nlohmann::json& devices)
     if (Status s = m_store.setRunDevices(m_id, devices); !s.ok()) warn(s.error());
 }
 
-void RunRecording::saveCheckpoint(const std::string& fileName, int64_t step, const std::string& kind,
-                                  const std::function<Status(const std::string&)>& write)
+std::string RunRecording::ownFile(const std::string& fileName)
 {
     const std::filesystem::path dir = m_store.runFilesDir(m_id);
     std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    const std::string path = (dir / fileName).string();
+    std::filesystem::create_directories(dir, ec);  // a failure shows when the file is written
+    return (dir / fileName).string();
+}
+
+void RunRecording::saveCheckpoint(const std::string& fileName, int64_t step, const std::string& kind,
+                                  const std::function<Status(const std::string&)>& write)
+{
+    const std::string path = ownFile(fileName);
     Status s = write(path);
     if (!s.ok()) {
         warn(s.error());
@@ -180,10 +185,7 @@ void RunRecording::keepFile(const std::string& kind, const std::string& path)
 {
     if (m_id.empty()) return;
     // A copy kept by the store, as the weights are: the user's path is theirs to reuse.
-    const std::filesystem::path dir = m_store.runFilesDir(m_id);
-    std::error_code ec;
-    std::filesystem::create_directories(dir, ec);
-    const std::string own = (dir / (kind + std::filesystem::path(path).extension().string())).string();
+    const std::string own = ownFile(kind + std::filesystem::path(path).extension().string());
     if (Status s = keepCopy(path, own); !s.ok()) {
         warn(s.error());
         return;

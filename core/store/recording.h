@@ -103,6 +103,8 @@ private:
     // records them as a checkpoint of `kind`; a failure is a warning.
     void saveCheckpoint(const std::string& fileName, int64_t step, const std::string& kind,
                         const std::function<Status(const std::string&)>& write);
+    // `fileName` in the run's folder of the store, the folder made if needed.
+    std::string ownFile(const std::string& fileName);
 
     RunStore m_store;
     RecordingOptions m_options;

@@ -121,6 +121,13 @@ nlohmann::json parseJsonColumn(const std::string& text)
     return j.is_discarded() ? nlohmann::json(nullptr) : j;
 }
 
+// Run ids are lower-case hex; what a user types to find one is compared in lower case.
+std::string lowerAscii(std::string s)
+{
+    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    return s;
+}
+
 std::string absolutePath(const std::string& p)
 {
     std::error_code ec;
@@ -1290,9 +1297,7 @@ Status checkNameIsNotAnId(const sql::Db& db, const std::string& name, int64_t se
 {
     TS_ASSIGN(sql::Stmt s, db.prepare("SELECT id FROM runs WHERE rid != ?1 AND (id = ?2 OR (length(?2) >= 4 AND "
                                  "substr(id, 1, length(?2)) = ?2)) LIMIT 1"));
-    std::string lower = name;  // lookups compare ids in lower case
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    s.bind(1, self).bind(2, lower);
+    s.bind(1, self).bind(2, lowerAscii(name));  // lookups compare ids in lower case
     TS_ASSIGN(bool row, s.step());
     if (!row) return okStatus();
     return makeError(ErrorCode::InvalidArgument,
@@ -1665,8 +1670,7 @@ Result<std::string> RunStore::resolveRunId(const std::string& text)
                          "give more of the run id");
     };
     // Ids are lower-case hex: one typed or pasted in upper case finds its run too.
-    std::string lower = text;
-    std::transform(lower.begin(), lower.end(), lower.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    const std::string lower = lowerAscii(text);
     TS_ASSIGN(auto exact, collect("SELECT id FROM runs WHERE id = ?", lower));
     if (!exact.empty()) return exact.front();
     if (text.size() >= 4) {
