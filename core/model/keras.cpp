@@ -15,6 +15,8 @@
 // to float32 under it keeps attrs dtype "float32" (catalogue.cpp says what that changes). float16 and
 // bfloat16 policies (16-bit variables) and float64 are errors naming the layer. Export writes
 // the policy on every layer, as tf.keras does under a global policy.
+// Compile settings (Keras 3's "compile_config", tf.keras 2's "training_config") give the model's
+// optimizer and loss; see CompileImporter.
 
 #include <algorithm>
 #include <cmath>
@@ -23,6 +25,7 @@
 
 #include "model/attrs.h"
 #include "model/spec.h"
+#include "optim/optimizer.h"
 
 namespace ts {
 
@@ -696,6 +699,219 @@ bool isChain(const GraphAnalysis& a)
     return true;
 }
 
+// Keras' compile settings. Keras 3 writes model.compile()'s arguments as "compile_config" next to
+// the model's class_name (to_json() and .keras files; its model_from_json compiles the model with
+// them), tf.keras 2's HDF5 files as the "training_config" attribute next to "model_config". The
+// optimizer and loss become the model's (a run configuration or flag still overrides them), so an
+// imported model trains as it did in Keras. A setting that would change training and that
+// TrainStudio cannot honour is an error naming it, as for layers; execution settings
+// (run_eagerly, steps_per_execution, jit_compile) and metrics do not change the weights.
+class CompileImporter {
+public:
+    CompileImporter(Importer& imp, std::string where) : m_imp(imp), m_where(std::move(where)) {}
+
+    void run(const json& cc, CompileSpec& out)
+    {
+        if (cc.is_null()) return;  // not compiled
+        if (!cc.is_object()) {
+            m_imp.error(m_where + ": expected an object, got " + std::string(cc.type_name()));
+            return;
+        }
+        const bool keras2 = m_where == "training_config";
+        const char* optimizerKey = keras2 ? "optimizer_config" : "optimizer";
+        if (cc.contains(optimizerKey) && !cc[optimizerKey].is_null()) optimizer(cc[optimizerKey], m_where + "." + optimizerKey, out);
+        if (cc.contains("loss") && !cc["loss"].is_null()) loss(cc["loss"], m_where + ".loss", out);
+        if (cc.contains("loss_weights") && !allOnes(cc["loss_weights"]))
+            m_imp.error(m_where + ".loss_weights = " + cc["loss_weights"].dump() + " would be ignored",
+                        "TrainStudio trains one output with an unweighted loss: remove loss_weights, or scale the learning rate instead");
+        if (cc.contains("metrics") && !cc["metrics"].is_null()) {
+            std::vector<std::string> names;
+            metricNames(cc["metrics"], names);
+            out.metrics = names;
+        }
+    }
+
+private:
+    static std::string lower(std::string s)
+    {
+        for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        return s;
+    }
+
+    static bool allOnes(const json& v)
+    {
+        if (v.is_null()) return true;
+        if (v.is_number()) return v.get<double>() == 1.0;
+        if (v.is_array() || v.is_object()) {
+            for (const auto& e : v)
+                if (!allOnes(e)) return false;
+            return true;
+        }
+        return false;
+    }
+
+    void optimizer(const json& o, const std::string& path, CompileSpec& out)
+    {
+        json cfg;
+        if (o.is_string()) {
+            cfg = json{{"type", lower(o.get<std::string>())}};
+        } else if (o.is_object() && o.contains("class_name") && o["class_name"].is_string()) {
+            std::string cls = o["class_name"].get<std::string>();
+            if (cls.rfind("Custom>", 0) == 0) cls = cls.substr(7);  // tf.keras 2.11+ writes "Custom>Adam"
+            const json c = o.value("config", json::object());
+            if (!c.is_object()) {
+                m_imp.error(path + ".config: expected an object, got " + std::string(c.type_name()));
+                return;
+            }
+            if (cls == "LossScaleOptimizer") {
+                lossScaleOptimizer(c, path, out);
+                return;
+            }
+            cfg = c;
+            cfg.erase("name");
+            // Keras before 2.3 (and legacy optimizers' configs) call it lr.
+            if (cfg.contains("lr") && !cfg.contains("learning_rate")) {
+                cfg["learning_rate"] = cfg["lr"];
+                cfg.erase("lr");
+            }
+            if (cfg.contains("learning_rate") && cfg["learning_rate"].is_object()) {
+                const json& lr = cfg["learning_rate"];
+                const std::string schedule = lr.value("class_name", json()).is_string() ? lr["class_name"].get<std::string>() : std::string("an object");
+                m_imp.error(path + ": the learning rate is a schedule (" + schedule + "), which TrainStudio does not read from Keras",
+                            "compile the model with a number as learning_rate and give the run a \"schedule\" (constant, step, "
+                            "exponential, cosine, warmup_cosine)");
+                return;
+            }
+            cfg["type"] = lower(cls);
+        } else {
+            m_imp.error(path + ": expected an optimizer name or {\"class_name\": ..., \"config\": ...}, got " + o.dump());
+            return;
+        }
+        auto made = Optimizer::create(cfg);
+        if (!made.ok()) {
+            m_imp.error(path + ": " + made.error().message, made.error().hint);
+            return;
+        }
+        out.optimizer = made.value()->config();  // what will run, without Keras' bookkeeping keys
+    }
+
+    // Under mixed_float16 Keras wraps the optimizer to scale the loss; the run does that from its
+    // precision with Keras' defaults, so only a wrapper with other settings is refused.
+    void lossScaleOptimizer(const json& c, const std::string& path, CompileSpec& out)
+    {
+        const bool dynamic = c.value("dynamic", json(true)).is_boolean() ? c.value("dynamic", true) : false;
+        const json initial = c.value("initial_scale", json(32768.0));
+        const json growth = c.value("dynamic_growth_steps", json(2000));
+        if (!dynamic || !initial.is_number() || initial.get<double>() != 32768.0 || !growth.is_number() || growth.get<double>() != 2000.0) {
+            m_imp.error(path + ": a LossScaleOptimizer with " + c.dump() + " is not Keras' default dynamic loss scale",
+                        "remove the LossScaleOptimizer and give the run \"precision\": {\"loss_scale\": ..., \"initial_scale\": ..., "
+                        "\"growth_steps\": ...}");
+            return;
+        }
+        if (!c.contains("inner_optimizer")) {
+            m_imp.error(path + ".config: a LossScaleOptimizer without inner_optimizer");
+            return;
+        }
+        optimizer(c["inner_optimizer"], path + ".config.inner_optimizer", out);
+    }
+
+    void loss(const json& l, const std::string& path, CompileSpec& out)
+    {
+        // A one-output model's loss may be given as a one-element list, or a dict by output name.
+        if ((l.is_array() || (l.is_object() && !l.contains("class_name"))) && l.size() == 1) {
+            loss(*l.begin(), path, out);
+            return;
+        }
+        static const std::map<std::string, std::string> names = {
+            {"sparse_categorical_crossentropy", "sparse_categorical_crossentropy"},
+            {"SparseCategoricalCrossentropy", "sparse_categorical_crossentropy"},
+            {"categorical_crossentropy", "categorical_crossentropy"},
+            {"CategoricalCrossentropy", "categorical_crossentropy"},
+            {"binary_crossentropy", "binary_crossentropy"},
+            {"BinaryCrossentropy", "binary_crossentropy"},
+            {"mean_squared_error", "mean_squared_error"},
+            {"MeanSquaredError", "mean_squared_error"},
+            {"mse", "mean_squared_error"},
+            {"MSE", "mean_squared_error"},
+        };
+        std::string name;
+        bool fromLogits = false;
+        if (l.is_string()) {
+            name = l.get<std::string>();
+        } else if (l.is_object() && l.contains("class_name") && l["class_name"].is_string()) {
+            const json c = l.value("config", json());
+            if (l["class_name"] == "function" && c.is_string()) {
+                name = c.get<std::string>();  // Keras 3's form of a loss function
+            } else {
+                name = l["class_name"].get<std::string>();
+                if (c.is_object() && !lossConfig(c, path, fromLogits)) return;
+            }
+        } else {
+            m_imp.error(path + ": expected a loss name or {\"class_name\": ..., \"config\": ...}, got " + l.dump());
+            return;
+        }
+        const auto it = names.find(name);
+        if (it == names.end()) {
+            m_imp.error(path + ": loss '" + name + "' is not supported",
+                        "use sparse_categorical_crossentropy, categorical_crossentropy, binary_crossentropy or mean_squared_error");
+            return;
+        }
+        out.loss = it->second;
+        out.fromLogits = fromLogits;
+    }
+
+    // A Loss object's config: from_logits is read, the rest must be what the kernels compute.
+    bool lossConfig(const json& c, const std::string& path, bool& fromLogits)
+    {
+        for (auto it = c.begin(); it != c.end(); ++it) {
+            const std::string& k = it.key();
+            const json& v = it.value();
+            bool fine = true;
+            if (k == "name" || (k == "dtype" && (v.is_null() || v == "float32"))) continue;
+            if (k == "from_logits") {
+                fine = v.is_boolean();
+                if (fine) fromLogits = v.get<bool>();
+            } else if (k == "reduction") {
+                fine = v.is_null() || v == "sum_over_batch_size" || v == "auto";
+            } else if (k == "label_smoothing") {
+                fine = v.is_number() && v.get<double>() == 0.0;
+            } else if (k == "axis") {
+                fine = v.is_number_integer() && v.get<int64_t>() == -1;
+            } else if (k == "ignore_class") {
+                fine = v.is_null();
+            } else {
+                fine = false;
+            }
+            if (!fine) {
+                m_imp.error(path + ".config: " + k + " = " + v.dump() + " would be ignored",
+                            "TrainStudio's losses average over the batch without label smoothing or ignored classes: "
+                            "compile the model without " + k);
+                return false;
+            }
+        }
+        return true;
+    }
+
+    static void metricNames(const json& m, std::vector<std::string>& out)
+    {
+        if (m.is_string()) {
+            out.push_back(m.get<std::string>());
+        } else if (m.is_array()) {
+            for (const auto& e : m) metricNames(e, out);
+        } else if (m.is_object() && m.contains("class_name")) {
+            const json c = m.value("config", json());
+            if (c.is_object() && c.value("name", json()).is_string()) out.push_back(c["name"].get<std::string>());
+            else if (c.is_string()) out.push_back(c.get<std::string>());
+            else if (m["class_name"].is_string()) out.push_back(m["class_name"].get<std::string>());
+        } else if (m.is_object()) {
+            for (const auto& e : m) metricNames(e, out);  // by output name
+        }
+    }
+
+    Importer& m_imp;
+    std::string m_where;
+};
+
 } // namespace
 
 Result<ModelSpec> modelFromKerasJson(const json& root, const std::string& source)
@@ -734,6 +950,9 @@ Result<ModelSpec> modelFromKerasJson(const json& root, const std::string& source
                                         : importFunctional(imp, config, std::move(spec)));
     if (!imp.modelPolicy(out))
         return imp.toError();
+    if (j->contains("compile_config")) CompileImporter(imp, "compile_config").run((*j)["compile_config"], out.compile);
+    if (j != &root && root.contains("training_config")) CompileImporter(imp, "training_config").run(root["training_config"], out.compile);
+    if (!imp.ok()) return imp.toError();
     normaliseAttrs(out);
     layout(out);
     return out;

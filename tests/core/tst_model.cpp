@@ -44,6 +44,9 @@ private slots:
     void kerasImportErrors_data();
     void kerasImportErrors();
     void kerasDtypePolicies();
+    void kerasCompileSettings();
+    void kerasCompileErrors_data();
+    void kerasCompileErrors();
     void kerasExportRoundTrip_data();
     void kerasExportRoundTrip();
     void resourceModels_data();
@@ -1054,6 +1057,117 @@ void TestModel::kerasDtypePolicies()
     QCOMPARE(int(f32->compile.precision), int(PrecisionPolicy::Float32));
     for (const LayerSpec& l : f32->layers)
         if (l.type == "Dense") QCOMPARE(l.attrs["dtype"], json("policy"));
+}
+
+// Keras 3 writes compile()'s arguments as "compile_config" (model_from_json compiles the model
+// with them), tf.keras 2's HDF5 files as "training_config": the optimizer and loss are the
+// model's, with Keras' bookkeeping keys dropped.
+namespace {
+std::string keras3WithCompile(const std::string& compileConfig)
+{
+    return R"({"module": "keras", "class_name": "Sequential", "config": {"name": "c", "layers": [
+        {"module": "keras.layers", "class_name": "InputLayer", "config": {"batch_shape": [null, 8], "dtype": "float32", "name": "in"}},
+        {"module": "keras.layers", "class_name": "Dense", "config": {"name": "d", "units": 4, "activation": "softmax"}}]},
+        "build_config": {"input_shape": [null, 8]}, "compile_config": )" + compileConfig + "}";
+}
+} // namespace
+
+void TestModel::kerasCompileSettings()
+{
+    // Keras 3, objects: Adam(learning_rate=1e-4) and SparseCategoricalCrossentropy(from_logits=True).
+    Result<ModelSpec> k3 = parseModelText(keras3WithCompile(R"({"optimizer": {"module": "keras.optimizers", "class_name": "Adam",
+        "config": {"name": "adam", "learning_rate": 0.0001, "weight_decay": null, "clipnorm": null, "global_clipnorm": null,
+                   "clipvalue": null, "use_ema": false, "ema_momentum": 0.99, "ema_overwrite_frequency": null,
+                   "loss_scale_factor": null, "gradient_accumulation_steps": null, "beta_1": 0.8, "beta_2": 0.999,
+                   "epsilon": 1e-07, "amsgrad": false}, "registered_name": null},
+        "loss": {"module": "keras.losses", "class_name": "SparseCategoricalCrossentropy",
+                 "config": {"name": "sparse_categorical_crossentropy", "reduction": "sum_over_batch_size", "from_logits": true, "ignore_class": null},
+                 "registered_name": null},
+        "loss_weights": null, "metrics": ["accuracy"], "weighted_metrics": null, "run_eagerly": false,
+        "steps_per_execution": 1, "jit_compile": "auto"})"), "k3.json");
+    QVERIFY2(k3.ok(), k3.ok() ? "" : k3.error().toString().c_str());
+    QCOMPARE(k3->compile.optimizer.value("type", ""), std::string("adam"));
+    QCOMPARE(k3->compile.optimizer.value("learning_rate", 0.0), double(0.0001f));
+    QCOMPARE(k3->compile.optimizer.value("beta_1", 0.0), double(0.8f));
+    QVERIFY(!k3->compile.optimizer.contains("name") && !k3->compile.optimizer.contains("use_ema"));
+    QCOMPARE(k3->compile.loss, std::string("sparse_categorical_crossentropy"));
+    QVERIFY(k3->compile.fromLogits);
+    QCOMPARE(k3->compile.metrics, std::vector<std::string>{"accuracy"});
+
+    // Keras 3, names; the loss as a serialised function; a LossScaleOptimizer with Keras' defaults.
+    Result<ModelSpec> names = parseModelText(keras3WithCompile(R"({"optimizer": "sgd", "loss": "mse", "metrics": null})"), "n.json");
+    QVERIFY2(names.ok(), names.ok() ? "" : names.error().toString().c_str());
+    QCOMPARE(names->compile.optimizer.value("type", ""), std::string("sgd"));
+    QCOMPARE(names->compile.optimizer.value("learning_rate", 0.0), double(0.01f));
+    QCOMPARE(names->compile.loss, std::string("mean_squared_error"));
+    Result<ModelSpec> wrapped = parseModelText(keras3WithCompile(R"({"optimizer": {"class_name": "LossScaleOptimizer", "config": {
+        "inner_optimizer": {"class_name": "RMSprop", "config": {"learning_rate": 0.002, "rho": 0.8}}, "initial_scale": 32768.0,
+        "dynamic_growth_steps": 2000}}, "loss": {"module": "keras.losses", "class_name": "function",
+        "config": "binary_crossentropy", "registered_name": "function"}})"), "w.json");
+    QVERIFY2(wrapped.ok(), wrapped.ok() ? "" : wrapped.error().toString().c_str());
+    QCOMPARE(wrapped->compile.optimizer.value("type", ""), std::string("rmsprop"));
+    QCOMPARE(wrapped->compile.optimizer.value("rho", 0.0), double(0.8f));
+    QCOMPARE(wrapped->compile.loss, std::string("binary_crossentropy"));
+    QVERIFY(!wrapped->compile.fromLogits);
+
+    // Not compiled (compile_config null, the fixtures): our defaults.
+    Result<ModelSpec> plain = loadModelFile(fixture("mlp_sequential_keras3.json"));
+    QVERIFY(plain.ok());
+    QCOMPARE(plain->compile, CompileSpec{});
+
+    // tf.keras 2's HDF5 attributes: training_config next to model_config, "Custom>Adam", lr.
+    const std::string h5 = R"({"keras_version": "2.15.0", "backend": "tensorflow",
+        "model_config": {"class_name": "Sequential", "config": {"name": "s", "layers": [
+            {"class_name": "InputLayer", "config": {"batch_input_shape": [null, 8], "dtype": "float32", "name": "in"}},
+            {"class_name": "Dense", "config": {"name": "d", "units": 4, "activation": "softmax"}}]}},
+        "training_config": {"loss": {"class_name": "CategoricalCrossentropy", "config": {"reduction": "auto", "name": "categorical_crossentropy",
+                                     "from_logits": false, "label_smoothing": 0.0, "axis": -1}},
+            "metrics": [[{"class_name": "MeanMetricWrapper", "config": {"name": "accuracy", "dtype": "float32", "fn": "categorical_accuracy"}}]],
+            "weighted_metrics": null, "loss_weights": null,
+            "optimizer_config": {"class_name": "Custom>SGD", "config": {"name": "SGD", "jit_compile": false, "is_legacy_optimizer": false,
+                                 "lr": 0.05, "momentum": 0.9, "nesterov": true}}}})";
+    Result<ModelSpec> k2 = parseModelText(h5, "h5.json");
+    QVERIFY2(k2.ok(), k2.ok() ? "" : k2.error().toString().c_str());
+    QCOMPARE(k2->compile.optimizer.value("type", ""), std::string("sgd"));
+    QCOMPARE(k2->compile.optimizer.value("learning_rate", 0.0), double(0.05f));
+    QCOMPARE(k2->compile.optimizer.value("momentum", 0.0), double(0.9f));
+    QCOMPARE(k2->compile.optimizer.value("nesterov", false), true);
+    QCOMPARE(k2->compile.loss, std::string("categorical_crossentropy"));
+    QCOMPARE(k2->compile.metrics, std::vector<std::string>{"accuracy"});
+
+    // Saved in our format, the settings stay.
+    Result<ModelSpec> again = modelFromJson(modelToJson(*k3), "again.json");
+    QVERIFY(again.ok());
+    QCOMPARE(again->compile, k3->compile);
+}
+
+void TestModel::kerasCompileErrors_data()
+{
+    QTest::addColumn<QString>("compileConfig");
+    QTest::addColumn<QString>("message");
+    QTest::newRow("clipnorm") << R"({"optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.001, "clipnorm": 1.0}}})"
+                              << "c.json: compile_config.optimizer: optimizer 'adam': clipnorm = 1.0 would be ignored";
+    QTest::newRow("schedule") << R"({"optimizer": {"class_name": "SGD", "config": {"learning_rate": {"module": "keras.optimizers.schedules",
+                                   "class_name": "ExponentialDecay", "config": {"initial_learning_rate": 0.1}}}}})"
+                              << "c.json: compile_config.optimizer: the learning rate is a schedule (ExponentialDecay)";
+    QTest::newRow("unknown optimizer") << R"({"optimizer": "adagrad"})" << "c.json: compile_config.optimizer: unknown optimizer 'adagrad'";
+    QTest::newRow("label smoothing") << R"({"loss": {"class_name": "CategoricalCrossentropy", "config": {"label_smoothing": 0.1}}})"
+                                     << "c.json: compile_config.loss.config: label_smoothing = 0.1 would be ignored";
+    QTest::newRow("unknown loss") << R"({"loss": "huber"})" << "c.json: compile_config.loss: loss 'huber' is not supported";
+    QTest::newRow("loss weights") << R"({"loss": "mse", "loss_weights": [2.0]})" << "c.json: compile_config.loss_weights = [2.0] would be ignored";
+    QTest::newRow("loss scale") << R"({"optimizer": {"class_name": "LossScaleOptimizer", "config": {"inner_optimizer": "adam", "initial_scale": 128}}})"
+                                << "is not Keras' default dynamic loss scale";
+    QTest::newRow("not an object") << R"("adam")" << "c.json: compile_config: expected an object, got string";
+}
+
+void TestModel::kerasCompileErrors()
+{
+    QFETCH(QString, compileConfig);
+    QFETCH(QString, message);
+    Result<ModelSpec> r = parseModelText(keras3WithCompile(compileConfig.toStdString()), "c.json");
+    QVERIFY(!r.ok());
+    QVERIFY2(r.error().message.find(message.toStdString()) != std::string::npos, r.error().message.c_str());
+    QVERIFY2(!r.error().hint.empty(), r.error().message.c_str());
 }
 
 void TestModel::kerasImportErrors_data()
