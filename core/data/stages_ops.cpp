@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <unistd.h>
 
 #include "data/stages.h"
@@ -179,8 +180,24 @@ private:
 
 // ---------------------------------------------------------------------------------------------
 
+// A class id the model has no output for, checked as batch() takes each element, while the
+// element still knows its record (the loss would only name "batch row 26 of step 8"); under
+// skip_bad_records the element is dropped there like any bad record, and the batch stays full.
+std::optional<Error> classIdError(const Element& e, const std::string& stage, int64_t classCount)
+{
+    if (classCount <= 0 || !e.y.defined() || e.y.dtype() != DType::I32 || e.y.numel() != 1) return std::nullopt;
+    const int32_t id = e.y.data<int32_t>()[0];
+    if (id >= 0 && id < classCount) return std::nullopt;
+    return makeError(ErrorCode::InvalidArgument,
+                     stage + ": " + e.where() + ": label " + std::to_string(id) + " is not one of the model's " + std::to_string(classCount) +
+                         " class ids (0.." + std::to_string(classCount - 1) + ")",
+                     id < 0 ? "class ids start at 0: map the classes to 0.." + std::to_string(classCount - 1) + " in the data"
+                            : "fix the label there, or give the last layer one unit per class (at least " + std::to_string(int64_t(id) + 1) +
+                                  ")");
+}
+
 // Stacks elements of equal shapes and dtypes along a new first dimension.
-Result<Element> stack(std::vector<Element>& items, const std::string& stage, int64_t classCount)
+Result<Element> stack(std::vector<Element>& items, const std::string& stage)
 {
     const Element& first = items.front();
     const int64_t b = static_cast<int64_t>(items.size());
@@ -205,20 +222,6 @@ Result<Element> stack(std::vector<Element>& items, const std::string& stage, int
     };
     TS_TRY(check(&Element::x, "features"));
     TS_TRY(check(&Element::y, "label"));
-    // Class ids the model has no output for, checked here while each element still knows its
-    // record: the batch only knows rows, and the loss would name "batch row 26 of step 8".
-    if (classCount > 0 && first.y.defined() && first.y.dtype() == DType::I32 && first.y.numel() == 1) {
-        for (const Element& e : items) {
-            const int32_t id = e.y.data<int32_t>()[0];
-            if (id >= 0 && id < classCount) continue;
-            return makeError(ErrorCode::InvalidArgument,
-                             stage + ": " + e.where() + ": label " + std::to_string(id) + " is not one of the model's " +
-                                 std::to_string(classCount) + " class ids (0.." + std::to_string(classCount - 1) + ")",
-                             id < 0 ? "class ids start at 0: map the classes to 0.." + std::to_string(classCount - 1) + " in the data"
-                                    : "fix the label there, or give the last layer one unit per class (at least " +
-                                          std::to_string(int64_t(id) + 1) + ")");
-        }
-    }
     if (!first.x.defined())
         return makeError(ErrorCode::InvalidArgument, stage + ": " + first.where() + " has no features",
                          "image_folder elements need map decode_image before batch");
@@ -263,13 +266,21 @@ public:
                 m_input.reset();
                 break;
             }
+            if (auto bad = classIdError(**r, m_stage.name, m_ctx.shared ? m_ctx.shared->classCount : 0)) {
+                if (m_ctx.shared->skipBad) {
+                    m_ctx.shared->recordBad(*bad);
+                    m_stage.counters.skipped.fetch_add(1, std::memory_order_relaxed);
+                    continue;
+                }
+                return *std::move(bad);
+            }
             m_items.push_back(std::move(**r));
         }
         if (m_items.empty() || (m_drop && static_cast<int64_t>(m_items.size()) < m_size)) {
             m_items.clear();
             return std::optional<Element>();
         }
-        Result<Element> out = stack(m_items, m_stage.name, m_ctx.shared ? m_ctx.shared->classCount : 0);
+        Result<Element> out = stack(m_items, m_stage.name);
         m_items.clear();
         m_stage.counters.addBusy(nowNs() - t0 - inNs);
         if (!out.ok()) return out.takeError();

@@ -1604,6 +1604,15 @@ private slots:
             QVERIFY(!fitted.ok());
             VERIFY_MSG(fitted.error().message, "'" + tmp("labels.csv") + "' line 31: label 12 is not one of the model's 10 class ids");
             VERIFY_MSG(fitted.error().hint, "at least 13");
+
+            // With skip_bad_records that element is a bad record like any other: dropped as the
+            // batch takes it (39 elements: 5 batches, the last of 7), not the whole run failed.
+            beyond["pipeline"]["skip_bad_records"] = true;
+            auto skipRun = prepareRun(*RunConfig::fromJson(beyond, "run.json"));
+            VERIFY_OK(skipRun);
+            auto skipped = skipRun->trainer->fit(*skipRun->trainSource(), nullptr, nullptr);
+            VERIFY_OK(skipped);
+            QCOMPARE(skipped->steps, int64_t(5));
         }
 
         nlohmann::json typo = j;
