@@ -145,11 +145,8 @@ public:
         std::cout << std::string(line) + "\n" << std::flush;
         // An epoch whose every step the loss scale skipped changed no weight: said, not left to
         // a flat loss (a fixed scale too large for float16 skips them all).
-        if (e.steps > 0 && e.skippedSteps == e.steps)
-            std::cerr << "warning: epoch " << e.epoch << ": all " << e.steps << " steps were skipped (their float16 gradients overflowed at loss scale "
-                      << e.lossScale << "), so the weights did not change\n"
-                      << "hint: use a dynamic loss scale (precision.loss_scale \"dynamic\") or a smaller fixed one, or train with mixed_bfloat16\n"
-                      << std::flush;
+        if (const auto skipped = ts::allStepsSkipped(e))
+            std::cerr << "warning: " << skipped->message << "\nhint: " << skipped->hint << "\n" << std::flush;
     }
 
 private:

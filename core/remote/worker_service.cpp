@@ -638,6 +638,12 @@ private:
             if (std::isfinite(e.valLoss)) j["val_loss"] = e.valLoss;
             if (std::isfinite(e.valAccuracy)) j["val_accuracy"] = e.valAccuracy;
             m_s.publish("epoch", m_lastStep, j);
+            // The coordinator prints a task's warnings (naming it) and records them in the run's
+            // log. Replicas in lockstep skip the same steps: the first process says it for all.
+            const bool says = m_s.m_trainer && (!m_s.m_trainer->strategy().lockstep() || m_s.m_trainer->strategy().processRank() == 0);
+            if (const auto skipped = allStepsSkipped(e); skipped && says)
+                m_s.publish("log", m_lastStep, {{"level", static_cast<int>(telemetry::LogLevel::Warning)},
+                                                {"message", skipped->message + " (" + skipped->hint + ")"}});
         }
 
     private:

@@ -408,6 +408,7 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
             correct += st->correct;
             seen += st->count;
             ev.inputWaitSeconds += wait;
+            ++ev.stepsRun;
             if (st->skipped) ++ev.skippedSteps;
             ev.lossScale = st->lossScale;
             if (!std::isfinite(st->lossSum))
@@ -501,6 +502,19 @@ Result<FitResult> Trainer::fitLoop(BatchSource& train, BatchSource* validation, 
     result.samplesPerSec = trainSeconds > 0 ? static_cast<double>(trainSamples) / trainSeconds : 0;
     result.cancelled = m_cancel.load();
     return result;
+}
+
+std::optional<Error> allStepsSkipped(const EpochEvent& e)
+{
+    if (e.stepsRun <= 0 || e.skippedSteps != e.stepsRun) return std::nullopt;
+    char scale[32];
+    std::snprintf(scale, sizeof scale, "%g", e.lossScale);
+    const std::string which = e.stepsRun == e.steps ? "all " + std::to_string(e.steps) + " steps were skipped"
+                                                    : "all " + std::to_string(e.stepsRun) + " steps since the resume were skipped";
+    return makeError(ErrorCode::InvalidArgument,
+                     "epoch " + std::to_string(e.epoch) + ": " + which + " (their float16 gradients overflowed at loss scale " + scale +
+                         "), so the weights did not change",
+                     "use a dynamic loss scale (precision.loss_scale \"dynamic\") or a smaller fixed one, or train with mixed_bfloat16");
 }
 
 void Trainer::serviceTraceRequests()
@@ -681,6 +695,9 @@ Result<FitResult> Trainer::fitScheduled(BatchSource& train, ParameterStore& stor
                                  std::to_string(g.step),
                              "lower the learning rate, or check the data for NaN/Inf values");
         ++ev.steps;
+        ++ev.stepsRun;
+        if (st->skipped) ++ev.skippedSteps;
+        ev.lossScale = st->lossScale;
         lossSum += st->lossSum;
         correct += st->correct;
         seen += st->count;

@@ -95,9 +95,14 @@ struct EpochEvent {
     double samplesPerSec = 0;
     double seconds = 0;          // training time of the epoch (validation excluded)
     double inputWaitSeconds = 0;
-    int64_t skippedSteps = 0;    // steps of this epoch the loss scale skipped (float16 gradients overflowed)
+    int64_t skippedSteps = 0;    // of stepsRun, those the loss scale skipped (float16 gradients overflowed)
+    int64_t stepsRun = 0;        // steps this process trained in the epoch (after a resume: those after it)
     double lossScale = 0;        // mixed_float16: the loss scale at the epoch's end; 0 otherwise
 };
+
+// "epoch N: all M steps were skipped ..." when every step this process ran in the epoch was
+// skipped by the loss scale (the weights did not change), with its hint; nullopt otherwise.
+std::optional<Error> allStepsSkipped(const EpochEvent& e);
 
 struct FitResult {
     int64_t epochs = 0, steps = 0;  // epochs: those reported, a last one cut short by max_steps included

@@ -922,9 +922,14 @@ public:
     {
         if (e.step == m_at) m_trainer->cancel();
     }
-    void onEpoch(const EpochEvent& e) override { last = e; }
+    void onEpoch(const EpochEvent& e) override
+    {
+        last = e;
+        epochs.push_back(e);
+    }
     void onResume(const TrainingPosition& p, const ResumeSource&) override { resumedAt = p; }
     EpochEvent last;
+    std::vector<EpochEvent> epochs;
     std::optional<TrainingPosition> resumedAt;
 
 private:
@@ -936,6 +941,7 @@ struct BackupRun {
     Result<FitResult> fit = makeError(ErrorCode::Internal, "not run");
     std::vector<float> weights;
     EpochEvent last;
+    std::vector<EpochEvent> epochs;
     std::optional<TrainingPosition> resumedAt;
 };
 
@@ -979,6 +985,7 @@ BackupRun runWithBackup(const StrategyConfig& sc, const nlohmann::json& opt, con
     for (auto& [name, tensor] : *params)
         for (float v : tensor.toVector()) out.weights.push_back(v);
     out.last = listener.last;
+    out.epochs = listener.epochs;
     out.resumedAt = listener.resumedAt;
     return out;
 }
@@ -1040,6 +1047,22 @@ void TestTraining::resumeEqualsContinuous()
     QCOMPARE(resumed.last.loss, continuous.last.loss);
     QCOMPARE(resumed.last.accuracy, continuous.last.accuracy);
     QCOMPARE(resumed.last.steps, int64_t{10});
+    // The epoch resumed mid-way counts all its steps, but this process ran only those after the
+    // resume: a loss scale that skipped every one of them is said as such.
+    const int64_t resumedEpoch = resumeStep / 10 + 1, after = resumedEpoch * 10 - resumeStep;
+    QCOMPARE(resumed.epochs.front().epoch, resumedEpoch);
+    QCOMPARE(resumed.epochs.front().steps, int64_t{10});
+    QCOMPARE(resumed.epochs.front().stepsRun, after);
+    QCOMPARE(resumed.epochs.back().stepsRun, int64_t{10});
+    QVERIFY(!allStepsSkipped(resumed.epochs.front()));
+    EpochEvent flat = resumed.epochs.front();
+    flat.skippedSteps = flat.stepsRun;
+    flat.lossScale = 1e30;
+    const auto said = allStepsSkipped(flat);
+    QVERIFY(said.has_value());
+    QCOMPARE(QString::fromStdString(said->message),
+             QString("epoch %1: all %2 steps%3 were skipped (their float16 gradients overflowed at loss scale 1e+30), "
+                     "so the weights did not change").arg(resumedEpoch).arg(after).arg(after < 10 ? " since the resume" : ""));
     // A completed run deletes its backup: the next run with this folder starts from the beginning.
     QVERIFY(!QFile::exists(QString::fromStdString(backupPath(backup.dir))));
 }

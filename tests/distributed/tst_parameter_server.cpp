@@ -505,6 +505,19 @@ void TestParameterServer::mixedPrecisionWorkers()
         QVERIFY2(std::frexp(p.value, &exponent) == 0.5 && exponent - 1 <= 15 && exponent - 1 >= 15 - skipped,
                  qPrintable(QString("loss scale %1 with %2 skipped steps").arg(p.value).arg(skipped)));
     }
+
+    // A fixed scale that overflows every step: each worker's epoch changed no weight, and the
+    // coordinator says so naming the worker (before, only a local run's CLI said it).
+    QFile huge(dir.filePath("huge_scale.json"));
+    QVERIFY(huge.open(QIODevice::WriteOnly));
+    huge.write(R"({"precision": {"policy": "mixed_float16", "loss_scale": 1e30}})");
+    huge.close();
+    auto flat = startCoordinator(trainArgs(c.file, 1) + QStringList{"--limit", "1280", "--config", huge.fileName(), "--no-record", "--no-validation"});
+    QVERIFY(flat->waitForFinished(120000));
+    const QString flatErr = QString::fromUtf8(flat->readAllStandardError());
+    QVERIFY2(flat->exitCode() == 0, qPrintable(flatErr));
+    for (const char* w : {"worker:0", "worker:1"})
+        QVERIFY2(flatErr.contains(QString("warning: %1: epoch 1: all ").arg(w)) && flatErr.contains("steps were skipped"), qPrintable(flatErr));
 }
 
 // TF's side-car evaluator: the cluster's evaluator task evaluates the ps tasks' weights on its
