@@ -795,42 +795,33 @@ Result<Trace> parseChromeTraceText(const std::string& text, const std::string& s
 {
     // Nesting too deep to walk later is refused before parsing.
     TS_TRY(checkJsonDepth(text, source));
-    std::string warning;
-    auto attempt = [&](const std::string& json) -> Result<Trace> {
-        TraceBuilder b(source);
-        bool arrayForm = false, sawEvents = false;
-        const nlohmann::json doc = parseFeeding(json, b, &arrayForm, &sawEvents);  // throws on bad JSON
+    TraceBuilder b(source);
+    bool arrayForm = false, sawEvents = false;
+    try {
+        const nlohmann::json doc = parseFeeding(text, b, &arrayForm, &sawEvents);  // throws on bad JSON
         if (arrayForm) return b.finish(true);
         if (!doc.is_object()) return notATrace(source);
         if (!sawEvents) return notATraceObject(source);
         for (auto m = doc.begin(); m != doc.end(); ++m)
             if (m.key() != "traceEvents") b.topLevel(m.key(), *m);
         return b.finish(false);
-    };
-    try {
-        return attempt(text);
     } catch (const nlohmann::json::out_of_range& e) {
         // "[json.exception.out_of_range.406] number overflow parsing '1e400'": the library's tag dropped.
         std::string what = e.what();
         if (const auto p = what.find("] "); p != std::string::npos) what = what.substr(p + 2);
         return makeError(ErrorCode::ParseError, source + ": " + what, "numbers must fit a double (below about 1.8e308)");
     } catch (const nlohmann::json::parse_error& e) {
-        // A timeline written incrementally (Horovod, Chrome) lacks its closing bracket when the
-        // job was killed; chrome://tracing accepts that, so do we.
-        const auto firstChar = text.find_first_not_of(" \t\r\n");
-        if (firstChar != std::string::npos && text[firstChar] == '[') {
-            std::string fixed = text;
-            while (!fixed.empty() && std::isspace(static_cast<unsigned char>(fixed.back()))) fixed.pop_back();
-            if (!fixed.empty() && fixed.back() == ',') fixed.pop_back();
-            fixed += "]";
-            try {
-                auto t = attempt(fixed);
-                if (t.ok())
-                    t->warnings.insert(t->warnings.begin(),
-                                       source + ": no closing ']' (a timeline cut off while being written); read what is there");
-                return t;
-            } catch (const nlohmann::json::exception&) {
-            }
+        // A timeline written incrementally (Horovod, Chrome) lacks its closing bracket, or ends
+        // inside its last event, when the job was killed; chrome://tracing reads what is there,
+        // and so do we: the events the parser completed before the end were handed over already
+        // (one pass; no second parse of a repaired copy).
+        const auto lastChar = text.find_last_not_of(" \t\r\n");
+        if (arrayForm && lastChar != std::string::npos && e.byte > lastChar) {
+            auto t = b.finish(true);
+            if (t.ok())
+                t->warnings.insert(t->warnings.begin(), source + ": the file ends before its closing ']' (a timeline cut off while "
+                                                                 "being written); read the complete events before the end");
+            return t;
         }
         auto [line, col] = jsonLineColumn(text, e.byte);
         std::string what = e.what();

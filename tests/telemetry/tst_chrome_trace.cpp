@@ -122,6 +122,7 @@ private slots:
     void pytorchKinetoFixture();
     void tensorflowFixture();
     void horovodTimelineCutOff();
+    void cutOffInsideAnEvent();
     void beginEndPairing();
     void topLevelFieldsAroundStreamedEvents();
     void malformedTraces_data();
@@ -345,13 +346,43 @@ void TestChromeTrace::tensorflowFixture()
     QCOMPARE(s->steps[0].stamp.lane.device, std::string("gpu:0"));
 }
 
+// A timeline killed while written may end inside its last event: the complete events before it
+// are read (one pass), while a syntax error before the end, or an over-range number, is still
+// an error saying so.
+void TestChromeTrace::cutOffInsideAnEvent()
+{
+    const std::string events = R"([{"ph": "X", "name": "a", "ts": 1, "dur": 5, "pid": 1, "tid": 1},
+{"ph": "X", "name": "b", "ts": 10, "dur": 5, "pid": 1, "tid": 1},
+{"ph": "X", "name": "c", "ts": 20, "dur": 5, "pid": 1, "tid": 1},)";
+    for (const std::string tail : {"", "\n", "\n{\"ph\": \"X\", \"na", "\n{\"ph\": \"X\", \"name\": \"d\", \"ts\": 3", "\n{\"ph\": \"X\", \"args\": {\"k\": ["}) {
+        auto t = parseChromeTraceText(events + tail, "cut.json");
+        QVERIFY2(t.ok(), (tail + ": " + (t.ok() ? "" : t.error().toString())).c_str());
+        QCOMPARE(t->spans.size(), std::size_t(3));
+        QVERIFY(!t->warnings.empty());
+        QVERIFY2(t->warnings[0].find("cut.json: the file ends before its closing ']'") == 0, t->warnings[0].c_str());
+    }
+    // Not at the end: an error naming the line.
+    auto broken = parseChromeTraceText(events + "\n{\"ph\": \"X\" \"name\": \"d\"},\n{\"ph\": \"X\", \"name\": \"e\"}]", "broken.json");
+    QVERIFY(!broken.ok());
+    QVERIFY2(broken.error().message.find("broken.json: not valid JSON at line 4") == 0, broken.error().message.c_str());
+    // An over-range number in a cut-off file is named as such, not as invalid JSON.
+    auto huge = parseChromeTraceText(R"([{"ph": "X", "name": "a", "ts": 1e400, "dur": 5, "pid": 1},
+{"ph": "X", "name": "b", "ts": 10)", "huge.json");
+    QVERIFY(!huge.ok());
+    QVERIFY2(huge.error().message.find("huge.json: number overflow parsing '1e400'") == 0, huge.error().message.c_str());
+    // The object form is not read when cut off (its other fields may follow the events).
+    auto object = parseChromeTraceText(R"({"traceEvents": [{"ph": "X", "name": "a", "ts": 1, "dur": 5, "pid": 1},)", "object.json");
+    QVERIFY(!object.ok());
+    QVERIFY2(object.error().message.find("object.json: not valid JSON") == 0, object.error().message.c_str());
+}
+
 void TestChromeTrace::horovodTimelineCutOff()
 {
     auto t = readChromeTrace(kTraces + "horovod_timeline.json");
     QVERIFY2(t.ok(), t.ok() ? "" : t.error().toString().c_str());
     QCOMPARE(t->format, std::string("horovod"));
     QVERIFY(!t->warnings.empty());
-    QVERIFY(t->warnings[0].find("closing ']'") != std::string::npos);
+    QVERIFY(t->warnings[0].find("the file ends before its closing ']'") != std::string::npos);
     int allreduce = 0, nccl = 0;
     for (const auto& s : t->spans) {
         if (s.name == "ALLREDUCE") {
