@@ -153,6 +153,10 @@ void printError(const ts::Error& e);
 
 // Blanks train's progress bar (stderr, on a terminal) so that a line printed next starts clean.
 void clearProgressLine();
+// `text` fitted to `width` terminal columns: cut at a character (not inside a UTF-8 sequence)
+// with "..." when longer, padded with spaces when shorter. Wide characters (CJK, emoji) count
+// two columns, combining marks none (glibc's wcwidth under C.UTF-8).
+std::string column(const std::string& text, int width);
 
 // The id of a run the store does not record (--no-record, the evaluator task): prefix-pid-time.
 std::string unrecordedRunId(const std::string& prefix);

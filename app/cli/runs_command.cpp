@@ -189,9 +189,9 @@ int list(st::RunStore& store, const RunsOptions& o)
     std::printf("%-8s  %-30s  %-11s  %-14s  %-12s  %8s  %-19s  %8s  %s\n", "ID", "NAME", "STATUS", "MODEL", "STRATEGY", "STEPS",
                 "STARTED", "DURATION", "TAGS");
     for (const auto& r : *runs) {
-        std::string name = r.name.size() > 30 ? r.name.substr(0, 27) + "..." : r.name;
-        std::printf("%-8s  %-30s  %-11s  %-14s  %-12s  %8lld  %-19s  %8s  %s\n", r.id.substr(0, 8).c_str(), name.c_str(),
-                    st::statusName(r.status), r.modelName.substr(0, 14).c_str(), r.strategy.substr(0, 12).c_str(),
+        // Names and models are the user's: cut by character and padded by terminal columns.
+        std::printf("%-8s  %s  %-11s  %s  %-12s  %8lld  %-19s  %8s  %s\n", r.id.substr(0, 8).c_str(), column(r.name, 30).c_str(),
+                    st::statusName(r.status), column(r.modelName, 14).c_str(), r.strategy.substr(0, 12).c_str(),
                     static_cast<long long>(r.lastStep), localTime(r.startedUs > 0 ? r.startedUs : r.createdUs).c_str(),
                     duration(r).c_str(), joined(r.tags).c_str());
     }
@@ -405,8 +405,7 @@ int compare(st::RunStore& store, const RunsOptions& o)
                            {"step0", s.step0}, {"step1", s.step1}, {"downsampled", s.downsampled}, {"first", num(first)},
                            {"min", num(lo)}, {"max", num(hi)}, {"last", num(last)}, {"points", pts}});
         } else {
-            std::string name = info->name.size() > 30 ? info->name.substr(0, 27) + "..." : info->name;
-            std::printf("%-8s  %-30s  %9lld  %10s  %10s  %10s  %10s\n", s.runId.substr(0, 8).c_str(), name.c_str(),
+            std::printf("%-8s  %s  %9lld  %10s  %10s  %10s  %10s\n", s.runId.substr(0, 8).c_str(), column(info->name, 30).c_str(),
                         static_cast<long long>(s.samples), fmtNum(first).c_str(), fmtNum(lo).c_str(), fmtNum(hi).c_str(),
                         fmtNum(last).c_str());
         }

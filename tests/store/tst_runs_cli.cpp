@@ -3,6 +3,7 @@
 // checkpoint, and `train` recording its run (default database, --db, --no-record).
 
 #include <QtTest>
+#include <QRegularExpression>
 
 #include <QJsonArray>
 #include <QJsonDocument>
@@ -182,6 +183,43 @@ void TestRunsCli::listAndFilter()
     r = cli({"runs", "list", "--db", db(), "--status", "sleeping"});
     QCOMPARE(r.code, 2);
     QVERIFY(r.err.contains("unknown status 'sleeping'"));
+
+    // Names in other scripts: cut by character (never inside a UTF-8 sequence) and padded by
+    // terminal columns (a CJK character takes two), so the STATUS column stays aligned.
+    {
+        auto store = st::RunStore::open(db().toStdString());
+        QVERIFY(store.ok());
+        st::NewRun wide;
+        wide.name = "学習実行";  // 4 characters, 8 columns
+        wide.model = {{"name", "モデルモデルモデルモデル"}};  // 12 characters, 24 columns: cut to 14
+        wide.strategy = "one-device";
+        QVERIFY(store->createRun(wide).ok());
+        wide.name = "é" + std::string(40, 'x');  // longer than 30 columns, a 2-byte first character
+        wide.model = {{"name", "m"}};
+        QVERIFY(store->createRun(wide).ok());
+        QVERIFY(store->close().ok());
+    }
+    r = cli({"runs", "list", "--db", db()});
+    QCOMPARE(r.code, 0);
+    const QStringList lines = r.out.split('\n', Qt::SkipEmptyParts);
+    const int statusAt = lines[0].indexOf("STATUS");
+    bool sawWide = false, sawLong = false;
+    for (const QString& line : lines.mid(1)) {
+        // Display columns before the status: a CJK character counts two.
+        int cols = 0;
+        const QString head = line.left(line.indexOf(QRegularExpression("(completed|failed|created|running)")));
+        for (const QChar c : head) cols += c.unicode() >= 0x3000 && c.unicode() <= 0x9FFF ? 2 : 1;
+        QVERIFY2(cols == statusAt, qPrintable(line));
+        if (line.contains("学習実行")) {
+            sawWide = true;
+            QVERIFY2(line.contains("モデルモデ...   one-device"), qPrintable(line));  // 10 columns + "..." + 1 of padding, in 14
+        }
+        if (line.contains("éxxx")) {
+            sawLong = true;
+            QVERIFY2(line.contains("é" + QString(26, 'x') + "..."), qPrintable(line));
+        }
+    }
+    QVERIFY(sawWide && sawLong);
 }
 
 void TestRunsCli::showRun()
