@@ -624,7 +624,7 @@ Result<TransformSpec> opFromJson(const json& j, const std::string& at)
     TransformSpec o;
     auto optSeed = [&](TransformSpec& spec) -> Status {
         if (!j.contains("seed") || j["seed"].is_null()) return okStatus();
-        if (!j["seed"].is_number_unsigned() && !j["seed"].is_number_integer())
+        if (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0)
             return jsonError(at + ".seed", "expected a non-negative integer, got " + shown(j["seed"]), typeHint(j["seed"], "seed", "a whole number >= 0"));
         spec.seed = j["seed"].get<uint64_t>();
         return okStatus();
@@ -753,9 +753,8 @@ nlohmann::json PipelineSpec::toJson() const
 {
     json ops_ = json::array();
     for (const auto& o : ops) ops_.push_back(opToJson(o));
-    return {{"source", sourceToJson(source)},
+    json out = {{"source", sourceToJson(source)},
             {"transformations", ops_},
-            {"seed", seed},
             {"deterministic", deterministic},
             {"skip_bad_records", skipBadRecords},
             {"window_steps", windowSteps},
@@ -765,6 +764,10 @@ nlohmann::json PipelineSpec::toJson() const
               {"ram_budget_mb", autotune.ramBudgetBytes / (1024 * 1024)},
               {"interval_seconds", autotune.intervalSeconds}}},
             {"auto_shard", autoShardPolicyName(autoShard)}};
+    // Unwritten, a pipeline takes the run's seed where it is prepared (prepareRun): a worker
+    // given this JSON must do the same, not read 0 as a seed given.
+    if (seedGiven) out["seed"] = seed;
+    return out;
 }
 
 Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::string& where)
@@ -787,6 +790,7 @@ Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::
         if (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0)
             return jsonError(where + ".seed", "expected a non-negative integer, got " + shown(j["seed"]), typeHint(j["seed"], "seed", "a whole number >= 0"));
         p.seed = j["seed"].get<uint64_t>();
+        p.seedGiven = true;
     }
     TS_ASSIGN(p.deterministic, getBool(j, "deterministic", where, true));
     TS_ASSIGN(p.skipBadRecords, getBool(j, "skip_bad_records", where, false));

@@ -147,6 +147,7 @@ struct PipelineSpec {
     SourceSpec source;
     std::vector<TransformSpec> ops;
     uint64_t seed = 0;             // derives every unset shuffle / random-map seed
+    bool seedGiven = false;        // "seed" was written; otherwise the run's seed is used (as tf.random.set_seed)
     bool deterministic = true;     // parallel stages keep the sequential order
     bool skipBadRecords = false;   // drop and count undecodable records instead of failing
     int64_t windowSteps = 50;      // steps per stall verdict window

@@ -359,6 +359,13 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
 {
     RunConfig& cfg = run.config;
     PipelineSpec& spec = *cfg.pipeline;
+    // A pipeline without a seed of its own takes the run's (--seed), as tf.data's ops take the
+    // global seed; written into the recorded pipeline, so a rerun of it draws the same.
+    for (PipelineSpec* p : {&spec, cfg.validationPipeline ? &*cfg.validationPipeline : nullptr})
+        if (p && !p->seedGiven) {
+            p->seed = cfg.seed;
+            p->seedGiven = true;
+        }
     applyRunSettings(spec, explicitBatch, cfg.limit, cfg.shuffle);
     if (cfg.validationPipeline) applyRunSettings(*cfg.validationPipeline, 0, cfg.validationLimit, true);
     // Folded into the pipelines, which the run records: a rerun of the recorded configuration

@@ -1605,6 +1605,47 @@ private slots:
             VERIFY_MSG(fitted.error().message, "'" + tmp("labels.csv") + "' line 31: label 12 is not one of the model's 10 class ids");
             VERIFY_MSG(fitted.error().hint, "at least 13");
 
+            // A pipeline without a seed of its own takes the run's (--seed, the configuration's
+            // "seed"), as tf.data's ops take the global seed; its own "seed" wins over it. The
+            // recorded pipeline holds the seed it drew with.
+            {
+                nlohmann::json shuffled = beyond;
+                shuffled["pipeline"]["source"]["paths"] = {tmp("labels_ok.csv")};
+                std::string ok = "label,a,b\n";
+                for (int i = 0; i < 40; ++i) ok += std::to_string(i % 10) + "," + std::to_string(i) + ",0\n";
+                writeBytes(tmp("labels_ok.csv"), ok);
+                shuffled["pipeline"]["transformations"] = nlohmann::json::parse(R"([{"op": "shuffle", "buffer_size": 40}, {"op": "batch", "batch_size": 40}])");
+                shuffled["batch_size"] = 40;
+                auto firstOrder = [&](const nlohmann::json& j, uint64_t runSeed) {
+                    auto c = RunConfig::fromJson(j, "run.json");
+                    if (!c.ok()) qFatal("%s", c.error().toString().c_str());
+                    c->seed = runSeed;
+                    auto r = prepareRun(*c);
+                    if (!r.ok()) qFatal("%s", r.error().toString().c_str());
+                    BatchSource& src = *r->trainSource();
+                    if (!src.startEpoch(0).ok()) qFatal("startEpoch");
+                    auto b = src.next();
+                    if (!b.ok() || !b->has_value()) qFatal("no batch");
+                    std::vector<float> order;
+                    if ((*b)->x.shape() != Shape({40, 2})) qFatal("batch %s", (*b)->x.shape().toString().c_str());
+                    for (int64_t i = 0; i < 40; ++i) order.push_back((*b)->x.data<float>()[i * 2]);
+                    return std::make_pair(order, r->config.pipeline->toJson().value("seed", nlohmann::json()));
+                };
+                const auto [seed1, recorded1] = firstOrder(shuffled, 1);
+                const auto [seed2, recorded2] = firstOrder(shuffled, 2);
+                QVERIFY(seed1 != seed2);
+                QCOMPARE(firstOrder(shuffled, 1).first, seed1);
+                QCOMPARE(recorded1, nlohmann::json(1));
+                QCOMPARE(recorded2, nlohmann::json(2));
+                shuffled["pipeline"]["seed"] = 5;
+                QCOMPARE(firstOrder(shuffled, 1).first, firstOrder(shuffled, 2).first);
+                // A negative op seed is refused like a negative pipeline seed.
+                shuffled["pipeline"]["transformations"][0]["seed"] = -5;
+                auto negativeSeed = RunConfig::fromJson(shuffled, "run.json");
+                QVERIFY(!negativeSeed.ok());
+                VERIFY_MSG(negativeSeed.error().message, "pipeline.transformations[0].seed");
+            }
+
             // With skip_bad_records that element is a bad record like any other: dropped as the
             // batch takes it (39 elements: 5 batches, the last of 7), not the whole run failed.
             beyond["pipeline"]["skip_bad_records"] = true;
