@@ -258,6 +258,7 @@ Result<int> Coordinator::captureTrace(int64_t steps, bool layers)
         return makeError(ErrorCode::InvalidArgument, "this run traces every step already", "its spans are recorded with the run");
     int started = 0;
     std::string declined;
+    std::lock_guard clients(m_clientsMutex);
     for (const auto& t : m_tasks) {
         if (t->ps) continue;  // no steps of their own; their spans come with a traced run
         std::string why;
@@ -343,6 +344,16 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
             bus.publish(tm::Event(tm::ErrorEvent{taskStamp(runId, "coordinator", "", 0), e.message, e.hint, "coordinator"}));
             bus.publish(tm::Event(tm::RunStateEvent{taskStamp(runId, "coordinator", "", 0), tm::RunState::Failed, e.message}));
             return e;
+        }
+        // The pre-flight reached every daemon (on connections of its own where needed), but a
+        // task's client may share a channel still waiting out the reconnect backoff its dead
+        // daemon caused, and would fail the reservation with the old "nothing listens": the
+        // restarted run talks to every daemon on a new connection.
+        {
+            std::lock_guard clients(m_clientsMutex);
+            for (Task* t : everyTask())
+                if (auto fresh = WorkerClient::connect(t->label, t->address, m_options.token, m_options.tls, /*ownConnection=*/true); fresh.ok())
+                    t->client = std::move(fresh).value();
         }
         bus.publish(tm::Event(tm::LogEvent{taskStamp(runId, "coordinator", "", 0), tm::LogLevel::Warning,
                                            "restarting the run from its backup (restart " + std::to_string(m_restarts + m_rejoins) + " of " +

@@ -163,6 +163,7 @@ private:
     std::function<void()> m_wake;   // wakes run()'s loop; set while it runs
     std::string m_taskRun;          // the attempt whose tasks train now (empty: none)
     std::mutex m_wakeMutex;         // guards m_wake and m_taskRun
+    std::mutex m_clientsMutex;      // guards replacing a task's client against captureTrace's calls
 };
 
 } // namespace ts::remote
