@@ -44,6 +44,12 @@ struct Coordinator::Task {
 
 namespace {
 
+// A task's error that only says the chief's error tells why (trainer.h).
+bool pointsAtChief(const Error& e)
+{
+    return e.message.find(kChiefCouldNotRestore) != std::string::npos;
+}
+
 // A safetensors file's bytes as its "weights" parts arrive, in order on one task's stream:
 // anything else (a part missing, repeated, or of another count) is a broken sender, and the
 // bytes are not used rather than used damaged.
@@ -878,7 +884,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                        err.message + " (after the run was cancelled)"}));
                 } else {
                     bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
-                    if (!failure) failure = err;
+                    if (!failure || (pointsAtChief(*failure) && !pointsAtChief(err))) failure = err;
                 }
             } else if (e.kind == "step" && (psRun ? (i == reporter || (i < reporter && !t.ps)) && e.step > lastReported : chief)) {
                 if (psRun) reporter = i;  // a rejoined lower worker reports again once it trains
@@ -1120,8 +1126,17 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
         lock.lock();
         inbox.cv.wait_for(lock, 1s, [&] { return inbox.allAnsweringEnded(); });
         for (auto& [i, e] : inbox.events) {
-            if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
-            else (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
+            if (e.kind == "state") {
+                m_tasks[i]->state = e.fields.value("state", "");
+            } else if (e.kind == "error") {
+                // Another task's error after the first: logged; the chief's own reason replaces
+                // a task's pointer to it (whichever arrived first).
+                Error err = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
+                bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, err.message}));
+                if (pointsAtChief(*failure) && !pointsAtChief(err)) failure = err;
+            } else {
+                (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
+            }
         }
         inbox.events.clear();
         lock.unlock();

@@ -880,7 +880,7 @@ Result<bool> Trainer::restoreFromBackup(TrainListener* listener)
         verdict = v.data<float>()[0];
         if (verdict == 2) {
             if (failure) return *failure;
-            return makeError(ErrorCode::InvalidArgument, "the chief could not restore the run's backup (its error says why)",
+            return makeError(ErrorCode::InvalidArgument, kChiefCouldNotRestore,
                              "fix or delete the chief's backup folder, then start every task again");
         }
         if (verdict == 0) return false;

@@ -104,6 +104,10 @@ struct EpochEvent {
 // skipped by the loss scale (the weights did not change), with its hint; nullopt otherwise.
 std::optional<Error> allStepsSkipped(const EpochEvent& e);
 
+// A task's error that only points at the chief's (a multi-worker run whose chief refused its
+// backup): the coordinator reports the chief's own error instead when it arrives.
+inline constexpr const char* kChiefCouldNotRestore = "the chief could not restore the run's backup (its error says why)";
+
 struct FitResult {
     int64_t epochs = 0, steps = 0;  // epochs: those reported, a last one cut short by max_steps included
     bool partialEpoch = false;   // the last epoch was cut short by max_steps

@@ -1264,6 +1264,29 @@ void TestWorker::restartedRunResumesFromBackup()
     QCOMPARE(counts->steps, int64_t(400));
     QCOMPARE(counts->breakdowns, int64_t(400));  // the failed attempt's last ones were cut off
 
+    // A backup made with other settings is refused by the chief, and the run's error is the
+    // chief's reason (the settings that differ), not the worker's pointer to it ("the chief could
+    // not restore the run's backup (its error says why)"), whichever arrives first.
+    {
+        auto c = tstest::spawnWorker(dir.path(), "d-chief", kToken, {"--backup-root", root});
+        auto w = spawnWorker(dir.path(), "d-worker");
+        const QString cl = writeCluster(dir.path(), {c->port, w->port});
+        auto first = startCoordinator(coordinatorArgs(cl, 1000000) + QStringList{"--no-record", "--backup-dir", "run-d", "--backup-every-steps", "5"});
+        QString seen;
+        QVERIFY2(tstest::readUntil(*first, seen, "Epoch 2:"), qPrintable(seen));
+        ::kill(static_cast<pid_t>(first->processId()), SIGINT);  // cancelled: the backup stays
+        QVERIFY(first->waitForFinished(30000));
+        QVERIFY(QFile::exists(root + "/run-d/backup.safetensors"));
+        for (int attempt = 0; attempt < 3; ++attempt) {
+            auto other = startCoordinator(coordinatorArgs(cl, 1000000) +
+                                          QStringList{"--no-record", "--backup-dir", "run-d", "--backup-every-steps", "5", "--learning-rate", "0.01"});
+            QVERIFY(other->waitForFinished(60000));
+            const QString err = QString::fromUtf8(other->readAllStandardError());
+            QCOMPARE(other->exitCode(), 1);
+            QVERIFY2(err.contains("error: chief:0 at") && err.contains("other settings"), qPrintable(err));
+        }
+    }
+
     // A backup folder that tries to leave the worker's root is refused by the coordinator before
     // any daemon is reserved (the daemons check it too: refusesOversizedAndMalformed).
     auto chief = tstest::spawnWorker(dir.path(), "c-chief", kToken, {"--backup-root", root});
