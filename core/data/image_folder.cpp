@@ -90,6 +90,90 @@ int decodeJpegRaw(const uint8_t* data, std::size_t size, int channels, JpegError
     return err.warnings > 0 ? 2 : 0;
 }
 
+// PNG through libpng's low-level API, as tf.io.decode_png reads it: the file's values, with no
+// gamma or colour-profile conversion (the simplified png_image API converts 16-bit channels and
+// files with a gAMA chunk to sRGB: a grey 25700 of 65535 came out 167, not 100), 16-bit channels
+// cut to their high byte, alpha dropped rather than composited over black, palettes expanded.
+// Grey from colour uses the ITU-R 601 weights, as the JPEG path (libjpeg) and PIL's "L" do.
+// Errors longjmp back here; no C++ object with a destructor lives across the setjmp.
+struct PngRead {
+    const uint8_t* data;
+    std::size_t size, pos;
+    char message[256];
+};
+
+void pngReadData(png_structp png, png_bytep out, png_size_t n)
+{
+    auto* r = static_cast<PngRead*>(png_get_io_ptr(png));
+    if (r->size - r->pos < n) png_error(png, "the file ends early (truncated)");
+    std::memcpy(out, r->data + r->pos, n);
+    r->pos += n;
+}
+
+void pngError(png_structp png, png_const_charp message)
+{
+    auto* r = static_cast<PngRead*>(png_get_error_ptr(png));
+    std::snprintf(r->message, sizeof r->message, "%s", message);
+    png_longjmp(png, 1);
+}
+
+void pngWarning(png_structp, png_const_charp) {}  // e.g. an sRGB profile libpng finds inexact: the pixels are fine
+
+// Returns 0 on success, 1 on an error (message in r).
+int decodePngRaw(const uint8_t* data, std::size_t size, int channels, PngRead& r, uint8_t* (*alloc)(void* ctx, int w, int h),
+                 void* ctx)
+{
+    r.data = data;
+    r.size = size;
+    r.pos = 0;
+    r.message[0] = 0;
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &r, pngError, pngWarning);
+    if (!png) {
+        std::snprintf(r.message, sizeof r.message, "out of memory");
+        return 1;
+    }
+    png_infop info = png_create_info_struct(png);
+    if (!info) {
+        png_destroy_read_struct(&png, nullptr, nullptr);
+        std::snprintf(r.message, sizeof r.message, "out of memory");
+        return 1;
+    }
+    if (setjmp(png_jmpbuf(png))) {
+        png_destroy_read_struct(&png, &info, nullptr);
+        return 1;
+    }
+    png_set_read_fn(png, &r, pngReadData);
+    png_read_info(png, info);
+    const int colorType = png_get_color_type(png, info);
+    const int bitDepth = png_get_bit_depth(png, info);
+    if (colorType == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+    if (colorType == PNG_COLOR_TYPE_GRAY && bitDepth < 8) png_set_expand_gray_1_2_4_to_8(png);
+    if (bitDepth == 16) png_set_strip_16(png);
+    png_set_strip_alpha(png);
+    const bool color = (colorType & PNG_COLOR_MASK_COLOR) != 0;
+    if (channels == 3 && !color) png_set_gray_to_rgb(png);
+    if (channels == 1 && color) png_set_rgb_to_gray_fixed(png, PNG_ERROR_ACTION_NONE, 29900, 58700);
+    const int passes = png_set_interlace_handling(png);
+    png_read_update_info(png, info);
+    const png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+    const std::size_t stride = static_cast<std::size_t>(w) * static_cast<std::size_t>(channels);
+    if (png_get_rowbytes(png, info) != stride) {
+        std::snprintf(r.message, sizeof r.message, "unexpected row layout (%zu bytes for %u pixels)", static_cast<std::size_t>(png_get_rowbytes(png, info)), w);
+        png_destroy_read_struct(&png, &info, nullptr);
+        return 1;
+    }
+    uint8_t* out = alloc(ctx, static_cast<int>(w), static_cast<int>(h));
+    if (!out) {
+        std::snprintf(r.message, sizeof r.message, "out of memory for a %ux%u image", w, h);
+        png_destroy_read_struct(&png, &info, nullptr);
+        return 1;
+    }
+    for (int pass = 0; pass < passes; ++pass)
+        for (png_uint_32 y = 0; y < h; ++y) png_read_row(png, out + static_cast<std::size_t>(y) * stride, nullptr);
+    png_destroy_read_struct(&png, &info, nullptr);
+    return 0;
+}
+
 struct JpegAlloc {
     Tensor t;
     int channels = 3;
@@ -202,23 +286,12 @@ Result<Tensor> decodeImage(const uint8_t* data, std::size_t size, const std::str
     static const uint8_t kPng[8] = {0x89, 'P', 'N', 'G', 0x0D, 0x0A, 0x1A, 0x0A};
     Tensor img;
     if (size >= 8 && std::memcmp(data, kPng, 8) == 0) {
-        png_image pi;
-        std::memset(&pi, 0, sizeof pi);
-        pi.version = PNG_IMAGE_VERSION;
-        if (!png_image_begin_read_from_memory(&pi, data, size))
-            return makeError(ErrorCode::ParseError, "cannot decode PNG image '" + name + "': " + pi.message,
-                             "the file is corrupt or truncated");
-        pi.format = channels == 1 ? PNG_FORMAT_GRAY : PNG_FORMAT_RGB;
-        auto t = Tensor::create(Shape{static_cast<int64_t>(pi.height), static_cast<int64_t>(pi.width), channels}, DType::U8);
-        if (!t.ok()) {
-            png_image_free(&pi);
-            return t.takeError();
-        }
-        img = std::move(t).value();
-        const png_color black{0, 0, 0};
-        if (!png_image_finish_read(&pi, &black, img.raw(), 0, nullptr))
-            return makeError(ErrorCode::ParseError, "cannot decode PNG image '" + name + "': " + pi.message,
-                             "the file is corrupt or truncated");
+        PngRead r;
+        JpegAlloc alloc;
+        alloc.channels = channels;
+        if (decodePngRaw(data, size, channels, r, allocJpeg, &alloc) != 0)
+            return makeError(ErrorCode::ParseError, "cannot decode PNG image '" + name + "': " + r.message, "the file is corrupt or truncated");
+        img = std::move(alloc.t);
     } else if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) {
         JpegError err;
         JpegAlloc alloc;

@@ -163,6 +163,32 @@ MapFunction sleepFn(int ms)
     });
 }
 
+// A PNG written by hand (libpng's writer would not make these): `rows` holds each row's raw
+// bytes (no filter byte); `extra` chunks (type, data) go before IDAT.
+std::string rawPng(uint32_t w, uint32_t h, uint8_t bitDepth, uint8_t colorType, const std::string& rows,
+                   const std::vector<std::pair<std::string, std::string>>& extra = {})
+{
+    auto be32 = [](uint32_t v) {
+        return std::string{static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+    };
+    auto chunk = [&](const std::string& type, const std::string& data) {
+        const std::string td = type + data;
+        const uLong crc = crc32(0L, reinterpret_cast<const Bytef*>(td.data()), static_cast<uInt>(td.size()));
+        return be32(static_cast<uint32_t>(data.size())) + td + be32(static_cast<uint32_t>(crc));
+    };
+    const std::size_t rowBytes = rows.size() / h;
+    std::string filtered;
+    for (uint32_t y = 0; y < h; ++y) filtered += '\0' + rows.substr(y * rowBytes, rowBytes);
+    std::string z(compressBound(static_cast<uLong>(filtered.size())), '\0');
+    uLongf zn = static_cast<uLongf>(z.size());
+    compress(reinterpret_cast<Bytef*>(z.data()), &zn, reinterpret_cast<const Bytef*>(filtered.data()), static_cast<uLong>(filtered.size()));
+    z.resize(zn);
+    std::string out = "\x89PNG\r\n\x1a\n";
+    out += chunk("IHDR", be32(w) + be32(h) + std::string{static_cast<char>(bitDepth), static_cast<char>(colorType), 0, 0, 0});
+    for (const auto& [type, data] : extra) out += chunk(type, data);
+    return out + chunk("IDAT", z) + chunk("IEND", "");
+}
+
 Tensor image(int64_t h, int64_t w, int64_t c, uint8_t r, uint8_t g, uint8_t b)
 {
     Tensor t = Tensor::empty(Shape{h, w, c}, DType::U8);
@@ -597,6 +623,28 @@ private slots:
         VERIFY_MSG(decodeErr(root + "/a/1text.png"), "'" + root + "/a/1text.png' is neither a PNG nor a JPEG");
         VERIFY_MSG(decodeErr(root + "/a/2cut.png"), "cannot decode PNG image '" + root + "/a/2cut.png'");
         VERIFY_MSG(decodeErr(root + "/a/3cut.jpg"), "cannot decode JPEG image '" + root + "/a/3cut.jpg'");
+
+        // The file's values, as tf.io.decode_png gives them: 16-bit channels cut to their high
+        // byte and no gamma conversion (the simplified libpng API gave 167 for these 100s),
+        // alpha dropped rather than composited over black (it gave 72 for 100 at alpha 128).
+        auto pixels = [](const std::string& png, int channels) {
+            auto r = decodeImage(reinterpret_cast<const uint8_t*>(png.data()), png.size(), "t.png", 0, 0, channels);
+            if (!r.ok()) qFatal("%s", r.error().toString().c_str());
+            const auto* p = r->data<uint8_t>();
+            return std::vector<int>(p, p + r->numel());
+        };
+        const std::string grey16 = rawPng(2, 1, 16, 0, std::string("\x64\x64\xc8\x00", 4));  // 25700, 51200
+        QCOMPARE(pixels(grey16, 1), (std::vector<int>{100, 200}));
+        QCOMPARE(pixels(grey16, 3), (std::vector<int>{100, 100, 100, 200, 200, 200}));
+        const std::string gamma = rawPng(1, 1, 8, 0, "\x64", {{"gAMA", std::string("\x00\x01\x86\xa0", 4)}});  // gamma 1.0
+        QCOMPARE(pixels(gamma, 1), (std::vector<int>{100}));
+        const std::string rgba = rawPng(1, 1, 8, 6, std::string("\x64\x32\x0a\x80", 4));  // (100, 50, 10), alpha 128
+        QCOMPARE(pixels(rgba, 3), (std::vector<int>{100, 50, 10}));
+        QCOMPARE(pixels(rgba, 1), (std::vector<int>{60}));  // 0.299 * 100 + 0.587 * 50 + 0.114 * 10 = 60.4
+        const std::string palette = rawPng(2, 1, 8, 3, std::string("\x01\x00", 2), {{"PLTE", std::string("\x0a\x14\x1e\x28\x32\x3c", 6)}});
+        QCOMPARE(pixels(palette, 3), (std::vector<int>{40, 50, 60, 10, 20, 30}));
+        const std::string twoBit = rawPng(4, 1, 2, 0, std::string("\x1b", 1));  // 0, 1, 2, 3 of 3
+        QCOMPARE(pixels(twoBit, 1), (std::vector<int>{0, 85, 170, 255}));
 
         // Through a (parallel) pipeline: the first bad file stops the epoch, named.
         PipelineSpec spec(SourceSpec::imageFolder(root, 4, 4, 3));
