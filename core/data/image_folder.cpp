@@ -213,8 +213,11 @@ Result<ImageFolderListing> listImageFolder(const std::string& root, const std::v
     ImageFolderListing out;
     out.root = root;
     if (classNames.empty()) {
+        // As Keras' image_dataset_from_directory: hidden folders (.ipynb_checkpoints, .git) are
+        // no classes (one would shift every label after it).
         for (const auto& entry : fs::directory_iterator(root, ec))
-            if (entry.is_directory(ec)) out.classNames.push_back(entry.path().filename().string());
+            if (entry.is_directory(ec) && entry.path().filename().string().rfind('.', 0) != 0)
+                out.classNames.push_back(entry.path().filename().string());
         if (ec) return makeError(ErrorCode::IoError, "cannot list image folder '" + root + "': " + ec.message());
         std::sort(out.classNames.begin(), out.classNames.end());
         if (out.classNames.empty())
@@ -222,14 +225,21 @@ Result<ImageFolderListing> listImageFolder(const std::string& root, const std::v
                              "put the images of each class in a sub-folder named after it");
     } else {
         out.classNames = classNames;
+        std::vector<std::string> sorted = classNames;
+        std::sort(sorted.begin(), sorted.end());
+        if (const auto twice = std::adjacent_find(sorted.begin(), sorted.end()); twice != sorted.end())
+            return makeError(ErrorCode::InvalidArgument, "image folder '" + root + "': class_names lists '" + *twice + "' twice",
+                             "name each class once (its images would be read twice, with two labels)");
     }
     for (std::size_t c = 0; c < out.classNames.size(); ++c) {
         const fs::path dir = fs::path(root) / out.classNames[c];
         if (!fs::is_directory(dir, ec))
             return makeError(ErrorCode::NotFound, "image folder '" + root + "' has no class folder '" + out.classNames[c] + "'");
+        // Images in sub-folders of a class folder are that class's too, as Keras walks them.
         std::vector<std::string> files;
-        for (const auto& entry : fs::directory_iterator(dir, ec))
-            if (entry.is_regular_file(ec) && isImageName(entry.path())) files.push_back(entry.path().string());
+        fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec);
+        for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
+            if (it->is_regular_file(ec) && isImageName(it->path())) files.push_back(it->path().string());
         if (ec) return makeError(ErrorCode::IoError, "cannot list '" + dir.string() + "': " + ec.message());
         std::sort(files.begin(), files.end());
         for (auto& f : files)

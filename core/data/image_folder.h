@@ -21,11 +21,12 @@ struct ImageFolderListing {
         std::shared_ptr<const std::string> path;
         int32_t label = 0;
     };
-    std::vector<File> files;  // by class, then by file name
+    std::vector<File> files;  // by class, then by path
 };
 
-// Lists root's class sub-folders (or exactly `classNames`, in that order) and their .png, .jpg
-// and .jpeg files (any case). NotFound: no root, a named class folder missing, or no images.
+// Lists root's class sub-folders (hidden ones skipped; or exactly `classNames`, in that order,
+// each once) and the .png, .jpg and .jpeg files (any case) anywhere under each, as Keras'
+// image_dataset_from_directory. NotFound: no root, a named class folder missing, or no images.
 Result<ImageFolderListing> listImageFolder(const std::string& root, const std::vector<std::string>& classNames = {});
 
 // Decodes an encoded PNG or JPEG held in memory to u8 (height, width, channels), channels 1

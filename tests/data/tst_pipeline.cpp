@@ -578,6 +578,29 @@ private slots:
         QCOMPARE(listing->classNames, (std::vector<std::string>{"cat", "dog"}));
         QCOMPARE(listing->files.size(), std::size_t(3));
 
+        // As Keras: a hidden folder is no class (an empty .ipynb_checkpoints shifted every label),
+        // images in a class folder's sub-folders are that class's, and class_names name each
+        // class once (a duplicate read its images twice, with two labels).
+        {
+            const std::string keras = tmp("keras_images");
+            fs::create_directories(keras + "/.ipynb_checkpoints");
+            fs::create_directories(keras + "/k0/sub/deeper");
+            fs::create_directories(keras + "/k1");
+            VERIFY_OK(writePng(keras + "/k0/a.png", image(2, 2, 1, 1, 1, 1)));
+            VERIFY_OK(writePng(keras + "/k0/sub/b.png", image(2, 2, 1, 1, 1, 1)));
+            VERIFY_OK(writePng(keras + "/k0/sub/deeper/c.png", image(2, 2, 1, 1, 1, 1)));
+            VERIFY_OK(writePng(keras + "/k1/d.png", image(2, 2, 1, 1, 1, 1)));
+            auto k = listImageFolder(keras);
+            VERIFY_OK(k);
+            QCOMPARE(k->classNames, (std::vector<std::string>{"k0", "k1"}));
+            std::vector<std::pair<std::string, int32_t>> got;
+            for (const auto& f : k->files) got.emplace_back(fs::path(*f.path).filename().string(), f.label);
+            QCOMPARE(got, (std::vector<std::pair<std::string, int32_t>>{{"a.png", 0}, {"b.png", 0}, {"c.png", 0}, {"d.png", 1}}));
+            auto twice = listImageFolder(keras, {"k0", "k1", "k0"});
+            QVERIFY(!twice.ok());
+            VERIFY_MSG(twice.error().message, "class_names lists 'k0' twice");
+        }
+
         PipelineSpec spec(SourceSpec::imageFolder(root, 8, 8, 3));
         spec.batch(3);
         auto p = make(spec);
