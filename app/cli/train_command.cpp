@@ -430,6 +430,14 @@ int runTrain(const TrainOptions& options)
         cfg.model = std::move(model).value();
         cfg.modelFile.clear();
     }
+    if (!o.data.empty() && cfg.pipeline) {
+        // It would be ignored: a pipeline names its own files.
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument,
+                                 "--data names the IDX folder of a run without an input pipeline; " +
+                                     (cfg.source.empty() ? std::string("this run's") : cfg.source + "'s") + " pipeline reads its own source",
+                                 "set the pipeline source's \"dir\" (or \"paths\") in the configuration, or leave --data out"));
+        return 2;
+    }
     if (!o.data.empty()) cfg.dataDir = o.data;
     if (o.epochs >= 0) cfg.epochs = o.epochs;
     if (o.epochs == 0) {

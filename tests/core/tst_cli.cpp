@@ -201,6 +201,8 @@ void TestCli::badInput_data()
                                             << QStringList{"--trace and --save-weights name the same file"};
     QTest::newRow("trace over the training data") << QStringList{"train", "--no-record", "--config", m_dir.filePath("csv_run.json"), "--trace", m_dir.filePath("rows.csv")}
                                                   << QStringList{"--trace", "rows.csv is a file the pipeline reads"};
+    QTest::newRow("data folder beside a pipeline") << QStringList{"train", "--no-record", "--config", m_dir.filePath("csv_run.json"), "--data", m_dir.path()}
+                                                   << QStringList{"--data names the IDX folder of a run without an input pipeline", "csv_run.json's pipeline"};
     QTest::newRow("backup folder under a file") << QStringList{"train", "--db", m_dir.filePath("records.db"), "--backup-dir", m_dir.filePath("broken.json/backup")}
                                                 << QStringList{"--backup-dir", "broken.json/backup", "cannot make the folder"};
     QTest::newRow("weights into a missing folder") << QStringList{"train", "--no-record", "--save-weights", m_dir.filePath("no_such_dir/w.safetensors")}

@@ -1717,6 +1717,21 @@ private slots:
                 VERIFY_MSG(negativeSeed.error().message, "pipeline.transformations[0].seed");
             }
 
+            // A validation pipeline is skipped with validation off (--no-validation, "data":
+            // {"validate": false}); it was built and evaluated every epoch regardless.
+            {
+                nlohmann::json v = beyond;
+                v["pipeline"]["source"]["paths"] = {tmp("labels_ok.csv")};
+                v["validation_pipeline"] = v["pipeline"];
+                auto withVal = prepareRun(*RunConfig::fromJson(v, "run.json"));
+                VERIFY_OK(withVal);
+                QVERIFY(withVal->validationPipeline != nullptr);
+                v["data"]["validate"] = false;
+                auto without = prepareRun(*RunConfig::fromJson(v, "run.json"));
+                VERIFY_OK(without);
+                QVERIFY(without->validationPipeline == nullptr && without->validationSource() == nullptr);
+            }
+
             // With skip_bad_records that element is a bad record like any other: dropped as the
             // batch takes it (39 elements: 5 batches, the last of 7), not the whole run failed.
             beyond["pipeline"]["skip_bad_records"] = true;
