@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <map>
 #include <limits>
 
 #include <unistd.h>
@@ -219,6 +220,24 @@ Result<RunConfig> RunConfig::fromJson(const nlohmann::json& j, const std::string
         if (j.contains("validation_pipeline") && !j["validation_pipeline"].is_null()) {
             TS_ASSIGN(PipelineSpec p, PipelineSpec::fromJson(j["validation_pipeline"], source + ": validation_pipeline"));
             c.validationPipeline = std::move(p);
+        }
+        // Two cache ops writing one file would each find the other's data there ("made by
+        // another pipeline") after the first epoch: one file per cache.
+        std::map<std::string, std::string> caches;  // file -> where
+        for (const auto& [p, name] : {std::pair{&c.pipeline, "pipeline"}, std::pair{&c.validationPipeline, "validation_pipeline"}}) {
+            if (!*p) continue;
+            for (std::size_t i = 0; i < (*p)->ops.size(); ++i) {
+                const TransformSpec& op = (*p)->ops[i];
+                if (op.kind != TransformKind::Cache || op.cacheFile.empty()) continue;
+                const std::string at = std::string(name) + ".transformations[" + std::to_string(i) + "]";
+                std::error_code ec;
+                const std::string key = std::filesystem::weakly_canonical(op.cacheFile, ec).string();
+                const auto [it, fresh] = caches.emplace(ec ? op.cacheFile : key, at);
+                if (!fresh)
+                    return makeError(ErrorCode::InvalidArgument,
+                                     source + ": " + at + " caches into '" + op.cacheFile + "', which " + it->second + " caches into too",
+                                     "give each cache its own file (or leave \"filename\" out to cache in memory)");
+            }
         }
     } catch (const nlohmann::json::exception& e) {
         return makeError(ErrorCode::ParseError, source + ": " + e.what());

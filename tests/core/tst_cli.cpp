@@ -85,6 +85,11 @@ void TestCli::initTestCase()
               QString(R"({"model_file": "%1", "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"}}})")
                   .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"), m_dir.filePath("rows.csv"))
                   .toUtf8());
+    writeFile(m_dir.filePath("csv_cache_run.json"),
+              QString(R"({"model_file": "%1", "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"},
+                          "transformations": [{"op": "cache", "filename": "%3"}]}})")
+                  .arg(QStringLiteral(TS_SOURCE_DIR "/resources/models/seed_mlp.json"), m_dir.filePath("rows.csv"), m_dir.filePath("rows.cache"))
+                  .toUtf8());
     writeFile(m_dir.filePath("wrong_input.json"),
               R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
                  {"id": "input", "type": "Input", "attrs": {"shape": [100]}},
@@ -201,6 +206,8 @@ void TestCli::badInput_data()
                                             << QStringList{"--trace and --save-weights name the same file"};
     QTest::newRow("trace over the training data") << QStringList{"train", "--no-record", "--config", m_dir.filePath("csv_run.json"), "--trace", m_dir.filePath("rows.csv")}
                                                   << QStringList{"--trace", "rows.csv is a file the pipeline reads"};
+    QTest::newRow("weights over the cache file") << QStringList{"train", "--no-record", "--config", m_dir.filePath("csv_cache_run.json"), "--save-weights", m_dir.filePath("rows.cache")}
+                                                 << QStringList{"--save-weights", "rows.cache is a cache file of the pipeline"};
     QTest::newRow("data folder beside a pipeline") << QStringList{"train", "--no-record", "--config", m_dir.filePath("csv_run.json"), "--data", m_dir.path()}
                                                    << QStringList{"--data names the IDX folder of a run without an input pipeline", "csv_run.json's pipeline"};
     QTest::newRow("backup folder under a file") << QStringList{"train", "--db", m_dir.filePath("records.db"), "--backup-dir", m_dir.filePath("broken.json/backup")}

@@ -1730,6 +1730,13 @@ private slots:
                 auto without = prepareRun(*RunConfig::fromJson(v, "run.json"));
                 VERIFY_OK(without);
                 QVERIFY(without->validationPipeline == nullptr && without->validationSource() == nullptr);
+                // The two pipelines may not cache into one file (each found the other's data).
+                v["pipeline"]["transformations"] = nlohmann::json::parse(R"([{"op": "cache", "filename": "shared.cache"}])");
+                v["validation_pipeline"]["transformations"] = v["pipeline"]["transformations"];
+                auto shared = RunConfig::fromJson(v, "run.json");
+                QVERIFY(!shared.ok());
+                VERIFY_MSG(shared.error().message,
+                           "run.json: validation_pipeline.transformations[0] caches into 'shared.cache', which pipeline.transformations[0] caches into too");
             }
 
             // With skip_bad_records that element is a bad record like any other: dropped as the
