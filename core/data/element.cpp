@@ -10,6 +10,12 @@ std::string Element::where() const
     return s;
 }
 
+std::string Element::labelWhere() const
+{
+    if (!labelOrigin) return where();
+    return "'" + *labelOrigin + "' " + (position.empty() ? "element " + std::to_string(key) : position);
+}
+
 uint64_t mixSeed(uint64_t x)
 {
     x += 0x9E3779B97F4A7C15ull;

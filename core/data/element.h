@@ -22,11 +22,16 @@ struct Element {
     // Where the element came from, for error messages: a file path (shared by every record of
     // the file). May be null for in-memory tensors.
     std::shared_ptr<const std::string> origin;
+    // The labels' file where they come from another one (an npy source's y, IDX labels); null:
+    // `origin` holds both.
+    std::shared_ptr<const std::string> labelOrigin;
     // Position inside `origin` in human terms ("line 17", "row 4031"); empty: "element <key>".
     std::string position;
 
     // "'file.csv' line 17" / "'train-images.gz' row 42" / "element 42": for error messages.
     std::string where() const;
+    // where() for a message about the label: the labels' own file when they have one.
+    std::string labelWhere() const;
 };
 
 // What a map function gets besides the element.

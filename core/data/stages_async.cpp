@@ -324,6 +324,7 @@ private:
         Element meta;
         meta.key = e.key;
         meta.origin = e.origin;
+        meta.labelOrigin = e.labelOrigin;
         meta.position = e.position;
         const int64_t t0 = nowNs();
         Result<Element> out = m_fn.fn(std::move(e), m_mc);

@@ -33,6 +33,7 @@ Element metaOf(const Element& e)
     Element m;
     m.key = e.key;
     m.origin = e.origin;
+    m.labelOrigin = e.labelOrigin;
     m.position = e.position;
     return m;
 }
@@ -189,7 +190,7 @@ std::optional<Error> classIdError(const Element& e, const std::string& stage, in
     const int32_t id = e.y.data<int32_t>()[0];
     if (id >= 0 && id < classCount) return std::nullopt;
     return makeError(ErrorCode::InvalidArgument,
-                     stage + ": " + e.where() + ": label " + std::to_string(id) + " is not one of the model's " + std::to_string(classCount) +
+                     stage + ": " + e.labelWhere() + ": label " + std::to_string(id) + " is not one of the model's " + std::to_string(classCount) +
                          " class ids (0.." + std::to_string(classCount - 1) + ")",
                      id < 0 ? "class ids start at 0: map the classes to 0.." + std::to_string(classCount - 1) + " in the data"
                             : "fix the label there, or give the last layer one unit per class (at least " + std::to_string(int64_t(id) + 1) +
@@ -241,6 +242,7 @@ Result<Element> stack(std::vector<Element>& items, const std::string& stage)
     TS_ASSIGN(out.y, stackField(&Element::y));
     out.key = first.key;
     out.origin = first.origin;
+    out.labelOrigin = first.labelOrigin;
     out.position = first.position;
     return out;
 }

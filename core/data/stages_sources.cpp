@@ -77,7 +77,7 @@ struct Arrays {
     Tensor x, y;
     Shape xRow, yRow;
     int64_t n = 0;
-    std::shared_ptr<const std::string> origin;
+    std::shared_ptr<const std::string> origin, labelOrigin;
 };
 
 Shape rowShape(const Tensor& t)
@@ -101,12 +101,14 @@ Result<Tensor> normaliseLabels(const Tensor& y, const std::string& what)
     return makeError(ErrorCode::Unsupported, what + ": labels of dtype " + std::string(dtypeName(y.dtype())) + " are not supported");
 }
 
-Result<std::shared_ptr<const Arrays>> makeArrays(Tensor x, Tensor y, const std::string& origin, const std::string& what)
+// `labelOrigin`/`labelWhat`: the labels' own file, when they come from another one than the features.
+Result<std::shared_ptr<const Arrays>> makeArrays(Tensor x, Tensor y, const std::string& origin, const std::string& what,
+                                                 const std::string& labelOrigin = {}, const std::string& labelWhat = {})
 {
     auto a = std::make_shared<Arrays>();
     if (!x.defined() || x.shape().rank() < 1)
         return makeError(ErrorCode::ShapeMismatch, what + ": the features need at least one dimension (the elements)");
-    TS_ASSIGN(a->y, normaliseLabels(y, what));
+    TS_ASSIGN(a->y, normaliseLabels(y, labelWhat.empty() ? what : labelWhat));
     a->x = std::move(x);
     a->n = a->x.shape()[0];
     if (a->y.defined() && (a->y.shape().rank() < 1 || a->y.shape()[0] != a->n))
@@ -124,12 +126,13 @@ Result<std::shared_ptr<const Arrays>> makeArrays(Tensor x, Tensor y, const std::
         if (at < 0) continue;
         const int64_t perRow = std::max<int64_t>(1, rowShape(*t).numel());
         return makeError(ErrorCode::InvalidArgument,
-                         what + ": the " + role + " hold " + nonFiniteName(t->floatAt(at)) + " at row " + std::to_string(at / perRow) +
+                         (t == &a->y && !labelWhat.empty() ? labelWhat : what) + ": the " + role + " hold " + nonFiniteName(t->floatAt(at)) + " at row " + std::to_string(at / perRow) +
                              (perRow > 1 ? " (value " + std::to_string(at % perRow) + " of " + std::to_string(perRow) + ")" : std::string()),
                          "replace or drop the rows that are not finite before training (numpy: keep the rows where "
                          "np.isfinite(x).all(axis=1), or x = np.nan_to_num(x))");
     }
     if (!origin.empty()) a->origin = std::make_shared<const std::string>(origin);  // in-memory tensors: no file
+    if (!labelOrigin.empty()) a->labelOrigin = std::make_shared<const std::string>(labelOrigin);
     return std::shared_ptr<const Arrays>(std::move(a));
 }
 
@@ -192,7 +195,7 @@ Result<std::shared_ptr<const Arrays>> loadIdx(const SourceSpec& s)
     std::memcpy(x.raw(), img.data.data(), img.data.size());
     TS_ASSIGN(Tensor y, Tensor::create(Shape{n}, DType::I32));
     for (int64_t i = 0; i < n; ++i) y.data<int32_t>()[i] = lab.data[static_cast<std::size_t>(i)];
-    return makeArrays(std::move(x), std::move(y), images, "IDX files '" + images + "' + '" + labels + "'");
+    return makeArrays(std::move(x), std::move(y), images, "IDX files '" + images + "' + '" + labels + "'", labels, "IDX labels file '" + labels + "'");
 }
 
 Result<std::shared_ptr<const Arrays>> loadNpy(const SourceSpec& s)
@@ -207,6 +210,7 @@ Result<std::shared_ptr<const Arrays>> loadNpy(const SourceSpec& s)
                                  s.paths[1] + "' has shape " + y.shape().toString(),
                              "features and labels must hold the same number of examples (dimension 0)");
     }
+    if (s.paths.size() > 1) return makeArrays(std::move(x), std::move(y), s.paths[0], "'" + s.paths[0] + "'", s.paths[1], "'" + s.paths[1] + "'");
     return makeArrays(std::move(x), std::move(y), s.paths[0], "'" + s.paths[0] + "'");
 }
 
@@ -263,6 +267,7 @@ public:
         if (m_arrays->y.defined()) e.y = m_arrays->y.rows(m_i, m_i + 1).reshaped(m_arrays->yRow);
         e.key = m_keyBase + static_cast<uint64_t>(m_i);
         e.origin = m_arrays->origin;
+        e.labelOrigin = m_arrays->labelOrigin;
         if (e.origin) e.position = "row " + std::to_string(m_i);  // errors then say "'x.npy' row 3"
         ++m_i;
         m_counters->addBusy(nowNs() - t0);

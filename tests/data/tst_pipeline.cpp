@@ -559,7 +559,7 @@ private slots:
         VERIFY_OK(writeNpy(tmp("fin_x.npy"), Tensor::zeros(Shape{4, 3})));
         VERIFY_OK(writeNpy(tmp("inf_y.npy"), infY));
         drain(*make(PipelineSpec(SourceSpec::npy(tmp("fin_x.npy"), tmp("inf_y.npy")))), 0, &err);
-        VERIFY_MSG(err, "the labels hold -inf at row 3");
+        VERIFY_MSG(err, "'" + tmp("inf_y.npy") + "': the labels hold -inf at row 3");  // the labels' file, not the features'
         QVERIFY2(!contains(err, "(value"), err.c_str());  // one value per row: no position in it
     }
 
@@ -1636,8 +1636,8 @@ private slots:
             VERIFY_OK(negCfg);
             auto negRun = prepareRun(*negCfg);
             QVERIFY(!negRun.ok());
-            VERIFY_MSG(negRun.error().message, "training pipeline: batch(8): '" + tmp("neg_x.npy") +
-                                                   "' row 3: label -3 is not one of the model's 10 class ids (0..9)");
+            VERIFY_MSG(negRun.error().message, "training pipeline: batch(8): '" + tmp("neg_y.npy") +
+                                                   "' row 3: label -3 is not one of the model's 10 class ids (0..9)");  // the labels' file
             VERIFY_MSG(negRun.error().hint, "class ids start at 0");
 
             // Class ids for a loss that reads one-hot rows: refused before training (it failed at
