@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <mutex>
 
 #include "data/csv.h"
 #include "data/idx.h"
@@ -456,6 +457,7 @@ public:
     Result<IteratorPtr> makeIterator(const IterContext& ctx) override
     {
         countOnce();
+        TS_TRY(sameColumns());
         const bool single = m_spec.paths.size() == 1;
         auto factory = [this, ctx, single](std::size_t i) -> Result<IteratorPtr> {
             const std::string& path = m_spec.paths[i];
@@ -472,6 +474,38 @@ public:
     int64_t cardinality() const override { return m_count.load(); }
 
 private:
+    // Several CSV files are one dataset: each must have the first one's feature columns (by
+    // name, in order), or their rows would be batched by position (a column 'extra' read as
+    // the second feature) or fail later as a batch of the wrong shape naming no file.
+    Status sameColumns()
+    {
+        if (m_spec.kind != SourceKind::Csv || m_spec.paths.size() < 2) return okStatus();
+        std::lock_guard lock(m_columnsMutex);
+        if (m_columnsChecked) return m_columns;
+        m_columnsChecked = true;
+        std::vector<std::string> first;
+        for (std::size_t i = 0; i < m_spec.paths.size(); ++i) {
+            auto r = CsvReader::open(m_spec.paths[i], m_csv);
+            if (!r.ok()) return m_columns = r.takeError();
+            if (i == 0) {
+                first = (*r)->featureNames();
+                continue;
+            }
+            if ((*r)->featureNames() == first) continue;
+            auto list = [](const std::vector<std::string>& names) {
+                std::string out;
+                for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+                return "(" + out + ")";
+            };
+            return m_columns = makeError(ErrorCode::ParseError,
+                                         "CSV files '" + m_spec.paths[0] + "' and '" + m_spec.paths[i] + "' have different feature columns: " +
+                                             list(first) + " and " + list((*r)->featureNames()),
+                                         "every file of one csv source needs the same columns; name the ones to read with "
+                                         "\"feature_columns\", or give the files their own sources");
+        }
+        return m_columns;
+    }
+
     void countOnce()
     {
         if (m_counted.exchange(true) || m_spec.kind != SourceKind::Csv) return;
@@ -491,6 +525,9 @@ private:
     int64_t m_cycle = 1, m_block = 1;
     std::atomic<bool> m_counted{false};
     std::atomic<int64_t> m_count{kUnknownCardinality};
+    std::mutex m_columnsMutex;
+    bool m_columnsChecked = false;
+    Status m_columns = okStatus();
 };
 
 // Image folders: the listing is read once; elements carry the file (origin) and the label, and

@@ -1172,6 +1172,20 @@ private slots:
         QVERIFY2(err.empty(), err.c_str());
         sharded(1, 1, &err);
         VERIFY_MSG(err, "'x' is not a number");
+
+        // Files of one source with other feature columns are refused naming both (a column
+        // 'extra' was read as a second feature, and failed later as a batch naming no file).
+        writeBytes(tmp("other.csv"), "v,extra,label\n1,2,0\n");
+        writeBytes(tmp("renamed.csv"), "w,label\n1,0\n");
+        for (const std::string& odd : {tmp("other.csv"), tmp("renamed.csv")}) {
+            std::string why;
+            drain(*make(PipelineSpec(SourceSpec::csv({paths[0], odd}, "label"))), 0, &why);
+            VERIFY_MSG(why, "CSV files '" + paths[0] + "' and '" + odd + "' have different feature columns: (v) and (");
+        }
+        // Naming the columns to read: the files agree.
+        SourceSpec picked = SourceSpec::csv({paths[0], tmp("other.csv")}, "label");
+        picked.featureColumns = {"v"};
+        QCOMPARE(drain(*make(PipelineSpec(picked)), 0).size(), std::size_t(5));
     }
 
     void batchShapeMismatch()
