@@ -53,7 +53,10 @@ Status checkLossTargets(LossKind kind, const Shape& outputShape, const Tensor& y
                                  : kind == LossKind::CategoricalCrossentropy ? "one-hot label rows of " + std::to_string(per)
                                                                                   : std::to_string(per) + " target value(s) per example") +
                          ", but the labels are " + labels,
-                     sparse ? "for one-hot rows use categorical_crossentropy"
+                     sparse ? (y.dtype() == DType::F32 && y.numel() == n
+                                   ? "the labels are floats: store them as integers, or cast them to class ids in the pipeline "
+                                     "({\"op\": \"map\", \"fn\": \"cast\", \"dtype\": \"i32\", \"target\": \"y\"})"
+                                   : "for one-hot rows use categorical_crossentropy")
                             : "for class ids use sparse_categorical_crossentropy, or map one_hot over the labels");
 }
 

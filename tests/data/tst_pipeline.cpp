@@ -1667,6 +1667,19 @@ private slots:
                        "training pipeline: categorical_crossentropy needs one-hot label rows of 10, but the labels are class ids");
             VERIFY_MSG(oneHotRun.error().hint, "sparse_categorical_crossentropy");
 
+            // Float class ids (a numpy float array of 0., 1., 2.): the hint names the cast that
+            // makes them class ids, and with it the run is prepared.
+            Tensor fy = Tensor::empty(Shape{8});
+            for (int i = 0; i < 8; ++i) fy.data<float>()[i] = float(i);
+            VERIFY_OK(writeNpy(tmp("float_y.npy"), fy));
+            nlohmann::json floatIds = negative;
+            floatIds["pipeline"]["source"]["y"] = tmp("float_y.npy");
+            auto floatRun = prepareRun(*RunConfig::fromJson(floatIds, "run.json"));
+            QVERIFY(!floatRun.ok());
+            VERIFY_MSG(floatRun.error().hint, R"({"op": "map", "fn": "cast", "dtype": "i32", "target": "y"})");
+            floatIds["pipeline"]["transformations"] = nlohmann::json::array({nlohmann::json::parse(R"({"op": "map", "fn": "cast", "dtype": "i32", "target": "y"})")});
+            VERIFY_OK(prepareRun(*RunConfig::fromJson(floatIds, "run.json")));
+
             // A class id beyond the output, in a later batch of a CSV: named by file and line, as
             // the batch is stacked, before the loss sees it as "batch row N".
             std::string csv = "label,a,b\n";
