@@ -120,6 +120,9 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
     std::error_code ec;
     if (!std::filesystem::exists(path, ec))
         return makeError(ErrorCode::NotFound, "CSV file '" + path + "' does not exist", missingFileHint(path));
+    if (std::filesystem::is_directory(path, ec))
+        return makeError(ErrorCode::InvalidArgument, "'" + path + "' is a folder, not a CSV file",
+                         "name the .csv files inside it in \"paths\"");
     std::unique_ptr<CsvReader> r(new CsvReader);
     r->m_path = path;
     r->m_options = options;
@@ -154,6 +157,11 @@ Result<std::unique_ptr<CsvReader>> CsvReader::open(const std::string& path, cons
                              "a CSV file starts with a line of column names (e.g. label,pixel1,pixel2); check the path");
         }
     }
+    // getline splits at LF: a file whose lines end in CR alone (classic Mac) is one long line.
+    if (header.find('\r') != std::string::npos)
+        return makeError(ErrorCode::ParseError,
+                         "CSV file '" + path + "' ends its lines with a carriage return (CR) alone, so it reads as one line",
+                         "convert its line ends to LF or CRLF (e.g. tr '\\r' '\\n' < in.csv > out.csv)");
     if (!isValidUtf8(header))
         return makeError(ErrorCode::ParseError,
                          "CSV file '" + path + "' line " + std::to_string(r->m_line) + ": the header is not UTF-8 text",

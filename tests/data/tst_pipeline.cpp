@@ -420,6 +420,14 @@ private slots:
         writeBytes(tmp("bad2.csv"), "a,b,label\n5,abc,1\n");
         drain(*make(PipelineSpec(SourceSpec::csv({tmp("bad2.csv")}, "label"))), 0, &err);
         VERIFY_MSG(err, "line 2, column 2 ('b'): 'abc' is not a number");
+        // Lines ended by CR alone read as one line ("no label column 'label'" listing
+        // "label\x0d0"); a folder is no CSV file (it was "empty").
+        writeBytes(tmp("cr.csv"), "a,label\r1,0\r2,1\r");
+        drain(*make(PipelineSpec(SourceSpec::csv({tmp("cr.csv")}, "label"))), 0, &err);
+        VERIFY_MSG(err, "CSV file '" + tmp("cr.csv") + "' ends its lines with a carriage return (CR) alone");
+        fs::create_directories(tmp("csv_folder"));
+        drain(*make(PipelineSpec(SourceSpec::csv({tmp("csv_folder")}, "label"))), 0, &err);
+        VERIFY_MSG(err, "'" + tmp("csv_folder") + "' is a folder, not a CSV file");
         // A header split by another separator than the delimiter: said as such, not as a 5 KB column name.
         {
             SourceSpec semi = SourceSpec::csv({tmp("bad2.csv")}, "label");
