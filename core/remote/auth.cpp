@@ -20,9 +20,11 @@ namespace {
 Result<std::string> readPem(const std::string& path, const std::string& what, const char* marker)
 {
     TS_ASSIGN(std::string pem, readTextFile(path, what));
+    const bool key = std::string(marker).find("PRIVATE KEY") != std::string::npos;
     if (pem.find("-----BEGIN ") == std::string::npos || pem.find(marker) == std::string::npos)
         return makeError(ErrorCode::InvalidArgument, path + " is not a PEM " + what + " (no \"-----BEGIN ..." + marker + "\" block)",
-                         "pass the PEM file (openssl x509 -in ... -outform PEM converts a DER one)");
+                         key ? "pass the PEM private key (openssl pkey -in ... -inform DER -out key.pem converts a DER one)"
+                             : "pass the PEM file (openssl x509 -in ... -inform DER -out cert.pem converts a DER one)");
     return pem;
 }
 

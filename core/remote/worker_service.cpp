@@ -1137,8 +1137,16 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
     builder.SetMaxReceiveMessageSize(options.maxMessageBytes);
     builder.SetMaxSendMessageSize(options.maxMessageBytes);
     impl->server = builder.BuildAndStart();
-    if (!impl->server || impl->port == 0)
+    if (!impl->server || impl->port == 0) {
+        // checkCanListen found the port free: with TLS, gRPC refused the certificate and key.
+        if (!options.tls.certificate.empty())
+            return makeError(ErrorCode::InvalidArgument,
+                             "cannot listen on " + options.listen + " with the TLS certificate " + options.tls.certificate + " and key " +
+                                 options.tls.privateKey + " (gRPC refused them; its message is above)",
+                             "--tls-key must be the private key of --tls-cert (their public keys match: compare "
+                             "openssl x509 -noout -pubkey -in CERT with openssl pkey -pubout -in KEY)");
         return makeError(ErrorCode::IoError, "cannot listen on " + options.listen, "is the port in use, or the address not on this machine?");
+    }
     if (options.name.empty()) impl->worker->setName(hp.host + ":" + std::to_string(impl->port));
     return std::unique_ptr<WorkerDaemon>(new WorkerDaemon(std::move(impl)));
 }

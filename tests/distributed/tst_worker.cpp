@@ -442,6 +442,13 @@ void TestWorker::servesTls()
     auto notPem = WorkerDaemon::start(o);
     QVERIFY(!notPem.ok());
     QVERIFY2(notPem.error().message.find("README.md is not a PEM TLS private key") != std::string::npos, notPem.error().message.c_str());
+    // A key that is not the certificate's: said so, not "is the port in use?" (gRPC only fails to listen).
+    o.tls.privateKey = dir + "other.key";
+    auto mismatched = WorkerDaemon::start(o);
+    QVERIFY(!mismatched.ok());
+    QVERIFY2(mismatched.error().message.find("with the TLS certificate " + dir + "server.crt and key " + dir + "other.key") != std::string::npos,
+             mismatched.error().toString().c_str());
+    QVERIFY2(mismatched.error().hint.find("must be the private key of --tls-cert") != std::string::npos, mismatched.error().hint.c_str());
     TlsFiles badCa;
     badCa.rootCa = dir;  // a folder
     auto folder = WorkerClient::connect("worker:0 at " + addr, addr, kToken, badCa);
