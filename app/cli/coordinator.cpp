@@ -233,7 +233,8 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
         std::printf("Trained %lld step(s) on %s in %.1fs: %.0f samples/s\n", static_cast<long long>(fit.steps), where.c_str(), fit.seconds,
                     fit.samplesPerSec);
         const nlohmann::json summary = c.summary();
-        if (c.restarts() > 0) std::printf("Restarted %d time(s), each time from the chief's backup\n", c.restarts());
+        if (c.restarts() > 0)
+            std::printf("Restarted %d time(s), each time from %s backup\n", c.restarts(), ps ? "worker 0's" : "the chief's");
         if (summary.contains("lost"))
             for (const auto& l : summary["lost"])
                 std::printf("Went on without %s after its step %lld (%s): the other workers trained its steps\n",

@@ -238,7 +238,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
     c->add_option("--limit", o.limit, "use only the first N training examples")->check(tsapp::wholeNumberAtLeastZero());
     c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples")->check(tsapp::wholeNumberAtLeastZero());
     c->add_option("--load-weights", o.loadWeights, "initial weights (.safetensors, Keras layouts)");
-    c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors; with --cluster: parameter-server only)");
+    c->add_option("--save-weights", o.saveWeights, "write the final weights (.safetensors; with --cluster they come back from the cluster)");
     c->add_option("--backend", o.backend, "force a backend by name (reference, cpu; cuda with the CUDA plugin and a GPU)");
     c->add_flag("--json", o.json, "one JSON object per epoch, then one with \"final\": true");
     c->add_flag("--quiet", o.quiet, "print nothing but errors");
@@ -418,7 +418,8 @@ int runTrain(const TrainOptions& options)
                                  "pass --cluster FILE listing \"ps\" and \"worker\" tasks"));
         return 2;
     } else if (!o.tfConfig.empty() || !o.task.empty()) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--tf-config and --task are for --strategy multi-worker-mirrored"));
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--tf-config and --task are for --strategy multi-worker-mirrored",
+                                 "add --strategy multi-worker-mirrored to run this process as that task, or drop them"));
         return 2;
     }
     if (!o.model.empty() || (o.config.empty())) {
@@ -441,7 +442,7 @@ int runTrain(const TrainOptions& options)
     if (!o.data.empty()) cfg.dataDir = o.data;
     if (o.epochs >= 0) cfg.epochs = o.epochs;
     if (o.epochs == 0) {
-        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--epochs must be >= 1"));
+        printError(ts::makeError(ts::ErrorCode::InvalidArgument, "--epochs must be >= 1", "an epoch is one pass over the training data"));
         return 2;
     }
     if (o.maxSteps > 0) cfg.maxSteps = o.maxSteps;

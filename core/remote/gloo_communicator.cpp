@@ -558,7 +558,8 @@ private:
             return "the run was stopped on that task (Ctrl-C or Stop), so every task ends; start them all again to train again "
                    "(with a backup folder it resumes)";
         if (suspended) return "do not stop a task during a run; start the tasks again (a backup resumes the run)";
-        return "the run stops; restart the failed task and resume from the last checkpoint";
+        return "the run stops; start the failed task and the others again (with a backup folder, --backup-dir, the run resumes "
+               "from its last backup; without one it starts over)";
     }
 
     // When this process itself was not running (SIGSTOP or Ctrl-Z, a paused VM, a sleeping
