@@ -337,10 +337,13 @@ RunInfo readRun(const sql::Stmt& s)
 }
 
 // RunInfo::lastStep, read apart from the run's row so that a damaged metrics page costs that
-// one number (-1), not the whole run list.
+// one number (-1), not the whole run list. The epochs' ends count too: a parameter-server run's
+// step series holds the reporting worker's steps only, while its epochs end at ps:0's count of
+// every worker's steps (a 32-step run listed 31 when worker 1 took the last one).
 void readLastStep(const sql::Db& db, int64_t rid, RunInfo& r)
 {
-    auto s = db.prepare("SELECT max(step1) FROM step_series WHERE run = ? AND name = 'loss'");
+    auto s = db.prepare("SELECT max(s) FROM (SELECT max(step1) AS s FROM step_series WHERE run = ?1 AND name = 'loss' "
+                        "UNION ALL SELECT max(step) FROM epoch_metrics WHERE run = ?1)");
     if (!s.ok()) {
         r.lastStep = -1;
         return;

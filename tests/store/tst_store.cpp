@@ -295,6 +295,31 @@ void TestStore::recordAndQuery()
     QCOMPARE(info->tags, (std::vector<std::string>{"a", "b"}));
     QCOMPARE(info->lastStep, int64_t(100));
     QVERIFY(info->startedUs > 0 && info->endedUs >= info->startedUs);
+    {
+        // A parameter-server run's steps come from its reporting worker, its epochs end at ps:0's
+        // count of every worker's steps: the run's last step is the larger (it listed 31 of 32).
+        st::NewRun ps;
+        ps.name = "ps";
+        ps.strategy = "parameter-server";
+        auto psRun = store->createRun(ps);
+        QVERIFY(psRun.ok());
+        for (int64_t step : {1, 3, 30, 31}) {
+            tl::StepMetricsEvent e;
+            e.stamp.runId = psRun->id;
+            e.stamp.step = step;
+            e.epoch = 1;
+            e.loss = 1.0;
+            store->record(e);
+        }
+        tl::EpochMetricsEvent epoch;
+        epoch.stamp.runId = psRun->id;
+        epoch.stamp.step = 32;
+        epoch.epoch = 1;
+        epoch.metrics = {{"loss", 1.0}};
+        store->record(epoch);
+        QVERIFY(store->flush().ok());
+        QCOMPARE(store->run(psRun->id)->lastStep, int64_t(32));
+    }
 
     auto names = store->metricNames(id);
     QVERIFY(names.ok());
