@@ -204,7 +204,7 @@ int runCoordinated(const TrainOptions& o, ts::RunConfig cfg, TrainRecording* rec
     if (traceSink) finishTraceFile(*traceSink, o, recording);
     if (!result.ok()) {
         printError(result.error());
-        return 1;
+        return c.refused() ? 2 : 1;  // a task refused the run's model, data, weights or settings: bad input, as locally
     }
     const ts::FitResult& fit = *result;
     if (fit.cancelled) {

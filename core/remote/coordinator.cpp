@@ -290,6 +290,7 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
 {
     cfg.strategy.kind = m_strategy;
     m_restarts = 0;
+    m_refused = false;
     m_rejoins = 0;
     // --load-weights: the tasks cannot read this machine's files, so the bytes travel with each
     // training task (checked here first, so a damaged file fails before any worker starts). In a
@@ -884,7 +885,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                        err.message + " (after the run was cancelled)"}));
                 } else {
                     bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
-                    if (!failure || (pointsAtChief(*failure) && !pointsAtChief(err))) failure = err;
+                    if (!failure || (pointsAtChief(*failure) && !pointsAtChief(err))) {
+                        failure = err;
+                        m_refused = f.value("refused", false);
+                    }
                 }
             } else if (e.kind == "step" && (psRun ? (i == reporter || (i < reporter && !t.ps)) && e.step > lastReported : chief)) {
                 if (psRun) reporter = i;  // a rejoined lower worker reports again once it trains
@@ -1133,7 +1137,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 // a task's pointer to it (whichever arrived first).
                 Error err = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
                 bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, err.message}));
-                if (pointsAtChief(*failure) && !pointsAtChief(err)) failure = err;
+                if (pointsAtChief(*failure) && !pointsAtChief(err)) {
+                    failure = err;
+                    m_refused = e.fields.value("refused", false);
+                }
             } else {
                 (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
             }

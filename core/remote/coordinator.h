@@ -133,6 +133,9 @@ public:
     // How many times the last run() was restarted from its backup, and how many lost
     // parameter-server workers rejoined it (all attempts); together at most backup.restarts.
     int restarts() const { return m_restarts; }
+    // After a failed run(): its error is a task's refusal of the run before training (its model,
+    // data, weights or settings, as prepareRun refuses them locally): bad input, not a failure.
+    bool refused() const { return m_refused; }
     int rejoins() const { return m_rejoins; }
 
 private:
@@ -163,6 +166,7 @@ private:
     std::function<void()> m_wake;   // wakes run()'s loop; set while it runs
     std::string m_taskRun;          // the attempt whose tasks train now (empty: none)
     std::mutex m_wakeMutex;         // guards m_wake and m_taskRun
+    bool m_refused = false;         // see refused()
     std::mutex m_clientsMutex;      // guards replacing a task's client against captureTrace's calls
 };
 

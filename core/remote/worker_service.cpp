@@ -652,7 +652,9 @@ private:
         int64_t m_lastStep = 0;
     };
 
-    void finish(const std::string& state, const std::string& message, const std::string& hint = {})
+    // refused: the task refused the run before training (prepareRun, the initial weights), as a
+    // local run refuses bad input before its first step; the coordinator exits 2 for it.
+    void finish(const std::string& state, const std::string& message, const std::string& hint = {}, bool refused = false)
     {
         int64_t step = 0;
         std::string reason;  // a cancelled task's: the Cancel's reason (kCancelDone, kCancelFailed), kCancelShutdown, or none
@@ -662,7 +664,8 @@ private:
             reason = m_cancelReason;
         }
         // A task that ends otherwise with a message (an evaluator with nothing to evaluate) says it as a note.
-        if (!message.empty() && state == "failed") publish("error", step, {{"message", message}, {"hint", hint}, {"where", m_task}});
+        if (!message.empty() && state == "failed")
+            publish("error", step, {{"message", message}, {"hint", hint}, {"where", m_task}, {"refused", refused}});
         else if (!message.empty()) publish("log", step, {{"level", static_cast<int>(telemetry::LogLevel::Info)}, {"message", message}});
         nlohmann::json fields = {{"state", state}, {"message", message}};
         if (state == "cancelled" && !reason.empty()) fields["reason"] = reason;
@@ -896,13 +899,13 @@ private:
         if (!prepared.ok()) {
             const bool cancelled = dropStore();
             if (cancelled && prepared.error().code == ErrorCode::Cancelled) return finish("cancelled", {});
-            return finish("failed", prepared.error().message, prepared.error().hint);
+            return finish("failed", prepared.error().message, prepared.error().hint, /*refused=*/true);
         }
         PreparedRun run = std::move(prepared).value();
         if (initial) {
             if (Status st = run.trainer->strategy().importParameters(initial->inOrder(), initialName); !st.ok()) {
                 dropStore();
-                return finish("failed", st.error().message, st.error().hint);
+                return finish("failed", st.error().message, st.error().hint, /*refused=*/true);
             }
         }
         {

@@ -155,6 +155,7 @@ private slots:
     void preflightNamesUnreachableWorker();
     void preflightNamesForeignServer();
     void killedWorkerIsNamed();
+    void refusedRunExitsTwo();
     void stoppedDaemonIsNamed();
     void restartedRunResumesFromBackup();
     void killedCoordinatorCancelsTasks();
@@ -1421,6 +1422,29 @@ void TestWorker::stoppedDaemonIsNamed()
     QVERIFY2(coord->exitCode() == 1, qPrintable(out));
     QVERIFY2(out.contains(QString("chief:0 at 127.0.0.1:%1: its task was stopped on its machine (its trainstudio-worker shut down)").arg(chief->port)),
              qPrintable(out));
+}
+
+// A run the tasks refuse before training (a model the data does not fit) is bad input, exit 2
+// as for a local run (it was 1 with --cluster, 2 locally and with TF_CONFIG).
+void TestWorker::refusedRunExitsTwo()
+{
+    QTemporaryDir dir;
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
+    QFile model(dir.filePath("wide_input.json"));
+    QVERIFY(model.open(QIODevice::WriteOnly));
+    model.write(R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
+        {"id": "input", "type": "Input", "attrs": {"shape": [100]}},
+        {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 10, "activation": "softmax"}}]})");
+    model.close();
+    QStringList args = coordinatorArgs(cluster, 20);
+    args[args.indexOf("--model") + 1] = model.fileName();
+    auto coord = startCoordinator(args + QStringList{"--no-record"});
+    QVERIFY(coord->waitForFinished(60000));
+    const QString err = QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 2, qPrintable(err));
+    QVERIFY2(err.contains(QRegularExpression("error: (chief|worker):0 at 127.0.0.1:")) && err.contains("(100,)"), qPrintable(err));
 }
 
 void TestWorker::killedWorkerIsNamed()
