@@ -234,7 +234,7 @@ void addTrainCommand(CLI::App& app, TrainOptions& o)
         ->check(numberWhere([](double x) { return x >= 0 && x == std::floor(x); }, "must be a whole number >= 0", "SEED"))
         ->each([&o](const std::string&) { o.seedGiven = true; });
     c->add_flag("--no-shuffle", o.noShuffle, "serve batches in file order");
-    c->add_flag("--no-validation", o.noValidation, "skip the per-epoch validation on the test set");
+    c->add_flag("--no-validation", o.noValidation, "skip the per-epoch validation (the test set, or the configuration's validation_pipeline)");
     c->add_option("--limit", o.limit, "use only the first N training examples")->check(tsapp::wholeNumberAtLeastZero());
     c->add_option("--validation-limit", o.validationLimit, "use only the first N test examples")->check(tsapp::wholeNumberAtLeastZero());
     c->add_option("--load-weights", o.loadWeights, "initial weights (.safetensors, Keras layouts)");
@@ -513,7 +513,10 @@ int runTrain(const TrainOptions& options)
     if (o.minShardBytes > 0) cfg.strategy.partition.minShardBytes = o.minShardBytes;
     if (o.seedGiven) cfg.seed = o.seed;
     if (o.noShuffle) cfg.shuffle = false;
-    if (o.noValidation) cfg.validate = false;
+    if (o.noValidation) {
+        cfg.validate = false;
+        cfg.validationPipeline.reset();  // the flag skips every validation, a configuration's pipeline too
+    }
     if (o.limit > 0) cfg.limit = o.limit;
     if (o.validationLimit > 0) cfg.validationLimit = o.validationLimit;
     if (!o.loadWeights.empty()) cfg.loadWeights = o.loadWeights;

@@ -444,7 +444,17 @@ Result<Batch> Pipeline::peek()
         m_shared->badMessages.resize(badMessagesBefore);
     }
     if (!r.ok()) return r.takeError();
-    if (!r->has_value()) return makeError(ErrorCode::InvalidArgument, kNoBatchMessage, "check the source and take/skip/shard counts");
+    if (!r->has_value()) {
+        // The message stays kNoBatchMessage (prepareRun tells an empty shard by it); the hint
+        // names what was read.
+        std::string files;
+        for (const auto& p : m_spec.source.paths) files += (files.empty() ? "'" : ", '") + p + "'";
+        if (files.empty() && !m_spec.source.dir.empty()) files = "'" + m_spec.source.dir + "'";
+        return makeError(ErrorCode::InvalidArgument, kNoBatchMessage,
+                         (files.empty() ? std::string("its source") : files) +
+                             " gave no element to batch: check that it holds rows (a CSV file of a header only, an empty array) and "
+                             "that the take/skip/shard counts leave some");
+    }
     return toBatch(std::move(**r), m_options.featureShape);
 }
 

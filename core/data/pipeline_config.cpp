@@ -1,6 +1,7 @@
 #include "data/pipeline_config.h"
 
 #include <cerrno>
+#include <cmath>
 #include <cstdlib>
 #include <set>
 
@@ -465,7 +466,9 @@ Result<int64_t> getInt(const json& j, const std::string& key, const std::string&
     if (!j.contains(key)) return def;
     const json& v = j[key];
     if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number_float() && v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
+    // A whole float within int64 (converting one beyond it is undefined behaviour).
+    if (v.is_number_float() && std::fabs(v.get<double>()) < 9.2e18 &&
+        v.get<double>() == static_cast<double>(static_cast<int64_t>(v.get<double>())))
         return static_cast<int64_t>(v.get<double>());
     if (allowAutotune && v.is_string() && (v.get<std::string>() == "AUTOTUNE" || v.get<std::string>() == "autotune"))
         return kAutotune;
@@ -806,6 +809,12 @@ Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::
             TS_ASSIGN(p.autotune.enabled, getBool(a, "enabled", at, true));
             TS_ASSIGN(int64_t cpu, getInt(a, "cpu_budget", at, false, 0));
             TS_ASSIGN(int64_t ram, getInt(a, "ram_budget_mb", at, false, 0));
+            // Bounded before use: 5e9 cores wrapped as an int, 9e15 MB overflowed into "must be >= 0".
+            if (cpu < 0 || cpu > 4096)
+                return jsonError(at + ".cpu_budget", "expected 0 (every core) to 4096 cores, got " + std::to_string(cpu), "the cores the pipeline may use");
+            if (ram < 0 || ram > (int64_t{1} << 30))
+                return jsonError(at + ".ram_budget_mb", "expected 0 (the default) to 1073741824 MB, got " + std::to_string(ram),
+                                 "the memory the pipeline's buffers may use, in MB");
             p.autotune.cpuBudget = static_cast<int>(cpu);
             p.autotune.ramBudgetBytes = ram * 1024 * 1024;
             if (a.contains("interval_seconds")) {

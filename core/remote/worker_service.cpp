@@ -968,10 +968,20 @@ private:
             // sees its peers leave. That is the cancel, not a failure.
             logLine("run " + m_runId + " cancelled (" + result.error().message + ")");
             bool byUser = false;  // not because another task failed
+            std::string reason;
+            int64_t step = 0;
             {
                 std::lock_guard lock(m_mutex);
                 byUser = m_cancelReason.empty();
+                reason = m_cancelReason;
+                step = m_step;
             }
+            // Stopped because another task failed, while failing for a reason of its own (a
+            // chief refusing its backup, whose peer's "the chief could not restore the run's
+            // backup (its error says why)" reached the coordinator first): that reason still goes
+            // back, for the coordinator to report instead of the pointer to it.
+            if (reason == kCancelFailed && result.error().code != ErrorCode::Cancelled && result.error().code != ErrorCode::IoError)
+                publish("error", step, {{"message", result.error().message}, {"hint", result.error().hint}, {"where", m_task}});
             if (chief && byUser) publishWeights(*run.trainer);
             return finish("cancelled", {});
         }

@@ -409,7 +409,7 @@ Status preparePipelines(PreparedRun& run, const GraphAnalysis& analysis, const L
     const bool lockstep = cfg.strategy.crossProcess != nullptr;
     const InputShare share{processes, cfg.strategy.processRank, lockstep};
     TS_ASSIGN(run.pipeline, buildPipeline(spec, cfg.batchSize, analysis, loss.kind, inShape, options, "training pipeline", cfg.maxSteps > 0, share));
-    if (cfg.validationPipeline && cfg.validate) {  // --no-validation ("data": {"validate": false}) skips it too
+    if (cfg.validationPipeline) {
         PipelineOptions vo = options;
         vo.lane.thread = "validation input";
         TS_ASSIGN(run.validationPipeline, buildPipeline(*cfg.validationPipeline, std::max<int64_t>(cfg.batchSize, 1000),

@@ -315,6 +315,25 @@ void TestCli::jsonOutputAndWeights()
     const double acc2 = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object().value("val_accuracy").toDouble();
     QVERIFY2(std::fabs(acc - acc2) < 0.005, qPrintable(QString("%1 vs %2").arg(acc).arg(acc2)));
     // A fixed loss scale so large that float16 overflows at every step: the epoch says it changed nothing.
+    // --no-validation skips a configuration's validation_pipeline too (it was evaluated anyway).
+    {
+        writeFile(m_dir.filePath("one_input.json"), R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
+                     {"id": "input", "type": "Input", "attrs": {"shape": [1]}},
+                     {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 2, "activation": "softmax"}}]})");
+        writeFile(m_dir.filePath("validated_run.json"),
+                  QString(R"({"model_file": "%1", "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"}},
+                              "validation_pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"}}})")
+                      .arg(m_dir.filePath("one_input.json"), m_dir.filePath("rows.csv"))
+                      .toUtf8());
+        for (const bool off : {false, true}) {
+            QStringList args{"train", "--json", "--no-record", "--epochs", "1", "--batch-size", "2", "--config", m_dir.filePath("validated_run.json")};
+            if (off) args << "--no-validation";
+            r = cli(args);
+            QVERIFY2(r.code == 0, qPrintable(r.err));
+            const QJsonObject last = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object();
+            QVERIFY2(last.value("val_loss").isNull() == off, qPrintable(r.out));
+        }
+    }
     r = cli({"train", "--no-record", "--config", m_dir.filePath("huge_loss_scale.json"), "--epochs", "1", "--limit", "1024", "--no-validation"});
     QVERIFY2(r.code == 0 && r.err.contains("warning: epoch 1: all 4 steps were skipped") && r.err.contains("hint: use a dynamic loss scale"),
              qPrintable(r.err));
