@@ -3,6 +3,7 @@
 
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <mutex>
 
 #include "data/csv.h"
@@ -79,6 +80,9 @@ struct Arrays {
     Shape xRow, yRow;
     int64_t n = 0;
     std::shared_ptr<const std::string> origin, labelOrigin;
+    // Rows holding NaN or inf, in row order, each with its error: the first fails the source,
+    // or with skip_bad_records each is dropped and counted as a bad record.
+    std::vector<std::pair<int64_t, Error>> badRows;
 };
 
 Shape rowShape(const Tensor& t)
@@ -121,17 +125,26 @@ Result<std::shared_ptr<const Arrays>> makeArrays(Tensor x, Tensor y, const std::
     if (a->y.defined()) a->yRow = rowShape(a->y);
     // NaN or inf in the data would spread through the weights within a step (CSV values are
     // refused line by line as they are read; arrays are checked here, once, where they load).
+    // Every such row is listed (the first fails the source, unless skip_bad_records drops them).
+    std::map<int64_t, Error> bad;
     for (const auto& [t, role] : {std::pair{&a->x, "features"}, std::pair{&a->y, "labels"}}) {
         if (!t->defined()) continue;
-        const int64_t at = t->firstNonFinite();
-        if (at < 0) continue;
         const int64_t perRow = std::max<int64_t>(1, rowShape(*t).numel());
-        return makeError(ErrorCode::InvalidArgument,
-                         (t == &a->y && !labelWhat.empty() ? labelWhat : what) + ": the " + role + " hold " + nonFiniteName(t->floatAt(at)) + " at row " + std::to_string(at / perRow) +
-                             (perRow > 1 ? " (value " + std::to_string(at % perRow) + " of " + std::to_string(perRow) + ")" : std::string()),
-                         "replace or drop the rows that are not finite before training (numpy: keep the rows where "
-                         "np.isfinite(x).all(axis=1), or x = np.nan_to_num(x))");
+        for (int64_t from = 0; from < a->n;) {
+            const int64_t rel = t->rows(from, a->n).firstNonFinite();
+            if (rel < 0) break;
+            const int64_t at = from * perRow + rel, row = at / perRow;
+            bad.emplace(row, makeError(ErrorCode::InvalidArgument,
+                                       (t == &a->y && !labelWhat.empty() ? labelWhat : what) + ": the " + role + " hold " +
+                                           nonFiniteName(t->floatAt(at)) + " at row " + std::to_string(row) +
+                                           (perRow > 1 ? " (value " + std::to_string(at % perRow) + " of " + std::to_string(perRow) + ")"
+                                                       : std::string()),
+                                       "replace or drop the rows that are not finite before training (numpy: keep the rows where "
+                                       "np.isfinite(x).all(axis=1), or x = np.nan_to_num(x)), or set skip_bad_records"));
+            from = row + 1;
+        }
     }
+    a->badRows.assign(bad.begin(), bad.end());
     if (!origin.empty()) a->origin = std::make_shared<const std::string>(origin);  // in-memory tensors: no file
     if (!labelOrigin.empty()) a->labelOrigin = std::make_shared<const std::string>(labelOrigin);
     return std::shared_ptr<const Arrays>(std::move(a));
@@ -257,11 +270,9 @@ public:
         if (m_ctx.chain->stopped()) return cancelledError();
         const int64_t t0 = nowNs();
         if (!m_arrays) {
-            auto a = m_load();
-            m_counters->addBusy(nowNs() - t0);
-            if (!a.ok()) return a.takeError();
-            m_arrays = std::move(a).value();
+            TS_TRY(load());
         }
+        TS_TRY(passBadRows());
         if (m_i >= m_arrays->n) return std::optional<Element>();
         Element e;
         e.x = m_arrays->x.rows(m_i, m_i + 1).reshaped(m_arrays->xRow);
@@ -279,19 +290,43 @@ public:
     Result<bool> skip() override
     {
         if (m_ctx.chain->stopped()) return cancelledError();
-        if (!m_arrays) {
-            const int64_t t0 = nowNs();
-            auto a = m_load();
-            m_counters->addBusy(nowNs() - t0);
-            if (!a.ok()) return a.takeError();
-            m_arrays = std::move(a).value();
-        }
+        if (!m_arrays) TS_TRY(load());
+        TS_TRY(passBadRows());
         if (m_i >= m_arrays->n) return false;
         ++m_i;
         return true;
     }
 
 private:
+    Status load()
+    {
+        const int64_t t0 = nowNs();
+        auto a = m_load();
+        m_counters->addBusy(nowNs() - t0);
+        if (!a.ok()) return a.takeError();
+        m_arrays = std::move(a).value();
+        // Not finite somewhere: refused where it loads (before the first step), unless bad
+        // records are dropped.
+        if (!m_arrays->badRows.empty() && !m_ctx.shared->skipBad) return m_arrays->badRows.front().second;
+        return okStatus();
+    }
+
+    // Under skip_bad_records a row that is not finite is no element: dropped and counted here,
+    // by next() and skip() alike, so positions agree across the tasks that pass over it.
+    Status passBadRows()
+    {
+        const auto& bad = m_arrays->badRows;
+        while (m_nextBad < bad.size() && bad[m_nextBad].first < m_i) ++m_nextBad;
+        while (m_nextBad < bad.size() && bad[m_nextBad].first == m_i && m_i < m_arrays->n) {
+            m_ctx.shared->recordBad(bad[m_nextBad].second);
+            m_counters->skipped.fetch_add(1, std::memory_order_relaxed);
+            ++m_nextBad;
+            ++m_i;
+        }
+        return okStatus();
+    }
+
+    std::size_t m_nextBad = 0;
     Loader m_load;
     IterContext m_ctx;
     Counters* m_counters;
