@@ -818,9 +818,14 @@ int runTrain(const TrainOptions& options)
     const int64_t badRecords = run.pipeline ? run.pipeline->badRecords() : 0;
     if (badRecords > 0) {
         // skip_bad_records: say how many were dropped and the first reasons, also in the run's log.
-        std::string msg = "skipped " + std::to_string(badRecords) + " bad record(s) in the training data";
+        // Each epoch reads a bad record again, so the count is of skips over the epochs trained.
+        const int64_t epochs = result.ok() ? result->epochs : 0;
+        std::string msg = "skipped " + std::to_string(badRecords) + " bad record(s) in the training data" +
+                          (epochs > 1 ? " over " + std::to_string(epochs) + " epochs (each epoch meets them again)" : std::string());
         const auto first = run.pipeline->badRecordMessages();
-        for (std::size_t i = 0; i < std::min<std::size_t>(first.size(), 3); ++i) msg += "\n  " + first[i];
+        const std::size_t shown = std::min<std::size_t>(first.size(), 3);
+        for (std::size_t i = 0; i < shown; ++i) msg += "\n  " + first[i];
+        if (static_cast<int64_t>(shown) < badRecords) msg += "\n  ... and " + std::to_string(badRecords - static_cast<int64_t>(shown)) + " more";
         std::cerr << "warning: " << msg << "\n";
         logWarning(run.trainer->globalStep(), msg);
     }

@@ -333,6 +333,19 @@ void TestCli::jsonOutputAndWeights()
             const QJsonObject last = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object();
             QVERIFY2(last.value("val_loss").isNull() == off, qPrintable(r.out));
         }
+        // skip_bad_records over 2 epochs: the count is of skips, said as such, and the reasons
+        // not shown are counted.
+        writeFile(m_dir.filePath("four_bad.csv"), "a,label\n1,0\nx,1\n2,1\ny,0\nz,1\nw,0\n3,0\n4,1\n");
+        writeFile(m_dir.filePath("skipping_run.json"),
+                  QString(R"({"model_file": "%1", "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"},
+                              "skip_bad_records": true}})")
+                      .arg(m_dir.filePath("one_input.json"), m_dir.filePath("four_bad.csv"))
+                      .toUtf8());
+        r = cli({"train", "--no-record", "--epochs", "2", "--batch-size", "2", "--no-validation", "--config", m_dir.filePath("skipping_run.json")});
+        QVERIFY2(r.code == 0, qPrintable(r.err));
+        QVERIFY2(r.err.contains("skipped 8 bad record(s) in the training data over 2 epochs (each epoch meets them again)") &&
+                     r.err.contains("... and 5 more"),
+                 qPrintable(r.err));
     }
     r = cli({"train", "--no-record", "--config", m_dir.filePath("huge_loss_scale.json"), "--epochs", "1", "--limit", "1024", "--no-validation"});
     QVERIFY2(r.code == 0 && r.err.contains("warning: epoch 1: all 4 steps were skipped") && r.err.contains("hint: use a dynamic loss scale"),
