@@ -299,8 +299,12 @@ Result<Tensor> decodeImage(const uint8_t* data, std::size_t size, const std::str
         PngRead r;
         JpegAlloc alloc;
         alloc.channels = channels;
-        if (decodePngRaw(data, size, channels, r, allocJpeg, &alloc) != 0)
+        if (decodePngRaw(data, size, channels, r, allocJpeg, &alloc) != 0) {
+            if (std::strncmp(r.message, "out of memory", 13) == 0)
+                return makeError(ErrorCode::InvalidArgument, "cannot decode PNG image '" + name + "': " + r.message,
+                                 "the file says it is that large: make it smaller, or leave it out of the data");
             return makeError(ErrorCode::ParseError, "cannot decode PNG image '" + name + "': " + r.message, "the file is corrupt or truncated");
+        }
         img = std::move(alloc.t);
     } else if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) {
         JpegError err;
