@@ -714,7 +714,7 @@ public:
     {
         if (cc.is_null()) return;  // not compiled
         if (!cc.is_object()) {
-            m_imp.error(m_where + ": expected an object, got " + std::string(cc.type_name()));
+            fail(m_where + ": expected an object, got " + std::string(cc.type_name()));
             return;
         }
         const bool keras2 = m_where == "training_config";
@@ -722,7 +722,7 @@ public:
         if (cc.contains(optimizerKey) && !cc[optimizerKey].is_null()) optimizer(cc[optimizerKey], m_where + "." + optimizerKey, out);
         if (cc.contains("loss") && !cc["loss"].is_null()) loss(cc["loss"], m_where + ".loss", out);
         if (cc.contains("loss_weights") && !allOnes(cc["loss_weights"]))
-            m_imp.error(m_where + ".loss_weights = " + cc["loss_weights"].dump() + " would be ignored",
+            fail(m_where + ".loss_weights = " + cc["loss_weights"].dump() + " would be ignored",
                         "TrainStudio trains one output with an unweighted loss: remove loss_weights, or scale the learning rate instead");
         if (cc.contains("metrics") && !cc["metrics"].is_null()) {
             std::vector<std::string> names;
@@ -732,6 +732,14 @@ public:
     }
 
 private:
+    // Every refusal also says how to take the architecture alone (the designer imports it to
+    // set training up itself).
+    void fail(const std::string& message, const std::string& hint = {})
+    {
+        const std::string alone = "delete \"" + m_where + "\" from the file to import the architecture alone";
+        m_imp.error(message, hint.empty() ? alone : hint + "; or " + alone);
+    }
+
     static std::string lower(std::string s)
     {
         for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -760,7 +768,7 @@ private:
             if (cls.rfind("Custom>", 0) == 0) cls = cls.substr(7);  // tf.keras 2.11+ writes "Custom>Adam"
             const json c = o.value("config", json::object());
             if (!c.is_object()) {
-                m_imp.error(path + ".config: expected an object, got " + std::string(c.type_name()));
+                fail(path + ".config: expected an object, got " + std::string(c.type_name()));
                 return;
             }
             if (cls == "LossScaleOptimizer") {
@@ -777,19 +785,19 @@ private:
             if (cfg.contains("learning_rate") && cfg["learning_rate"].is_object()) {
                 const json& lr = cfg["learning_rate"];
                 const std::string schedule = lr.value("class_name", json()).is_string() ? lr["class_name"].get<std::string>() : std::string("an object");
-                m_imp.error(path + ": the learning rate is a schedule (" + schedule + "), which TrainStudio does not read from Keras",
+                fail(path + ": the learning rate is a schedule (" + schedule + "), which TrainStudio does not read from Keras",
                             "compile the model with a number as learning_rate and give the run a \"schedule\" (constant, step, "
                             "exponential, cosine, warmup_cosine)");
                 return;
             }
             cfg["type"] = lower(cls);
         } else {
-            m_imp.error(path + ": expected an optimizer name or {\"class_name\": ..., \"config\": ...}, got " + o.dump());
+            fail(path + ": expected an optimizer name or {\"class_name\": ..., \"config\": ...}, got " + o.dump());
             return;
         }
         auto made = Optimizer::create(cfg);
         if (!made.ok()) {
-            m_imp.error(path + ": " + made.error().message, made.error().hint);
+            fail(path + ": " + made.error().message, made.error().hint);
             return;
         }
         out.optimizer = made.value()->config();  // what will run, without Keras' bookkeeping keys
@@ -803,13 +811,13 @@ private:
         const json initial = c.value("initial_scale", json(32768.0));
         const json growth = c.value("dynamic_growth_steps", json(2000));
         if (!dynamic || !initial.is_number() || initial.get<double>() != 32768.0 || !growth.is_number() || growth.get<double>() != 2000.0) {
-            m_imp.error(path + ": a LossScaleOptimizer with " + c.dump() + " is not Keras' default dynamic loss scale",
+            fail(path + ": a LossScaleOptimizer with " + c.dump() + " is not Keras' default dynamic loss scale",
                         "remove the LossScaleOptimizer and give the run \"precision\": {\"loss_scale\": ..., \"initial_scale\": ..., "
                         "\"growth_steps\": ...}");
             return;
         }
         if (!c.contains("inner_optimizer")) {
-            m_imp.error(path + ".config: a LossScaleOptimizer without inner_optimizer");
+            fail(path + ".config: a LossScaleOptimizer without inner_optimizer");
             return;
         }
         optimizer(c["inner_optimizer"], path + ".config.inner_optimizer", out);
@@ -847,12 +855,12 @@ private:
                 if (c.is_object() && !lossConfig(c, path, fromLogits)) return;
             }
         } else {
-            m_imp.error(path + ": expected a loss name or {\"class_name\": ..., \"config\": ...}, got " + l.dump());
+            fail(path + ": expected a loss name or {\"class_name\": ..., \"config\": ...}, got " + l.dump());
             return;
         }
         const auto it = names.find(name);
         if (it == names.end()) {
-            m_imp.error(path + ": loss '" + name + "' is not supported",
+            fail(path + ": loss '" + name + "' is not supported",
                         "use sparse_categorical_crossentropy, categorical_crossentropy, binary_crossentropy or mean_squared_error");
             return;
         }
@@ -883,7 +891,7 @@ private:
                 fine = false;
             }
             if (!fine) {
-                m_imp.error(path + ".config: " + k + " = " + v.dump() + " would be ignored",
+                fail(path + ".config: " + k + " = " + v.dump() + " would be ignored",
                             "TrainStudio's losses average over the batch without label smoothing or ignored classes: "
                             "compile the model without " + k);
                 return false;
