@@ -456,6 +456,10 @@ int runTrain(const TrainOptions& options)
     }
     if (!o.optimizer.empty() || o.learningRate > 0) {
         nlohmann::json opt = cfg.optimizer.is_null() ? cfg.model.compile.optimizer : cfg.optimizer;
+        // A configuration's model_file is read later (prepareRun): its optimizer (an imported
+        // Keras model's SGD, say) is the one --learning-rate alone changes, not the default Adam.
+        if (cfg.optimizer.is_null() && !cfg.modelFile.empty() && o.optimizer.empty())
+            if (auto named = ts::loadModelFile(cfg.modelFile); named.ok()) opt = named->compile.optimizer;
         if (!o.optimizer.empty()) opt = {{"type", o.optimizer}};
         if (o.learningRate > 0) opt["learning_rate"] = o.learningRate;
         cfg.optimizer = opt;

@@ -791,6 +791,18 @@ private:
                 return;
             }
             cfg["type"] = lower(cls);
+            const bool decay = cfg.contains("weight_decay") && cfg["weight_decay"].is_number() && cfg["weight_decay"].get<double>() != 0.0;
+            // Keras applies an optimizer's weight_decay decoupled (w -= lr * wd * w, outside the
+            // moments): Adam's is our adamw; SGD's matches ours (added to the gradient) only
+            // without momentum.
+            if (decay && cfg["type"] == "adam") cfg["type"] = "adamw";
+            const bool momentum = cfg.contains("momentum") && cfg["momentum"].is_number() && cfg["momentum"].get<double>() != 0.0;
+            if (decay && cfg["type"] == "sgd" && momentum) {
+                fail(path + ": SGD with momentum and weight_decay " + cfg["weight_decay"].dump() +
+                         " decays the weights apart from the momentum in Keras, which TrainStudio's SGD does not",
+                     "use adamw, or SGD without weight_decay");
+                return;
+            }
         } else {
             fail(path + ": expected an optimizer name or {\"class_name\": ..., \"config\": ...}, got " + o.dump());
             return;
@@ -880,7 +892,9 @@ private:
                 fine = v.is_boolean();
                 if (fine) fromLogits = v.get<bool>();
             } else if (k == "reduction") {
-                fine = v.is_null() || v == "sum_over_batch_size" || v == "auto";
+                fine = v == "sum_over_batch_size" || v == "auto";  // null / "none": unreduced, summed by compile
+            } else if (k == "fn") {
+                fine = v.is_string();  // tf.keras' LossFunctionWrapper names its function; the class says which loss
             } else if (k == "label_smoothing") {
                 fine = v.is_number() && v.get<double>() == 0.0;
             } else if (k == "axis") {

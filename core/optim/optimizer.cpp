@@ -41,6 +41,7 @@ Status checkKeys(const nlohmann::json& cfg, const std::set<std::string>& allowed
         if (key == "decay") return v.is_number() && v.get<double>() == 0.0;
         if (key == "use_ema" || key == "amsgrad") return v.is_boolean() && !v.get<bool>();
         if (key == "gradient_accumulation_steps") return v.is_number() && v.get<double>() == 1.0;
+        if (key == "weight_decay") return v.is_number() && v.get<double>() == 0.0;  // RMSprop: Keras writes its base optimizer's null
         return false;  // clipnorm, clipvalue, global_clipnorm, loss_scale_factor: null only
     };
     static const std::map<std::string, std::string> unimplemented = {
@@ -52,6 +53,7 @@ Status checkKeys(const nlohmann::json& cfg, const std::set<std::string>& allowed
         {"amsgrad", "amsgrad is not supported: set amsgrad to false"},
         {"gradient_accumulation_steps", "gradient accumulation is not supported: use a larger batch (or set it to null)"},
         {"loss_scale_factor", "a fixed loss scale factor is set with the run's precision (\"loss_scale\"): set it to null here"},
+        {"weight_decay", "weight decay is implemented for adamw and sgd: set it to null here, or use one of those"},
     };
     for (auto it = cfg.begin(); it != cfg.end(); ++it) {
         if (allowed.count(it.key()) || ignored.count(it.key())) continue;

@@ -333,6 +333,27 @@ void TestCli::jsonOutputAndWeights()
             const QJsonObject last = QJsonDocument::fromJson(r.out.trimmed().split('\n').last().toUtf8()).object();
             QVERIFY2(last.value("val_loss").isNull() == off, qPrintable(r.out));
         }
+        // --learning-rate alone changes the optimizer of a configuration's model_file (read
+        // later), not the default Adam's.
+        writeFile(m_dir.filePath("one_input_sgd.json"), R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
+                     {"id": "input", "type": "Input", "attrs": {"shape": [1]}},
+                     {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 2, "activation": "softmax"}}],
+                     "compile": {"optimizer": {"type": "sgd", "learning_rate": 0.01, "momentum": 0.5}}})");
+        writeFile(m_dir.filePath("sgd_run.json"),
+                  QString(R"({"model_file": "%1", "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"}}})")
+                      .arg(m_dir.filePath("one_input_sgd.json"), m_dir.filePath("rows.csv"))
+                      .toUtf8());
+        const QString lrDb = m_dir.filePath("lr.db");
+        r = cli({"train", "--db", lrDb, "--epochs", "1", "--batch-size", "2", "--no-validation", "--learning-rate", "0.5", "--config",
+                 m_dir.filePath("sgd_run.json")});
+        QVERIFY2(r.code == 0, qPrintable(r.err));
+        r = cli({"runs", "list", "--db", lrDb, "--json"});
+        const QString lrRun = QJsonDocument::fromJson(r.out.toUtf8()).array().at(0).toObject().value("id").toString();
+        r = cli({"runs", "show", lrRun, "--db", lrDb, "--json"});
+        const QJsonObject optimizer = QJsonDocument::fromJson(r.out.toUtf8()).object().value("config").toObject().value("optimizer").toObject();
+        QVERIFY2(optimizer.value("type").toString() == "sgd" && optimizer.value("learning_rate").toDouble() == 0.5 &&
+                     optimizer.value("momentum").toDouble() == 0.5,
+                 qPrintable(r.out.left(2000)));
         // skip_bad_records over 2 epochs: the count is of skips, said as such, and the reasons
         // not shown are counted.
         writeFile(m_dir.filePath("four_bad.csv"), "a,label\n1,0\nx,1\n2,1\ny,0\nz,1\nw,0\n3,0\n4,1\n");

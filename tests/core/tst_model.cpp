@@ -1101,7 +1101,10 @@ void TestModel::kerasCompileSettings()
     QCOMPARE(names->compile.optimizer.value("learning_rate", 0.0), double(0.01f));
     QCOMPARE(names->compile.loss, std::string("mean_squared_error"));
     Result<ModelSpec> wrapped = parseModelText(keras3WithCompile(R"({"optimizer": {"class_name": "LossScaleOptimizer", "config": {
-        "inner_optimizer": {"class_name": "RMSprop", "config": {"learning_rate": 0.002, "rho": 0.8}}, "initial_scale": 32768.0,
+        "inner_optimizer": {"module": "keras.optimizers", "class_name": "RMSprop", "config": {"name": "rmsprop", "learning_rate": 0.002,
+            "weight_decay": null, "clipnorm": null, "global_clipnorm": null, "clipvalue": null, "use_ema": false, "ema_momentum": 0.99,
+            "ema_overwrite_frequency": null, "loss_scale_factor": null, "gradient_accumulation_steps": null, "rho": 0.8, "momentum": 0.0,
+            "epsilon": 1e-07, "centered": false}, "registered_name": null}, "initial_scale": 32768.0,
         "dynamic_growth_steps": 2000}}, "loss": {"module": "keras.losses", "class_name": "function",
         "config": "binary_crossentropy", "registered_name": "function"}})"), "w.json");
     QVERIFY2(wrapped.ok(), wrapped.ok() ? "" : wrapped.error().toString().c_str());
@@ -1109,6 +1112,13 @@ void TestModel::kerasCompileSettings()
     QCOMPARE(wrapped->compile.optimizer.value("rho", 0.0), double(0.8f));
     QCOMPARE(wrapped->compile.loss, std::string("binary_crossentropy"));
     QVERIFY(!wrapped->compile.fromLogits);
+
+    // Keras' Adam with weight_decay decays decoupled: our adamw. SGD's with momentum would not match.
+    Result<ModelSpec> decayed = parseModelText(keras3WithCompile(R"({"optimizer": {"class_name": "Adam", "config": {"learning_rate": 0.001,
+        "weight_decay": 0.01}}})"), "d.json");
+    QVERIFY2(decayed.ok(), decayed.ok() ? "" : decayed.error().toString().c_str());
+    QCOMPARE(decayed->compile.optimizer.value("type", ""), std::string("adamw"));
+    QCOMPARE(decayed->compile.optimizer.value("weight_decay", 0.0), double(0.01f));
 
     // Not compiled (compile_config null, the fixtures): our defaults.
     Result<ModelSpec> plain = loadModelFile(fixture("mlp_sequential_keras3.json"));
@@ -1158,6 +1168,12 @@ void TestModel::kerasCompileErrors_data()
     QTest::newRow("loss scale") << R"({"optimizer": {"class_name": "LossScaleOptimizer", "config": {"inner_optimizer": "adam", "initial_scale": 128}}})"
                                 << "is not Keras' default dynamic loss scale";
     QTest::newRow("not an object") << R"("adam")" << "c.json: compile_config: expected an object, got string";
+    QTest::newRow("sgd momentum decay") << R"({"optimizer": {"class_name": "SGD", "config": {"momentum": 0.9, "weight_decay": 0.0001}}})"
+                                        << "SGD with momentum and weight_decay 0.0001 decays the weights apart from the momentum";
+    QTest::newRow("rmsprop decay") << R"({"optimizer": {"class_name": "RMSprop", "config": {"weight_decay": 0.01}}})"
+                                   << "optimizer 'rmsprop': weight_decay = 0.01 would be ignored";
+    QTest::newRow("unreduced loss") << R"({"loss": {"class_name": "MeanSquaredError", "config": {"reduction": null}}})"
+                                    << "compile_config.loss.config: reduction = null would be ignored";
 }
 
 void TestModel::kerasCompileErrors()
