@@ -65,7 +65,8 @@ std::string column(const std::string& text, int width)
             cp = static_cast<char32_t>(p[0] & (0xFF >> (n + 1)));
             for (int i = 1; i < n; ++i) cp = (cp << 6) | (p[i] & 0x3F);
         }
-        cols += std::max(0, columnsOf(cp));
+        const int w = columnsOf(cp);
+        cols += w < 0 ? 1 : w;  // unknown to glibc's tables (a newer emoji) or a control character: one column
         p += n;
         pieces.push_back({static_cast<std::size_t>(p - begin), cols});
     }

@@ -627,7 +627,8 @@ Result<TransformSpec> opFromJson(const json& j, const std::string& at)
     TransformSpec o;
     auto optSeed = [&](TransformSpec& spec) -> Status {
         if (!j.contains("seed") || j["seed"].is_null()) return okStatus();
-        if (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0)
+        // Unsigned 64-bit (derived seeds recorded with a run fill all 64 bits), not negative.
+        if (!j["seed"].is_number_unsigned() && (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0))
             return jsonError(at + ".seed", "expected a non-negative integer, got " + shown(j["seed"]), typeHint(j["seed"], "seed", "a whole number >= 0"));
         spec.seed = j["seed"].get<uint64_t>();
         return okStatus();
@@ -790,7 +791,7 @@ Result<PipelineSpec> PipelineSpec::fromJson(const nlohmann::json& j, const std::
         }
     }
     if (j.contains("seed")) {
-        if (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0)
+        if (!j["seed"].is_number_unsigned() && (!j["seed"].is_number_integer() || j["seed"].get<int64_t>() < 0))
             return jsonError(where + ".seed", "expected a non-negative integer, got " + shown(j["seed"]), typeHint(j["seed"], "seed", "a whole number >= 0"));
         p.seed = j["seed"].get<uint64_t>();
         p.seedGiven = true;

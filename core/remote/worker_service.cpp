@@ -979,8 +979,9 @@ private:
             // Stopped because another task failed, while failing for a reason of its own (a
             // chief refusing its backup, whose peer's "the chief could not restore the run's
             // backup (its error says why)" reached the coordinator first): that reason still goes
-            // back, for the coordinator to report instead of the pointer to it.
-            if (reason == kCancelFailed && result.error().code != ErrorCode::Cancelled && result.error().code != ErrorCode::IoError)
+            // back, for the coordinator to report instead of the pointer to it (any other task
+            // error arriving then is only logged).
+            if (reason == kCancelFailed && result.error().code != ErrorCode::Cancelled)
                 publish("error", step, {{"message", result.error().message}, {"hint", result.error().hint}, {"where", m_task}});
             if (chief && byUser) publishWeights(*run.trainer);
             return finish("cancelled", {});
@@ -1155,7 +1156,7 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
         if (!options.tls.certificate.empty())
             return makeError(ErrorCode::InvalidArgument,
                              "cannot listen on " + options.listen + " with the TLS certificate " + options.tls.certificate + " and key " +
-                                 options.tls.privateKey + " (gRPC refused them; its message is above)",
+                                 options.tls.privateKey + " (gRPC refused them, its message is above; or the port was taken meanwhile)",
                              "--tls-key must be the private key of --tls-cert (their public keys match: compare "
                              "openssl x509 -noout -pubkey -in CERT with openssl pkey -pubout -in KEY)");
         return makeError(ErrorCode::IoError, "cannot listen on " + options.listen, "is the port in use, or the address not on this machine?");

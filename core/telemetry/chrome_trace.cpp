@@ -816,7 +816,9 @@ Result<Trace> parseChromeTraceText(const std::string& text, const std::string& s
         // and so do we: the events the parser completed before the end were handed over already
         // (one pass; no second parse of a repaired copy).
         const auto lastChar = text.find_last_not_of(" \t\r\n");
-        if (arrayForm && lastChar != std::string::npos && e.byte > lastChar) {
+        // e.byte counts the characters read, the end of input included: a syntax error on the
+        // last character is at lastChar + 1, an unexpected end of input beyond it.
+        if (arrayForm && lastChar != std::string::npos && e.byte > lastChar + 1) {
             auto t = b.finish(true);
             if (t.ok())
                 t->warnings.insert(t->warnings.begin(), source + ": the file ends before its closing ']' (a timeline cut off while "

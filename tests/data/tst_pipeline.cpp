@@ -1787,6 +1787,13 @@ private slots:
                 QCOMPARE(recorded2, nlohmann::json(2));
                 shuffled["pipeline"]["seed"] = 5;
                 QCOMPARE(firstOrder(shuffled, 1).first, firstOrder(shuffled, 2).first);
+                // Seeds fill 64 bits (a recorded derived seed): read back, above 2^63 too.
+                shuffled["pipeline"]["transformations"][0]["seed"] = uint64_t{18446744073709551557ull};
+                shuffled["pipeline"]["seed"] = uint64_t{9223372036854775808ull};
+                auto wide = RunConfig::fromJson(shuffled, "run.json");
+                VERIFY_OK(wide);
+                QCOMPARE(*wide->pipeline->ops[0].seed, uint64_t{18446744073709551557ull});
+                QCOMPARE(wide->pipeline->seed, uint64_t{9223372036854775808ull});
                 // A negative op seed is refused like a negative pipeline seed.
                 shuffled["pipeline"]["transformations"][0]["seed"] = -5;
                 auto negativeSeed = RunConfig::fromJson(shuffled, "run.json");

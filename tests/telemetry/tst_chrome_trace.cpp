@@ -361,6 +361,12 @@ void TestChromeTrace::cutOffInsideAnEvent()
         QVERIFY(!t->warnings.empty());
         QVERIFY2(t->warnings[0].find("cut.json: the file ends before its closing ']'") == 0, t->warnings[0].c_str());
     }
+    // A syntax error on the very last character is no cut-off: ",]", "]]", "}}".
+    for (const std::string bad : {"]", "\n{\"ph\": \"X\"}]]", "\n{\"ph\": \"X\"}}"}) {
+        auto t = parseChromeTraceText(events + bad, "last.json");
+        QVERIFY2(!t.ok(), bad.c_str());
+        QVERIFY2(t.error().message.find("last.json: not valid JSON") == 0, t.error().message.c_str());
+    }
     // Not at the end: an error naming the line.
     auto broken = parseChromeTraceText(events + "\n{\"ph\": \"X\" \"name\": \"d\"},\n{\"ph\": \"X\", \"name\": \"e\"}]", "broken.json");
     QVERIFY(!broken.ok());
