@@ -3,8 +3,8 @@
 
 #include <cstring>
 #include <filesystem>
-#include <map>
 #include <mutex>
+#include <optional>
 
 #include "data/csv.h"
 #include "data/idx.h"
@@ -80,10 +80,30 @@ struct Arrays {
     Shape xRow, yRow;
     int64_t n = 0;
     std::shared_ptr<const std::string> origin, labelOrigin;
-    // Rows holding NaN or inf, in row order, each with its error: the first fails the source,
-    // or with skip_bad_records each is dropped and counted as a bad record.
-    std::vector<std::pair<int64_t, Error>> badRows;
+    // The first row holding NaN or inf (-1: none) and its error: it fails the source, or with
+    // skip_bad_records every such row is dropped and counted (found row by row as served).
+    int64_t firstBadRow = -1;
+    std::optional<Error> firstBad;
+    std::string what, labelWhat;  // for the errors of the rows after it
 };
+
+// The error of `row` if it holds NaN or inf (features first), else nullopt.
+std::optional<Error> nonFiniteRow(const Arrays& a, int64_t row)
+{
+    for (const auto& [t, role] : {std::pair{&a.x, "features"}, std::pair{&a.y, "labels"}}) {
+        if (!t->defined()) continue;
+        const int64_t rel = t->rows(row, row + 1).firstNonFinite();
+        if (rel < 0) continue;
+        const int64_t perRow = std::max<int64_t>(1, t->numel() / std::max<int64_t>(1, a.n));
+        return makeError(ErrorCode::InvalidArgument,
+                         (t == &a.y && !a.labelWhat.empty() ? a.labelWhat : a.what) + ": the " + role + " hold " +
+                             nonFiniteName(t->floatAt(row * perRow + rel)) + " at row " + std::to_string(row) +
+                             (perRow > 1 ? " (value " + std::to_string(rel) + " of " + std::to_string(perRow) + ")" : std::string()),
+                         "replace or drop the rows that are not finite before training (numpy: keep the rows where "
+                         "np.isfinite(x).all(axis=1), or x = np.nan_to_num(x)), or set skip_bad_records");
+    }
+    return std::nullopt;
+}
 
 Shape rowShape(const Tensor& t)
 {
@@ -125,26 +145,16 @@ Result<std::shared_ptr<const Arrays>> makeArrays(Tensor x, Tensor y, const std::
     if (a->y.defined()) a->yRow = rowShape(a->y);
     // NaN or inf in the data would spread through the weights within a step (CSV values are
     // refused line by line as they are read; arrays are checked here, once, where they load).
-    // Every such row is listed (the first fails the source, unless skip_bad_records drops them).
-    std::map<int64_t, Error> bad;
-    for (const auto& [t, role] : {std::pair{&a->x, "features"}, std::pair{&a->y, "labels"}}) {
+    a->what = what;
+    a->labelWhat = labelWhat;
+    for (const Tensor* t : {&a->x, &a->y}) {
         if (!t->defined()) continue;
-        const int64_t perRow = std::max<int64_t>(1, rowShape(*t).numel());
-        for (int64_t from = 0; from < a->n;) {
-            const int64_t rel = t->rows(from, a->n).firstNonFinite();
-            if (rel < 0) break;
-            const int64_t at = from * perRow + rel, row = at / perRow;
-            bad.emplace(row, makeError(ErrorCode::InvalidArgument,
-                                       (t == &a->y && !labelWhat.empty() ? labelWhat : what) + ": the " + role + " hold " +
-                                           nonFiniteName(t->floatAt(at)) + " at row " + std::to_string(row) +
-                                           (perRow > 1 ? " (value " + std::to_string(at % perRow) + " of " + std::to_string(perRow) + ")"
-                                                       : std::string()),
-                                       "replace or drop the rows that are not finite before training (numpy: keep the rows where "
-                                       "np.isfinite(x).all(axis=1), or x = np.nan_to_num(x)), or set skip_bad_records"));
-            from = row + 1;
-        }
+        const int64_t at = t->firstNonFinite();
+        if (at < 0) continue;
+        const int64_t row = at / std::max<int64_t>(1, t->numel() / std::max<int64_t>(1, a->n));
+        if (a->firstBadRow < 0 || row < a->firstBadRow) a->firstBadRow = row;
     }
-    a->badRows.assign(bad.begin(), bad.end());
+    if (a->firstBadRow >= 0) a->firstBad = nonFiniteRow(*a, a->firstBadRow);
     if (!origin.empty()) a->origin = std::make_shared<const std::string>(origin);  // in-memory tensors: no file
     if (!labelOrigin.empty()) a->labelOrigin = std::make_shared<const std::string>(labelOrigin);
     return std::shared_ptr<const Arrays>(std::move(a));
@@ -307,7 +317,7 @@ private:
         m_arrays = std::move(a).value();
         // Not finite somewhere: refused where it loads (before the first step), unless bad
         // records are dropped.
-        if (!m_arrays->badRows.empty() && !m_ctx.shared->skipBad) return m_arrays->badRows.front().second;
+        if (m_arrays->firstBad && !m_ctx.shared->skipBad) return *m_arrays->firstBad;
         return okStatus();
     }
 
@@ -315,18 +325,17 @@ private:
     // by next() and skip() alike, so positions agree across the tasks that pass over it.
     Status passBadRows()
     {
-        const auto& bad = m_arrays->badRows;
-        while (m_nextBad < bad.size() && bad[m_nextBad].first < m_i) ++m_nextBad;
-        while (m_nextBad < bad.size() && bad[m_nextBad].first == m_i && m_i < m_arrays->n) {
-            m_ctx.shared->recordBad(bad[m_nextBad].second);
+        if (m_arrays->firstBadRow < 0) return okStatus();
+        while (m_i >= m_arrays->firstBadRow && m_i < m_arrays->n) {
+            auto bad = nonFiniteRow(*m_arrays, m_i);
+            if (!bad) break;
+            m_ctx.shared->recordBad(*bad);
             m_counters->skipped.fetch_add(1, std::memory_order_relaxed);
-            ++m_nextBad;
             ++m_i;
         }
         return okStatus();
     }
 
-    std::size_t m_nextBad = 0;
     Loader m_load;
     IterContext m_ctx;
     Counters* m_counters;
