@@ -112,8 +112,11 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(const PipelineSpec& spec, con
     // Likewise normalise and cast directly before a batch run on the whole batch (tf.data's
     // map vectorisation): one vectorised pass over B examples instead of B allocations, and the
     // batch copies the source's bytes (u8 images: a quarter of the float bytes).
+    // Not a cast of the labels when batch() checks class ids: it would see them still as floats
+    // and let an out-of-range id through to the loss's "batch row N".
     auto batchable = [&](const TransformSpec& op) {
-        return pureElementwise(op) && (op.fn.name == "normalise" || op.fn.name == "cast");
+        const bool labelCast = op.fn.name == "cast" && op.fn.params.is_object() && op.fn.params.value("target", "x") == "y";
+        return pureElementwise(op) && (op.fn.name == "normalise" || (op.fn.name == "cast" && !(labelCast && options.classCount > 0)));
     };
     if (!spec.skipBadRecords)
         for (bool moved = true; moved;) {

@@ -1729,6 +1729,13 @@ private slots:
             VERIFY_MSG(floatRun.error().hint, R"({"op": "map", "fn": "cast", "dtype": "i32", "target": "y"})");
             floatIds["pipeline"]["transformations"] = nlohmann::json::array({nlohmann::json::parse(R"({"op": "map", "fn": "cast", "dtype": "i32", "target": "y"})")});
             VERIFY_OK(prepareRun(*RunConfig::fromJson(floatIds, "run.json")));
+            // Cast so, an id beyond the outputs is still named by its row (the cast is not moved
+            // after the batch, where the ids would be checked as floats, i.e. not at all).
+            fy.data<float>()[5] = 12.f;
+            VERIFY_OK(writeNpy(tmp("float_y.npy"), fy));
+            auto beyondCast = prepareRun(*RunConfig::fromJson(floatIds, "run.json"));
+            QVERIFY(!beyondCast.ok());
+            VERIFY_MSG(beyondCast.error().message, "'" + tmp("float_y.npy") + "' row 5: label 12 is not one of the model's 10 class ids");
 
             // A class id beyond the output, in a later batch of a CSV: named by file and line, as
             // the batch is stacked, before the loss sees it as "batch row N".
