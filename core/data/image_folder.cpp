@@ -241,7 +241,12 @@ Result<ImageFolderListing> listImageFolder(const std::string& root, const std::v
         for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
             if (it->is_regular_file(ec) && isImageName(it->path())) files.push_back(it->path().string());
         if (ec) return makeError(ErrorCode::IoError, "cannot list '" + dir.string() + "': " + ec.message());
-        std::sort(files.begin(), files.end());
+        // Keras' order: by folder, then by file name in it.
+        std::sort(files.begin(), files.end(), [](const std::string& a, const std::string& b) {
+            const fs::path pa(a), pb(b);
+            if (pa.parent_path() != pb.parent_path()) return pa.parent_path().string() < pb.parent_path().string();
+            return pa.filename().string() < pb.filename().string();
+        });
         for (auto& f : files)
             out.files.push_back({std::make_shared<const std::string>(std::move(f)), static_cast<int32_t>(c)});
     }

@@ -290,7 +290,6 @@ Result<FitResult> Coordinator::run(RunConfig cfg, const std::string& runId, tm::
 {
     cfg.strategy.kind = m_strategy;
     m_restarts = 0;
-    m_refused = false;
     m_rejoins = 0;
     // --load-weights: the tasks cannot read this machine's files, so the bytes travel with each
     // training task (checked here first, so a damaged file fails before any worker starts). In a
@@ -373,6 +372,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                           bool mayRestart)
 {
     m_restartPending = false;
+    m_refused = false;  // this attempt's
     bool started = false;
     for (Task* t : everyTask()) {
         // A restart: the last attempt's streams were cancelled and its states are stale.
@@ -877,7 +877,11 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     anyCancelled = true;
                 }
             } else if (e.kind == "error") {
-                Error err = makeError(ErrorCode::Internal, t.label + ": " + f.value("message", ""), f.value("hint", ""));
+                // A task's refusal of the run's model, data or settings is bad input: not
+                // restarted (it would be refused again), and the CLI exits 2 for it.
+                const bool refusal = f.value("refused", false);
+                Error err = makeError(refusal ? ErrorCode::InvalidArgument : ErrorCode::Internal, t.label + ": " + f.value("message", ""),
+                                      f.value("hint", ""));
                 if (m_cancel) {
                     // After Stop: a task whose peer stopped first sees its collective break off.
                     // That is the cancellation seen from there, not the run's failure.
@@ -887,7 +891,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
                     if (!failure || (pointsAtChief(*failure) && !pointsAtChief(err))) {
                         failure = err;
-                        m_refused = f.value("refused", false);
+                        m_refused = refusal;
                     }
                 }
             } else if (e.kind == "step" && (psRun ? (i == reporter || (i < reporter && !t.ps)) && e.step > lastReported : chief)) {

@@ -899,7 +899,10 @@ private:
         if (!prepared.ok()) {
             const bool cancelled = dropStore();
             if (cancelled && prepared.error().code == ErrorCode::Cancelled) return finish("cancelled", {});
-            return finish("failed", prepared.error().message, prepared.error().hint, /*refused=*/true);
+            // A refusal of the run (its model, data or settings), not a collective broken while
+            // agreeing on them or an I/O error: as restartableFailure tells them apart.
+            const bool refusal = !restartableFailure(prepared.error()) && prepared.error().code != ErrorCode::Cancelled;
+            return finish("failed", prepared.error().message, prepared.error().hint, refusal);
         }
         PreparedRun run = std::move(prepared).value();
         if (initial) {

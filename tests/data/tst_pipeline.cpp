@@ -640,12 +640,13 @@ private slots:
             VERIFY_OK(writePng(keras + "/k0/sub/b.png", image(2, 2, 1, 1, 1, 1)));
             VERIFY_OK(writePng(keras + "/k0/sub/deeper/c.png", image(2, 2, 1, 1, 1, 1)));
             VERIFY_OK(writePng(keras + "/k1/d.png", image(2, 2, 1, 1, 1, 1)));
+            VERIFY_OK(writePng(keras + "/k0/z.png", image(2, 2, 1, 1, 1, 1)));  // Keras: k0's own files before its sub-folders
             auto k = listImageFolder(keras);
             VERIFY_OK(k);
             QCOMPARE(k->classNames, (std::vector<std::string>{"k0", "k1"}));
             std::vector<std::pair<std::string, int32_t>> got;
             for (const auto& f : k->files) got.emplace_back(fs::path(*f.path).filename().string(), f.label);
-            QCOMPARE(got, (std::vector<std::pair<std::string, int32_t>>{{"a.png", 0}, {"b.png", 0}, {"c.png", 0}, {"d.png", 1}}));
+            QCOMPARE(got, (std::vector<std::pair<std::string, int32_t>>{{"a.png", 0}, {"z.png", 0}, {"b.png", 0}, {"c.png", 0}, {"d.png", 1}}));
             auto twice = listImageFolder(keras, {"k0", "k1", "k0"});
             QVERIFY(!twice.ok());
             VERIFY_MSG(twice.error().message, "class_names lists 'k0' twice");

@@ -512,7 +512,8 @@ void TestParameterServer::mixedPrecisionWorkers()
     QVERIFY(huge.open(QIODevice::WriteOnly));
     huge.write(R"({"precision": {"policy": "mixed_float16", "loss_scale": 1e30}})");
     huge.close();
-    auto flat = startCoordinator(trainArgs(c.file, 1) + QStringList{"--limit", "1280", "--config", huge.fileName(), "--no-record", "--no-validation"});
+    // 100 steps: each worker gets some of epoch 1's, however slowly it starts.
+    auto flat = startCoordinator(trainArgs(c.file, 1) + QStringList{"--limit", "6400", "--config", huge.fileName(), "--no-record", "--no-validation"});
     QVERIFY(flat->waitForFinished(120000));
     const QString flatErr = QString::fromUtf8(flat->readAllStandardError());
     QVERIFY2(flat->exitCode() == 0, qPrintable(flatErr));

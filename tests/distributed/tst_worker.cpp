@@ -1445,6 +1445,11 @@ void TestWorker::refusedRunExitsTwo()
     const QString err = QString::fromUtf8(coord->readAllStandardError());
     QVERIFY2(coord->exitCode() == 2, qPrintable(err));
     QVERIFY2(err.contains(QRegularExpression("error: (chief|worker):0 at 127.0.0.1:")) && err.contains("(100,)"), qPrintable(err));
+    // Not restarted either: it would be refused again.
+    auto again = startCoordinator(args + QStringList{"--no-record", "--backup-dir", "refused", "--restarts", "2"});
+    QVERIFY(again->waitForFinished(60000));
+    const QString err2 = QString::fromUtf8(again->readAllStandardError());
+    QVERIFY2(again->exitCode() == 2 && !err2.contains("restarting the run"), qPrintable(err2));
 }
 
 void TestWorker::killedWorkerIsNamed()
