@@ -57,6 +57,10 @@ nlohmann::json RunConfig::backupFingerprint() const
 {
     nlohmann::json j = withResolvedPrecision(toJson(), strategy);
     for (const char* key : {"epochs", "max_steps", "save_weights", "backup"}) j.erase(key);
+    // A pipeline without a seed of its own draws with the run's: written so, a backup made
+    // before pipelines took the run's seed (its fingerprint said "seed": 0) still resumes.
+    for (const char* key : {"pipeline", "validation_pipeline"})
+        if (j.contains(key) && j[key].is_object() && !j[key].contains("seed")) j[key]["seed"] = seed;
     return j;
 }
 
