@@ -241,12 +241,15 @@ Result<ImageFolderListing> listImageFolder(const std::string& root, const std::v
         for (; !ec && it != fs::recursive_directory_iterator(); it.increment(ec))
             if (it->is_regular_file(ec) && isImageName(it->path())) files.push_back(it->path().string());
         if (ec) return makeError(ErrorCode::IoError, "cannot list '" + dir.string() + "': " + ec.message());
-        // Keras' order: by folder, then by file name in it.
-        std::sort(files.begin(), files.end(), [](const std::string& a, const std::string& b) {
-            const fs::path pa(a), pb(b);
-            if (pa.parent_path() != pb.parent_path()) return pa.parent_path().string() < pb.parent_path().string();
-            return pa.filename().string() < pb.filename().string();
-        });
+        // Keras' order: by folder, then by file name in it (keys made once, not per comparison).
+        std::vector<std::pair<std::pair<std::string, std::string>, std::string>> keyed;
+        keyed.reserve(files.size());
+        for (auto& f : files) {
+            const fs::path p(f);
+            keyed.push_back({{p.parent_path().string(), p.filename().string()}, std::move(f)});
+        }
+        std::sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+        for (std::size_t i = 0; i < keyed.size(); ++i) files[i] = std::move(keyed[i].second);
         for (auto& f : files)
             out.files.push_back({std::make_shared<const std::string>(std::move(f)), static_cast<int32_t>(c)});
     }

@@ -889,7 +889,9 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                        err.message + " (after the run was cancelled)"}));
                 } else {
                     bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
-                    if (!failure || (pointsAtChief(*failure) && !pointsAtChief(err))) {
+                    // A refusal is the cause, the error it caused on a peer (its collective
+                    // broken) only the effect: it replaces one that arrived first.
+                    if (!failure || (pointsAtChief(*failure) && !pointsAtChief(err)) || (refusal && !m_refused)) {
                         failure = err;
                         m_refused = refusal;
                     }
@@ -1138,12 +1140,15 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                 m_tasks[i]->state = e.fields.value("state", "");
             } else if (e.kind == "error") {
                 // Another task's error after the first: logged; the chief's own reason replaces
-                // a task's pointer to it (whichever arrived first).
-                Error err = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
+                // a task's pointer to it, and a task's refusal the error it caused elsewhere (a
+                // peer's broken collective), whichever arrived first.
+                const bool refusal = e.fields.value("refused", false);
+                Error err = makeError(refusal ? ErrorCode::InvalidArgument : ErrorCode::Internal,
+                                      m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
                 bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, err.message}));
-                if (pointsAtChief(*failure) && !pointsAtChief(err)) {
+                if ((pointsAtChief(*failure) && !pointsAtChief(err)) || (refusal && !m_refused)) {
                     failure = err;
-                    m_refused = e.fields.value("refused", false);
+                    m_refused = refusal;
                 }
             } else {
                 (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
