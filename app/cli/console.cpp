@@ -5,7 +5,6 @@
 #include <cstdio>
 #include <iostream>
 #include <string>
-#include <vector>
 #include <algorithm>
 
 #include "commands.h"
@@ -46,40 +45,26 @@ int columnsOf(char32_t cp)
 
 std::string column(const std::string& text, int width)
 {
-    struct Piece {
-        std::size_t end;  // byte offset after this character
-        int cols;         // columns up to and including it
-    };
-    std::vector<Piece> pieces;
+    // One pass: `fit` is where the text is cut if it turns out longer than width (the last
+    // character that leaves room for "..."), `fitCols` its columns.
     const auto* begin = reinterpret_cast<const unsigned char*>(text.data());
     const auto* end = begin + text.size();
-    int cols = 0;
-    for (const unsigned char* p = begin; p < end;) {
-        int n = ts::utf8SequenceLength(p, end);
+    std::size_t fit = 0;
+    int cols = 0, fitCols = 0;
+    for (const unsigned char* p = begin; p < end && cols <= width;) {
         char32_t cp = 0xFFFD;
-        if (n == 0) {
-            n = 1;  // not UTF-8 (stored names are): one column, as printableText would show it
-        } else if (n == 1) {
-            cp = *p;
-        } else {
-            cp = static_cast<char32_t>(p[0] & (0xFF >> (n + 1)));
-            for (int i = 1; i < n; ++i) cp = (cp << 6) | (p[i] & 0x3F);
-        }
-        const int w = columnsOf(cp);
+        int n = ts::utf8Decode(p, end, cp);
+        if (n == 0) n = 1;  // not UTF-8 (stored names are): one column, as printableText would show it
+        const int w = cp < 0x80 ? 1 : columnsOf(cp);
         cols += w < 0 ? 1 : w;  // unknown to glibc's tables (a newer emoji) or a control character: one column
         p += n;
-        pieces.push_back({static_cast<std::size_t>(p - begin), cols});
+        if (cols <= width - 3) {
+            fit = static_cast<std::size_t>(p - begin);
+            fitCols = cols;
+        }
     }
     if (cols <= width) return text + std::string(static_cast<std::size_t>(width - cols), ' ');
-    // Longer: as many characters as fit in width - 3, then "...".
-    std::size_t cut = 0;
-    int used = 0;
-    for (const Piece& piece : pieces) {
-        if (piece.cols > width - 3) break;
-        cut = piece.end;
-        used = piece.cols;
-    }
-    return text.substr(0, cut) + "..." + std::string(static_cast<std::size_t>(std::max(0, width - 3 - used)), ' ');
+    return text.substr(0, fit) + "..." + std::string(static_cast<std::size_t>(std::max(0, width - 3 - fitCols)), ' ');
 }
 
 std::string unrecordedRunId(const std::string& prefix)

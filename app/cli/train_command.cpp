@@ -556,16 +556,15 @@ int runTrain(const TrainOptions& options)
                                                 {"the cluster file", o.cluster},
                                                 {"the token file", o.tokenFile},
                                                 {"the TLS CA file", o.tlsCa}};
-        // The pipelines' own files: a trace written over the training CSV destroyed the data.
-        for (const auto* pipeline : {&cfg.pipeline, &cfg.validationPipeline})
-            if (*pipeline)
-                for (const std::string& path : (*pipeline)->source.paths) inputs.push_back({"a file the pipeline reads", path});
-        // And its cache files: an output written over one destroyed the cache (the next run
-        // refused it as "not a TrainStudio cache file").
-        for (const auto* pipeline : {&cfg.pipeline, &cfg.validationPipeline})
-            if (*pipeline)
-                for (const auto& op : (*pipeline)->ops)
-                    if (op.kind == ts::TransformKind::Cache && !op.cacheFile.empty()) inputs.push_back({"a cache file of the pipeline", op.cacheFile});
+        // The pipelines' own files (a trace written over the training CSV destroyed the data)
+        // and their cache files (an output written over one destroyed the cache, and the next
+        // run refused it as "not a TrainStudio cache file").
+        for (const auto* pipeline : {&cfg.pipeline, &cfg.validationPipeline}) {
+            if (!*pipeline) continue;
+            for (const std::string& path : (*pipeline)->source.paths) inputs.push_back({"a file the pipeline reads", path});
+            for (const auto& op : (*pipeline)->ops)
+                if (op.kind == ts::TransformKind::Cache && !op.cacheFile.empty()) inputs.push_back({"a cache file of the pipeline", op.cacheFile});
+        }
         std::vector<tscli::Protected> dirs;
         if (!db.empty()) dirs.push_back({"the run store's files", ts::store::RunStore::filesRoot(db)});
         // --save-weights may replace the --load-weights file (read before the first step, as

@@ -10,14 +10,17 @@
 
 namespace ts {
 
-// The length of the well-formed UTF-8 sequence at p (1-4 bytes), 0 if it is not one (overlong
-// forms, surrogates, code points above U+10FFFF, a truncated sequence).
-inline int utf8SequenceLength(const unsigned char* p, const unsigned char* end)
+// The well-formed UTF-8 sequence at p: its length (1-4 bytes) and code point, or 0 if it is not
+// one (overlong forms, surrogates, code points above U+10FFFF, a truncated sequence).
+inline int utf8Decode(const unsigned char* p, const unsigned char* end, char32_t& codePoint)
 {
     const unsigned char c = *p;
     int n = 0;
     unsigned cp = 0;
-    if (c < 0x80) return 1;
+    if (c < 0x80) {
+        codePoint = c;
+        return 1;
+    }
     if (c >= 0xC2 && c <= 0xDF) { n = 1; cp = c & 0x1F; }
     else if (c >= 0xE0 && c <= 0xEF) { n = 2; cp = c & 0x0F; }
     else if (c >= 0xF0 && c <= 0xF4) { n = 3; cp = c & 0x07; }
@@ -28,7 +31,24 @@ inline int utf8SequenceLength(const unsigned char* p, const unsigned char* end)
         cp = (cp << 6) | (p[i] & 0x3F);
     }
     if ((n == 2 && cp < 0x800) || (n == 3 && (cp < 0x10000 || cp > 0x10FFFF)) || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+    codePoint = cp;
     return n + 1;
+}
+
+// The length of the well-formed UTF-8 sequence at p (1-4 bytes), 0 if it is not one.
+inline int utf8SequenceLength(const unsigned char* p, const unsigned char* end)
+{
+    char32_t cp = 0;
+    return utf8Decode(p, end, cp);
+}
+
+// ASCII letters in lower case, other bytes (UTF-8 sequences included) unchanged: run ids, type
+// and class names compared without case.
+inline std::string lowerAscii(std::string s)
+{
+    for (char& c : s)
+        if (c >= 'A' && c <= 'Z') c = static_cast<char>(c - 'A' + 'a');
+    return s;
 }
 
 // Well-formed UTF-8 (no overlong forms, surrogates or code points above U+10FFFF).

@@ -1,6 +1,7 @@
 // Source stages: in-memory arrays (IDX, .npy, .npz, from_tensor_slices), CSV files, image folders,
 // and the file interleaving of multi-file sources.
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <mutex>
@@ -80,21 +81,21 @@ struct Arrays {
     Shape xRow, yRow;
     int64_t n = 0;
     std::shared_ptr<const std::string> origin, labelOrigin;
-    // The first row holding NaN or inf (-1: none) and its error: it fails the source, or with
-    // skip_bad_records every such row is dropped and counted (found row by row as served).
-    int64_t firstBadRow = -1;
-    std::optional<Error> firstBad;
+    // The rows holding NaN or inf, in order (found once, where the arrays load): the first fails
+    // the source, or with skip_bad_records each is dropped and counted as it is reached (its
+    // error made then: nonFiniteRow).
+    std::vector<int64_t> badRows;
     std::string what, labelWhat;  // for the errors of the rows after it
 };
 
 // The error of `row` if it holds NaN or inf (features first), else nullopt.
 std::optional<Error> nonFiniteRow(const Arrays& a, int64_t row)
 {
-    for (const auto& [t, role] : {std::pair{&a.x, "features"}, std::pair{&a.y, "labels"}}) {
+    for (const auto& [t, role, shape] : {std::tuple{&a.x, "features", &a.xRow}, std::tuple{&a.y, "labels", &a.yRow}}) {
         if (!t->defined()) continue;
         const int64_t rel = t->rows(row, row + 1).firstNonFinite();
         if (rel < 0) continue;
-        const int64_t perRow = std::max<int64_t>(1, t->numel() / std::max<int64_t>(1, a.n));
+        const int64_t perRow = std::max<int64_t>(1, shape->numel());
         return makeError(ErrorCode::InvalidArgument,
                          (t == &a.y && !a.labelWhat.empty() ? a.labelWhat : a.what) + ": the " + role + " hold " +
                              nonFiniteName(t->floatAt(row * perRow + rel)) + " at row " + std::to_string(row) +
@@ -147,14 +148,18 @@ Result<std::shared_ptr<const Arrays>> makeArrays(Tensor x, Tensor y, const std::
     // refused line by line as they are read; arrays are checked here, once, where they load).
     a->what = what;
     a->labelWhat = labelWhat;
-    for (const Tensor* t : {&a->x, &a->y}) {
+    for (const auto& [t, shape] : {std::pair{&a->x, &a->xRow}, std::pair{&a->y, &a->yRow}}) {
         if (!t->defined()) continue;
-        const int64_t at = t->firstNonFinite();
-        if (at < 0) continue;
-        const int64_t row = at / std::max<int64_t>(1, t->numel() / std::max<int64_t>(1, a->n));
-        if (a->firstBadRow < 0 || row < a->firstBadRow) a->firstBadRow = row;
+        const int64_t perRow = std::max<int64_t>(1, shape->numel());
+        for (int64_t from = 0; from < a->n;) {
+            const int64_t rel = t->rows(from, a->n).firstNonFinite();
+            if (rel < 0) break;
+            a->badRows.push_back(from + rel / perRow);
+            from = a->badRows.back() + 1;
+        }
     }
-    if (a->firstBadRow >= 0) a->firstBad = nonFiniteRow(*a, a->firstBadRow);
+    std::sort(a->badRows.begin(), a->badRows.end());
+    a->badRows.erase(std::unique(a->badRows.begin(), a->badRows.end()), a->badRows.end());
     if (!origin.empty()) a->origin = std::make_shared<const std::string>(origin);  // in-memory tensors: no file
     if (!labelOrigin.empty()) a->labelOrigin = std::make_shared<const std::string>(labelOrigin);
     return std::shared_ptr<const Arrays>(std::move(a));
@@ -317,7 +322,7 @@ private:
         m_arrays = std::move(a).value();
         // Not finite somewhere: refused where it loads (before the first step), unless bad
         // records are dropped.
-        if (m_arrays->firstBad && !m_ctx.shared->skipBad) return *m_arrays->firstBad;
+        if (!m_arrays->badRows.empty() && !m_ctx.shared->skipBad) return *nonFiniteRow(*m_arrays, m_arrays->badRows.front());
         return okStatus();
     }
 
@@ -325,16 +330,18 @@ private:
     // by next() and skip() alike, so positions agree across the tasks that pass over it.
     Status passBadRows()
     {
-        if (m_arrays->firstBadRow < 0) return okStatus();
-        while (m_i >= m_arrays->firstBadRow && m_i < m_arrays->n) {
-            auto bad = nonFiniteRow(*m_arrays, m_i);
-            if (!bad) break;
-            m_ctx.shared->recordBad(*bad);
+        const auto& bad = m_arrays->badRows;
+        while (m_nextBad < bad.size() && bad[m_nextBad] < m_i) ++m_nextBad;
+        while (m_nextBad < bad.size() && bad[m_nextBad] == m_i) {
+            m_ctx.shared->recordBad(*nonFiniteRow(*m_arrays, m_i));
             m_counters->skipped.fetch_add(1, std::memory_order_relaxed);
+            ++m_nextBad;
             ++m_i;
         }
         return okStatus();
     }
+
+    std::size_t m_nextBad = 0;  // the first of m_arrays->badRows not passed yet
 
     Loader m_load;
     IterContext m_ctx;

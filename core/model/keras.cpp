@@ -23,8 +23,10 @@
 #include <map>
 #include <set>
 
+#include "common/utf8.h"
 #include "model/attrs.h"
 #include "model/spec.h"
+#include "nn/program.h"
 #include "optim/optimizer.h"
 
 namespace ts {
@@ -740,12 +742,6 @@ private:
         m_imp.error(message, hint.empty() ? alone : hint + "; or " + alone);
     }
 
-    static std::string lower(std::string s)
-    {
-        for (auto& c : s) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-        return s;
-    }
-
     static bool allOnes(const json& v)
     {
         if (v.is_null()) return true;
@@ -762,7 +758,7 @@ private:
     {
         json cfg;
         if (o.is_string()) {
-            cfg = json{{"type", lower(o.get<std::string>())}};
+            cfg = json{{"type", lowerAscii(o.get<std::string>())}};
         } else if (o.is_object() && o.contains("class_name") && o["class_name"].is_string()) {
             std::string cls = o["class_name"].get<std::string>();
             if (cls.rfind("Custom>", 0) == 0) cls = cls.substr(7);  // tf.keras 2.11+ writes "Custom>Adam"
@@ -790,7 +786,7 @@ private:
                             "exponential, cosine, warmup_cosine)");
                 return;
             }
-            cfg["type"] = lower(cls);
+            cfg["type"] = lowerAscii(cls);
             const bool decay = cfg.contains("weight_decay") && cfg["weight_decay"].is_number() && cfg["weight_decay"].get<double>() != 0.0;
             // Keras applies an optimizer's weight_decay decoupled (w -= lr * wd * w, outside the
             // moments): Adam's is our adamw; SGD's matches ours (added to the gradient) only
@@ -842,16 +838,12 @@ private:
             loss(*l.begin(), path, out);
             return;
         }
-        static const std::map<std::string, std::string> names = {
-            {"sparse_categorical_crossentropy", "sparse_categorical_crossentropy"},
+        // Keras' Loss classes by their function's name; names go through parseLoss (nn/program).
+        static const std::map<std::string, std::string> classes = {
             {"SparseCategoricalCrossentropy", "sparse_categorical_crossentropy"},
-            {"categorical_crossentropy", "categorical_crossentropy"},
             {"CategoricalCrossentropy", "categorical_crossentropy"},
-            {"binary_crossentropy", "binary_crossentropy"},
             {"BinaryCrossentropy", "binary_crossentropy"},
-            {"mean_squared_error", "mean_squared_error"},
             {"MeanSquaredError", "mean_squared_error"},
-            {"mse", "mean_squared_error"},
             {"MSE", "mean_squared_error"},
         };
         std::string name;
@@ -870,13 +862,13 @@ private:
             fail(path + ": expected a loss name or {\"class_name\": ..., \"config\": ...}, got " + l.dump());
             return;
         }
-        const auto it = names.find(name);
-        if (it == names.end()) {
-            fail(path + ": loss '" + name + "' is not supported",
-                        "use sparse_categorical_crossentropy, categorical_crossentropy, binary_crossentropy or mean_squared_error");
+        if (const auto it = classes.find(name); it != classes.end()) name = it->second;
+        const auto parsed = parseLoss(name, fromLogits);
+        if (!parsed.ok()) {
+            fail(path + ": loss '" + name + "' is not supported", parsed.error().hint);
             return;
         }
-        out.loss = it->second;
+        out.loss = lossName(parsed->kind);
         out.fromLogits = fromLogits;
     }
 

@@ -1,5 +1,6 @@
 #include <cstdio>
 #include "optim/optimizer.h"
+#include "common/utf8.h"
 
 #include <algorithm>
 #include <cmath>
@@ -205,8 +206,7 @@ Result<std::unique_ptr<Optimizer>> Optimizer::create(const nlohmann::json& cfgIn
     nlohmann::json cfg = cfgIn.is_string() ? nlohmann::json{{"type", cfgIn}} : cfgIn;
     if (!cfg.is_object())
         return makeError(ErrorCode::InvalidArgument, "optimizer must be a name or an object like {\"type\": \"adam\"}");
-    std::string type = cfg.value("type", cfg.value("class_name", std::string()));
-    for (auto& c : type) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    const std::string type = lowerAscii(cfg.value("type", cfg.value("class_name", std::string())));
     if (type.empty())
         return makeError(ErrorCode::InvalidArgument, "optimizer has no \"type\"", "use adam, adamw, sgd or rmsprop");
     if (type == "adam" || type == "adamw") {

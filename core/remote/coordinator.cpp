@@ -50,6 +50,22 @@ bool pointsAtChief(const Error& e)
     return e.message.find(kChiefCouldNotRestore) != std::string::npos;
 }
 
+// A task's "error" event as the run's error. A refusal of the run's model, data or settings is
+// bad input: not restarted (it would be refused again), and the CLI exits 2 for it.
+Error taskError(const std::string& label, const nlohmann::json& fields)
+{
+    return makeError(fields.value("refused", false) ? ErrorCode::InvalidArgument : ErrorCode::Internal,
+                     label + ": " + fields.value("message", ""), fields.value("hint", ""));
+}
+
+// Whether `err` (refused: a task's refusal) becomes the run's failure instead of `failure`: the
+// chief's own reason replaces a task's pointer to it, and a refusal (the cause) the error it
+// caused on a peer (its collective broken), whichever arrived first.
+bool replacesFailure(const std::optional<Error>& failure, bool failureRefused, const Error& err, bool refused)
+{
+    return !failure || (pointsAtChief(*failure) && !pointsAtChief(err)) || (refused && !failureRefused);
+}
+
 // A safetensors file's bytes as its "weights" parts arrive, in order on one task's stream:
 // anything else (a part missing, repeated, or of another count) is a broken sender, and the
 // bytes are not used rather than used damaged.
@@ -877,11 +893,8 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                     anyCancelled = true;
                 }
             } else if (e.kind == "error") {
-                // A task's refusal of the run's model, data or settings is bad input: not
-                // restarted (it would be refused again), and the CLI exits 2 for it.
                 const bool refusal = f.value("refused", false);
-                Error err = makeError(refusal ? ErrorCode::InvalidArgument : ErrorCode::Internal, t.label + ": " + f.value("message", ""),
-                                      f.value("hint", ""));
+                Error err = taskError(t.label, f);
                 if (m_cancel) {
                     // After Stop: a task whose peer stopped first sees its collective break off.
                     // That is the cancellation seen from there, not the run's failure.
@@ -889,9 +902,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
                                                        err.message + " (after the run was cancelled)"}));
                 } else {
                     bus.publish(tm::Event(tm::ErrorEvent{stamp(e.worker, e.device, e.step), err.message, err.hint, t.label}));
-                    // A refusal is the cause, the error it caused on a peer (its collective
-                    // broken) only the effect: it replaces one that arrived first.
-                    if (!failure || (pointsAtChief(*failure) && !pointsAtChief(err)) || (refusal && !m_refused)) {
+                    if (replacesFailure(failure, m_refused, err, refusal)) {
                         failure = err;
                         m_refused = refusal;
                     }
@@ -1139,14 +1150,12 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             if (e.kind == "state") {
                 m_tasks[i]->state = e.fields.value("state", "");
             } else if (e.kind == "error") {
-                // Another task's error after the first: logged; the chief's own reason replaces
-                // a task's pointer to it, and a task's refusal the error it caused elsewhere (a
-                // peer's broken collective), whichever arrived first.
+                // Another task's error after the first: logged, and the run's instead when
+                // replacesFailure says so.
                 const bool refusal = e.fields.value("refused", false);
-                Error err = makeError(refusal ? ErrorCode::InvalidArgument : ErrorCode::Internal,
-                                      m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
+                Error err = taskError(m_tasks[i]->label, e.fields);
                 bus.publish(tm::Event(tm::LogEvent{stamp(e.worker, e.device, e.step), tm::LogLevel::Info, err.message}));
-                if ((pointsAtChief(*failure) && !pointsAtChief(err)) || (refusal && !m_refused)) {
+                if (replacesFailure(failure, m_refused, err, refusal)) {
                     failure = err;
                     m_refused = refusal;
                 }

@@ -121,13 +121,6 @@ nlohmann::json parseJsonColumn(const std::string& text)
     return j.is_discarded() ? nlohmann::json(nullptr) : j;
 }
 
-// Run ids are lower-case hex; what a user types to find one is compared in lower case.
-std::string lowerAscii(std::string s)
-{
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return s;
-}
-
 std::string absolutePath(const std::string& p)
 {
     std::error_code ec;

@@ -5,6 +5,7 @@
 #include <map>
 #include <unordered_map>
 
+#include "common/utf8.h"
 #include "telemetry/advisor.h"
 
 namespace ts::telemetry {
@@ -16,11 +17,6 @@ bool ends(const std::string& s, const char* suffix)
 {
     const std::size_t n = std::char_traits<char>::length(suffix);
     return s.size() >= n && s.compare(s.size() - n, n, suffix) == 0;
-}
-std::string lower(std::string s)
-{
-    std::transform(s.begin(), s.end(), s.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
-    return s;
 }
 
 constexpr int kInput = static_cast<int>(StepPart::Input);
@@ -84,7 +80,7 @@ int classifySpan(const SpanEvent& s, const std::string& format)
     const std::string& n = s.name;
     auto longName = s.args.find("long_name");  // TensorFlow's full op path
     const std::string full = longName != s.args.end() ? longName->second : (s.args.count("name") ? s.args.at("name") : n);
-    const std::string ln = lower(n);
+    const std::string ln = lowerAscii(n);
     if (format == "horovod") return std::all_of(n.begin(), n.end(), ::isdigit) ? -1 : kComm;  // digits: rank-ready marks
     if (starts(n, "c10d::") || starts(ln, "nccl") || has(ln, "nccl") || has(ln, "allreduce") || has(ln, "all_reduce") ||
         has(ln, "all-reduce") || has(ln, "allgather") || has(ln, "all_gather") || has(ln, "reduce_scatter") ||
