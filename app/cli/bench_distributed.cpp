@@ -188,7 +188,7 @@ int distributedSuite(const BenchOptions& o)
     for (const auto& r : *sweep) {
         out["allreduce"].push_back({{"bytes", r.bytes}, {"median_ms", r.medianMs}, {"algorithm_gb_per_sec", r.gbPerSec}, {"cpu_ms", r.cpuMs}});
         if (!o.json)
-            std::printf("gloo ring all-reduce, 2 ranks on loopback: %8.2f MB  median %7.2f ms  %5.2f GB/s  (CPU of one rank: %.2f ms)\n",
+            std::printf("gloo all-reduce, 2 ranks on loopback: %8.2f MB  median %7.2f ms  %5.2f GB/s  (CPU of one rank: %.2f ms)\n",
                         static_cast<double>(r.bytes) / 1e6, r.medianMs, r.gbPerSec, r.cpuMs);
     }
     std::fflush(stdout);

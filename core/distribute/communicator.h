@@ -8,8 +8,8 @@
 //  - Errors: a peer that fails (or calls abort()) makes every pending and later call on every
 //    rank return Cancelled/an error naming the rank, instead of hanging.
 //  - Determinism: results are bit-identical across ranks and runs. LocalCommunicator sums in
-//    rank order; Gloo's ring sums each chunk in ring order (fixed for a given size), so its sums
-//    can differ from the local ones in the last bits.
+//    rank order; Gloo with more than 2 ranks sums each chunk in ring order (fixed for a given
+//    size), so its sums can differ from the local ones in the last bits.
 
 #include <memory>
 #include <string>

@@ -5,13 +5,16 @@
 // Contract (in addition to communicator.h's):
 //  - Threading: collectives are called by this rank's one thread, with `rank` equal to
 //    options.rank; abort() may be called from any thread.
-//  - Algorithms: chunked ring all-reduce (gloo::AllreduceRingChunked: reduce-scatter, then the
-//    reduced chunks are copied around) for F32, one-to-all broadcast, all-to-all barrier. Every
-//    rank gets bitwise the same sums and a run is repeatable, but the summation order is the
-//    ring's, not rank order. (gloo::AllreduceRing passes whole buffers around and each rank sums
-//    in its own order: with more than 2 ranks their results differ in the last bits.) Large
-//    tensors are reduced in segments (chunks under 90% of the smallest net.core.wmem_max among
-//    the ranks, at most 1 MiB), so synchronous sockets never block each other whatever the size.
+//  - Algorithms: F32 all-reduce over Gloo's pairs: two ranks exchange halves (each reduces
+//    one half, then sends it into the other's tensor: two messages each way, no notifications);
+//    more ranks use Gloo's chunked ring (gloo::AllreduceRingChunked: reduce-scatter, then the
+//    reduced chunks are copied around). One-to-all broadcast, all-to-all barrier. Every rank
+//    gets bitwise the same sums and a run is repeatable, but with more than 2 ranks the
+//    summation order is the ring's, not rank order. (gloo::AllreduceRing passes whole buffers
+//    around and each rank sums in its own order: with more than 2 ranks their results differ
+//    in the last bits.) Large tensors are reduced in segments (chunks under 90% of the smallest
+//    net.core.wmem_max among the ranks, at most 1 MiB, or options.maxChunkBytes), so
+//    synchronous sockets never block each other whatever the size.
 //  - Faults: every transfer has options.timeout. A peer that dies closes its sockets, so calls
 //    fail at once; a peer that hangs fails them after the timeout. The error names the rank and
 //    task that stopped responding, found through the ranks' heartbeats to the rendezvous service
@@ -60,6 +63,10 @@ struct GlooOptions {
     // joining thread and the heartbeat thread: must be thread-safe. May be null.
     std::function<void(const std::string&)> waiting;
     TlsFiles tls;
+    // The largest chunk a transfer puts on the wire; 0: from the kernel's socket buffer limit
+    // (net.core.wmem_max). Every rank uses the smallest any rank has. Tests set a small one to
+    // cut tensors into many segments.
+    int64_t maxChunkBytes = 0;
 };
 
 Result<std::unique_ptr<Communicator>> makeGlooCommunicator(const GlooOptions& options);

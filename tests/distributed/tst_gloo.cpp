@@ -67,11 +67,15 @@ GlooOptions options(int port, int rank, int size, const std::string& group, std:
 
 // Makes `size` communicators concurrently (rendezvous needs every rank at once).
 std::vector<std::unique_ptr<Communicator>> makeRanks(int port, int size, const std::string& group,
-                                                     std::chrono::milliseconds timeout = 20s)
+                                                     std::chrono::milliseconds timeout = 20s, int64_t maxChunkBytes = 0)
 {
     std::vector<std::future<Result<std::unique_ptr<Communicator>>>> fs;
     for (int r = 0; r < size; ++r)
-        fs.push_back(std::async(std::launch::async, [=] { return makeGlooCommunicator(options(port, r, size, group, timeout)); }));
+        fs.push_back(std::async(std::launch::async, [=] {
+            GlooOptions o = options(port, r, size, group, timeout);
+            o.maxChunkBytes = maxChunkBytes;
+            return makeGlooCommunicator(o);
+        }));
     std::vector<std::unique_ptr<Communicator>> out;
     for (auto& f : fs) {
         auto c = f.get();
@@ -142,6 +146,7 @@ private slots:
     void rendezvousBounds();
     void threadsAllReduceBroadcastBarrier();
     void largeAllReduceDoesNotDeadlock();
+    void twoRanksAnySizeAndSegments();
     void registeredBufferReducesInPlace();
     void rendezvousOverTls();
     void abortUnblocksPeers();
@@ -309,6 +314,45 @@ void TestGloo::largeAllReduceDoesNotDeadlock()
         return okStatus();
     });
     for (const Status& s : st) QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
+}
+
+// Two ranks exchange halves of each segment: sizes that do not halve evenly, one element (no
+// halves: Gloo's ring), a last segment of one element, many small segments, tensors of
+// different sizes in turn and a registered buffer; every result exact and alike on both ranks.
+void TestGloo::twoRanksAnySizeAndSegments()
+{
+    auto server = startServer();
+    const int size = 2;
+    auto ranks = makeRanks(server->port(), size, "halves", 20s, 4096);  // segments of 4096 floats
+    std::vector<std::vector<float>> results(size);
+    auto st = onRanks(size, [&](int r) -> Status {
+        Communicator& c = *ranks[static_cast<std::size_t>(r)];
+        auto check = [&](Tensor& t, float extra, const char* what) -> Status {
+            const int64_t n = t.numel();
+            for (int64_t i = 0; i < n; ++i)
+                if (t.data<float>()[i] != contribution(0, i) + contribution(1, i) + 2.f * extra)
+                    return makeError(ErrorCode::Internal, std::string(what) + ": rank " + std::to_string(r) + " element " + std::to_string(i) +
+                                                              " of " + std::to_string(n) + " wrong");
+            return okStatus();
+        };
+        Tensor reg = Tensor::empty({int64_t{3} * 4096 + 5});
+        TS_TRY(c.registerBuffer(r, reg));
+        for (int round = 0; round < 2; ++round) {
+            for (int64_t n : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{4096}, int64_t{4097}, int64_t{100003}}) {
+                Tensor t = Tensor::empty({n});
+                for (int64_t i = 0; i < n; ++i) t.data<float>()[i] = contribution(r, i) + static_cast<float>(round);
+                TS_TRY(c.allReduceSum(r, t));
+                TS_TRY(check(t, static_cast<float>(round), "staged"));
+                if (n == 100003) results[static_cast<std::size_t>(r)].assign(t.data<float>(), t.data<float>() + n);
+                for (int64_t i = 0; i < reg.numel(); ++i) reg.data<float>()[i] = contribution(r, i) + static_cast<float>(n % 5);
+                TS_TRY(c.allReduceSum(r, reg));
+                TS_TRY(check(reg, static_cast<float>(n % 5), "registered"));
+            }
+        }
+        return okStatus();
+    });
+    for (const Status& s : st) QVERIFY2(s.ok(), s.ok() ? "" : s.error().toString().c_str());
+    QCOMPARE(results[1], results[0]);
 }
 
 // A registered buffer is reduced where it is, over several segments and calls; other tensors of
