@@ -18,6 +18,14 @@ const char* errorCodeName(ErrorCode code)
     return "error";
 }
 
+std::optional<ErrorCode> errorCodeFromName(std::string_view name)
+{
+    for (ErrorCode c : {ErrorCode::InvalidArgument, ErrorCode::ParseError, ErrorCode::NotFound, ErrorCode::ShapeMismatch, ErrorCode::Unsupported,
+                        ErrorCode::IoError, ErrorCode::OutOfMemory, ErrorCode::Cancelled, ErrorCode::Internal})
+        if (name == errorCodeName(c)) return c;
+    return std::nullopt;
+}
+
 std::string Error::toString() const
 {
     std::string s = message;

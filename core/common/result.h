@@ -6,6 +6,7 @@
 #include <cassert>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -24,6 +25,8 @@ enum class ErrorCode {
 };
 
 const char* errorCodeName(ErrorCode code);
+// The code errorCodeName gave `name`; nullopt for any other text (e.g. from an older peer).
+std::optional<ErrorCode> errorCodeFromName(std::string_view name);
 
 struct Error {
     ErrorCode code = ErrorCode::Internal;

@@ -51,19 +51,25 @@ bool pointsAtChief(const Error& e)
 }
 
 // A task's "error" event as the run's error. A refusal of the run's model, data or settings is
-// bad input: not restarted (it would be refused again), and the CLI exits 2 for it.
+// bad input: not restarted (it would be refused again), and the CLI exits 2 for it. Otherwise
+// the task's own code decides whether a restart could get past it (restartableFailure): a data
+// error found mid-epoch is not restarted either, while a peer lost or an I/O error is.
 Error taskError(const std::string& label, const nlohmann::json& fields)
 {
-    return makeError(fields.value("refused", false) ? ErrorCode::InvalidArgument : ErrorCode::Internal,
-                     label + ": " + fields.value("message", ""), fields.value("hint", ""));
+    ErrorCode code = ErrorCode::Internal;
+    if (fields.value("refused", false)) code = ErrorCode::InvalidArgument;
+    else if (auto named = errorCodeFromName(fields.value("code", ""))) code = *named;
+    return makeError(code, label + ": " + fields.value("message", ""), fields.value("hint", ""));
 }
 
 // Whether `err` (refused: a task's refusal) becomes the run's failure instead of `failure`: the
-// chief's own reason replaces a task's pointer to it, and a refusal (the cause) the error it
-// caused on a peer (its collective broken), whichever arrived first.
+// chief's own reason replaces a task's pointer to it, and a refusal or an error no restart gets
+// past (the cause: a data error found mid-epoch) the error it caused on a peer (its collective
+// broken, which alone would be restarted), whichever arrived first.
 bool replacesFailure(const std::optional<Error>& failure, bool failureRefused, const Error& err, bool refused)
 {
-    return !failure || (pointsAtChief(*failure) && !pointsAtChief(err)) || (refused && !failureRefused);
+    if (!failure || (pointsAtChief(*failure) && !pointsAtChief(err)) || (refused && !failureRefused)) return true;
+    return !restartableFailure(err) && err.code != ErrorCode::Cancelled && restartableFailure(*failure);
 }
 
 // A safetensors file's bytes as its "weights" parts arrive, in order on one task's stream:

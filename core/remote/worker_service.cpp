@@ -654,7 +654,10 @@ private:
 
     // refused: the task refused the run before training (prepareRun, the initial weights), as a
     // local run refuses bad input before its first step; the coordinator exits 2 for it.
-    void finish(const std::string& state, const std::string& message, const std::string& hint = {}, bool refused = false)
+    // code: the failure's, which tells the coordinator whether a restart could get past it
+    // (restartableFailure: a data error found mid-epoch would only fail again).
+    void finish(const std::string& state, const std::string& message, const std::string& hint = {}, bool refused = false,
+                ErrorCode code = ErrorCode::Internal)
     {
         int64_t step = 0;
         std::string reason;  // a cancelled task's: the Cancel's reason (kCancelDone, kCancelFailed), kCancelShutdown, or none
@@ -665,7 +668,7 @@ private:
         }
         // A task that ends otherwise with a message (an evaluator with nothing to evaluate) says it as a note.
         if (!message.empty() && state == "failed")
-            publish("error", step, {{"message", message}, {"hint", hint}, {"where", m_task}, {"refused", refused}});
+            publish("error", step, {{"message", message}, {"hint", hint}, {"where", m_task}, {"refused", refused}, {"code", errorCodeName(code)}});
         else if (!message.empty()) publish("log", step, {{"level", static_cast<int>(telemetry::LogLevel::Info)}, {"message", message}});
         nlohmann::json fields = {{"state", state}, {"message", message}};
         if (state == "cancelled" && !reason.empty()) fields["reason"] = reason;
@@ -681,6 +684,8 @@ private:
         }
         if (m_onTaskState) m_onTaskState(left ? "left" : state, message, hint);
     }
+
+    void fail(const Error& e, bool refused = false) { finish("failed", e.message, e.hint, refused, e.code); }
 
     // The end of a task that serves until it is stopped (a ps task, an evaluator): only the
     // coordinator's "the run is over" is its completion; a failure elsewhere, the user's cancel
@@ -719,7 +724,7 @@ private:
                                           {"samples_per_sec", t.seconds > 0 ? static_cast<double>(t.count) / t.seconds : 0.0}});
         };
         if (auto st = m_ps->host(m_runId, m_task, optimizer, cfg.strategy.backend, trace ? &bus : nullptr, onEpoch); !st.ok())
-            return finish("failed", st.error().message, st.error().hint);
+            return fail(st.error());
         std::atomic<int64_t> version{0};
         telemetry::SamplerOptions so;
         so.hz = 2;
@@ -782,7 +787,7 @@ private:
         if (const std::string why = RunEvaluator::nothingToEvaluate(cfg); !why.empty())
             return finish("completed", m_task + " has nothing to evaluate: " + why);
         auto created = RunEvaluator::create(cfg, spec, eo);
-        if (!created.ok()) return finish("failed", created.error().message, created.error().hint);
+        if (!created.ok()) return fail(created.error());
         std::unique_ptr<RunEvaluator> evaluator = std::move(created).value();
         if (evaluator->store()) {
             std::lock_guard lock(m_mutex);
@@ -856,7 +861,7 @@ private:
             po.tls = m_tls;  // the ps tasks are daemons like this one, with the same TLS
             po.partition = cfg.strategy.partition;
             auto connected = RemoteParameterStore::connect(po);
-            if (!connected.ok()) return finish("failed", connected.error().message, connected.error().hint);
+            if (!connected.ok()) return fail(connected.error());
             store = std::move(connected).value();
             {
                 std::lock_guard lock(m_mutex);
@@ -880,7 +885,7 @@ private:
             auto joined = connectCluster(spec, co);
             if (!joined.ok()) {
                 if (joined.error().code == ErrorCode::Cancelled && m_cancelRequested) return finish("cancelled", {});
-                return finish("failed", joined.error().message, joined.error().hint);
+                return fail(joined.error());
             }
             cfg.strategy.kind = "multi-worker-mirrored";
             cfg.strategy.crossProcess = joined->communicator;
@@ -902,13 +907,13 @@ private:
             // A refusal of the run (its model, data or settings), not a collective broken while
             // agreeing on them or an I/O error: as restartableFailure tells them apart.
             const bool refusal = !restartableFailure(prepared.error()) && prepared.error().code != ErrorCode::Cancelled;
-            return finish("failed", prepared.error().message, prepared.error().hint, refusal);
+            return fail(prepared.error(), refusal);
         }
         PreparedRun run = std::move(prepared).value();
         if (initial) {
             if (Status st = run.trainer->strategy().importParameters(initial->inOrder(), initialName); !st.ok()) {
                 dropStore();
-                return finish("failed", st.error().message, st.error().hint, /*refused=*/true);
+                return fail(st.error(), /*refused=*/true);
             }
         }
         {
@@ -985,11 +990,12 @@ private:
             // back, for the coordinator to report instead of the pointer to it (any other task
             // error arriving then is only logged).
             if (reason == kCancelFailed && result.error().code != ErrorCode::Cancelled)
-                publish("error", step, {{"message", result.error().message}, {"hint", result.error().hint}, {"where", m_task}});
+                publish("error", step, {{"message", result.error().message}, {"hint", result.error().hint}, {"where", m_task},
+                                        {"code", errorCodeName(result.error().code)}});
             if (chief && byUser) publishWeights(*run.trainer);
             return finish("cancelled", {});
         }
-        if (!result.ok()) return finish("failed", result.error().message, result.error().hint);
+        if (!result.ok()) return fail(result.error());
         if (chief) publishWeights(*run.trainer);
         if (result->cancelled) return finish("cancelled", {});
         final["epochs"] = result->epochs;

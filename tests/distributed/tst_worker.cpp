@@ -156,6 +156,7 @@ private slots:
     void preflightNamesForeignServer();
     void killedWorkerIsNamed();
     void refusedRunExitsTwo();
+    void dataErrorMidRunIsNotRestarted();
     void stoppedDaemonIsNamed();
     void restartedRunResumesFromBackup();
     void killedCoordinatorCancelsTasks();
@@ -1450,6 +1451,47 @@ void TestWorker::refusedRunExitsTwo()
     QVERIFY(again->waitForFinished(60000));
     const QString err2 = QString::fromUtf8(again->readAllStandardError());
     QVERIFY2(again->exitCode() == 2 && !err2.contains("restarting the run"), qPrintable(err2));
+}
+
+// A bad CSV line met mid-epoch fails the run as it fails a local one (exit 1, the file and line
+// named), and --restarts does not start it again: the same line would fail it again. The task
+// that meets it sends its error's code; its peer's broken collective (restartable alone) arriving
+// first does not decide.
+void TestWorker::dataErrorMidRunIsNotRestarted()
+{
+    QTemporaryDir dir;
+    std::unique_ptr<WorkerProcess> chief, worker;
+    const QString cluster = startDaemonPair(dir.path(), chief, worker);
+    QVERIFY(!cluster.isEmpty());
+    QByteArray csv = "label,a,b,c\n";
+    for (int i = 0; i < 400; ++i)
+        csv += QByteArray::number(i % 4) + "," + QByteArray::number(std::sin(i * 0.7), 'g', 6) + "," +
+               (i == 250 ? QByteArray("oops") : QByteArray::number(std::cos(i * 1.3), 'g', 6)) + "," + QByteArray::number((i % 7) / 7.0, 'g', 6) + "\n";
+    QFile data(dir.filePath("bad.csv"));
+    QVERIFY(data.open(QIODevice::WriteOnly));
+    data.write(csv);
+    data.close();
+    QFile model(dir.filePath("tiny.json"));
+    QVERIFY(model.open(QIODevice::WriteOnly));
+    model.write(R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
+        {"id": "input", "type": "Input", "attrs": {"shape": [3]}},
+        {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 4, "activation": "softmax"}}]})");
+    model.close();
+    const QString config = dir.filePath("run.json");
+    QFile f(config);
+    QVERIFY(f.open(QIODevice::WriteOnly));
+    f.write(QString(R"({"model_file": "%1", "epochs": 2, "batch_size": 10, "data": {"validate": false},
+        "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"}, "transformations": [{"op": "batch", "size": 10}]}})")
+                .arg(model.fileName(), data.fileName())
+                .toUtf8());
+    f.close();
+    auto coord = startCoordinator({"train", "--cluster", cluster, "--config", config, "--threads", "1", "--no-record", "--backup-dir", "bad",
+                                   "--backup-every-steps", "2", "--restarts", "2"});
+    QVERIFY(coord->waitForFinished(60000));
+    const QString err = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
+    QVERIFY2(coord->exitCode() == 1, qPrintable(err));
+    QVERIFY2(err.contains("bad.csv' line 252") && err.contains("'oops' is not a number"), qPrintable(err));
+    QVERIFY2(!err.contains("restarting the run"), qPrintable(err));
 }
 
 void TestWorker::killedWorkerIsNamed()

@@ -45,8 +45,15 @@ inline std::unique_ptr<WorkerProcess> spawnWorker(const QString& dir, const QStr
     w->process->setProcessChannelMode(QProcess::ForwardedErrorChannel);
     const QString portFile = dir + "/" + name + ".port";
     QFile::remove(portFile);
-    w->process->start(QStringLiteral(TS_WORKER_PATH), QStringList{"--listen", QString("127.0.0.1:%1").arg(port), "--name", name,
-                                                                  "--port-file", portFile} + extra);
+    QStringList args{"--listen", QString("127.0.0.1:%1").arg(port), "--name", name, "--port-file", portFile};
+    // Backups under the test's folder, not the user's ~/.local/share (where a failed run's backup
+    // would outlive the test and meet the next run of it).
+    if (!extra.contains("--backup-root")) {
+        const QString root = dir + "/" + name + "-backups";
+        QDir().mkpath(root);
+        args << "--backup-root" << root;
+    }
+    w->process->start(QStringLiteral(TS_WORKER_PATH), args + extra);
     QElapsedTimer t;
     t.start();
     while (t.elapsed() < 20000) {
