@@ -39,11 +39,14 @@ public:
     // wrapper cannot drop the call and leave its rank out of step with the others.
     virtual Status registerBuffer(int rank, Tensor& t) = 0;
     virtual void releaseBuffer(int rank, const Tensor& t) = 0;
-    // Unblocks everyone with an error (a replica failed or the run was cancelled).
-    virtual void abort(const std::string& reason) = 0;
+    // Unblocks everyone with an error (a replica failed or the run was cancelled). The peers'
+    // errors quote cause.message and take its code when it says more than a broken connection
+    // (a data error: no task restarts for it), Cancelled with kCancelledReason for a stop.
+    virtual void abort(const Error& cause) = 0;
     // The reason a cancelled run (Ctrl-C, the studio's Stop) aborts with: peers that see it
     // report a stop elsewhere, not a failure to restart from.
     static constexpr const char* kCancelledReason = "the run was cancelled";
+    static Error cancelledCause() { return makeError(ErrorCode::Cancelled, kCancelledReason); }
 };
 
 // Ranks as threads of one process, tensors in host memory. The all-reduce is a

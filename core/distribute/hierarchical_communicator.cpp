@@ -71,10 +71,10 @@ public:
             }
     }
 
-    void abort(const std::string& reason) override
+    void abort(const Error& cause) override
     {
-        if (m_local) m_local->abort(reason);
-        m_cross->abort(reason);
+        if (m_local) m_local->abort(cause);
+        m_cross->abort(cause);
     }
 
 private:
@@ -85,7 +85,7 @@ private:
     {
         if (rank != 0) return okStatus();
         Status st = fn();
-        if (!st.ok() && m_local) m_local->abort(st.error().message);
+        if (!st.ok() && m_local) m_local->abort(st.error());
         return st;
     }
 

@@ -66,7 +66,7 @@ public:
         const int64_t n = m_counts[0];
         for (int r = 1; r < m_size; ++r)
             if (m_counts[static_cast<std::size_t>(r)] != n) {
-                abort("rank " + std::to_string(r) + " reduced " + std::to_string(m_counts[static_cast<std::size_t>(r)]) +
+                m_barrier.abort("rank " + std::to_string(r) + " reduced " + std::to_string(m_counts[static_cast<std::size_t>(r)]) +
                       " elements, rank 0 " + std::to_string(n));
                 return makeError(ErrorCode::Internal, "all-reduce size mismatch between replicas");
             }
@@ -97,7 +97,7 @@ public:
     }
 
     Status barrier(int) override { return m_barrier.arriveAndWait(); }
-    void abort(const std::string& reason) override { m_barrier.abort(reason); }
+    void abort(const Error& cause) override { m_barrier.abort(cause.message); }
 
 private:
     int m_size;

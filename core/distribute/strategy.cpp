@@ -163,7 +163,17 @@ public:
     void cancel() override
     {
         m_cancelled = true;
-        if (m_comm) m_comm->abort(Communicator::kCancelledReason);
+        if (m_comm) m_comm->abort(Communicator::cancelledCause());
+    }
+    void abandon(const Error& cause) override
+    {
+        if (m_comm) m_comm->abort(cause.code == ErrorCode::Cancelled ? Communicator::cancelledCause() : cause);
+    }
+
+    // A replica's failure as the cause the other replicas (and processes) are told.
+    Error replicaCause(int r, const Error& e) const
+    {
+        return makeError(e.code, m_replicas[static_cast<std::size_t>(r)].device.toString() + ": " + e.message, e.hint);
     }
 
     // Runs fn(r) for every replica concurrently and returns the first error.
@@ -173,12 +183,12 @@ public:
         for (int r = 1; r < n; ++r) {
             m_replicas[static_cast<std::size_t>(r)].thread->post([this, &fn, r] {
                 Status st = fn(r);
-                if (!st.ok() && m_comm) m_comm->abort(m_replicas[static_cast<std::size_t>(r)].device.toString() + ": " + st.error().message);
+                if (!st.ok() && m_comm) m_comm->abort(replicaCause(r, st.error()));
                 return st;
             });
         }
         Status first = fn(0);
-        if (!first.ok() && m_comm) m_comm->abort(m_replicas[0].device.toString() + ": " + first.error().message);
+        if (!first.ok() && m_comm) m_comm->abort(replicaCause(0, first.error()));
         for (int r = 1; r < n; ++r) {
             Status st = m_replicas[static_cast<std::size_t>(r)].thread->wait();
             if (first.ok() && !st.ok()) first = std::move(st);

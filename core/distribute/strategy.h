@@ -108,6 +108,12 @@ public:
                                     const std::string& source) = 0;
     virtual Program& primary() = 0;
     virtual void cancel() = 0;
+    // This process's run failed outside a collective (its input, a backup): the other processes
+    // of a multi-worker run are told `cause` (its message, code and hint) and stop with it,
+    // instead of finding this process silent seconds later and restarting for a task that is
+    // not coming back. Idempotent; a no-op after a collective failed (the peers know) and in a
+    // single process. Any thread.
+    virtual void abandon(const Error& cause) { (void)cause; }
 
     // Training-state backups (train/backup.h): host copies of the optimizer's state, and loading
     // them into every replica. The parameter-server strategy keeps that state on the ps tasks and

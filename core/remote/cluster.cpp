@@ -26,7 +26,7 @@ public:
     Status barrier(int rank) override { return m_inner->barrier(rank); }
     Status registerBuffer(int rank, Tensor& t) override { return m_inner->registerBuffer(rank, t); }
     void releaseBuffer(int rank, const Tensor& t) override { m_inner->releaseBuffer(rank, t); }
-    void abort(const std::string& reason) override { m_inner->abort(reason); }
+    void abort(const Error& cause) override { m_inner->abort(cause); }
 
 private:
     std::unique_ptr<RendezvousServer> m_server;

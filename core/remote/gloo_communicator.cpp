@@ -29,6 +29,8 @@
 #include <filesystem>
 #include <set>
 
+#include <nlohmann/json.hpp>
+
 #include "distribute/cluster_spec.h"
 #include "remote/rendezvous.h"
 
@@ -41,6 +43,32 @@ namespace {
 // gloo::rendezvous::Store over the coordinator's gRPC key-value service. Gloo's store interface
 // reports failures by throwing; the communicator catches them at its boundary.
 constexpr const char* kCancelledWhileJoining = "cancelled while waiting for the other tasks to join";
+
+// What a rank that gave up leaves under the group's abort key for the others' errors: why
+// ("<its rank name>: <reason>"), the cause's code and hint. JSON; plain text reads as an I/O error.
+struct AbortNote {
+    ErrorCode code = ErrorCode::IoError;
+    std::string why, hint;
+};
+
+std::vector<char> abortValue(const AbortNote& n)
+{
+    const std::string text = nlohmann::json{{"code", errorCodeName(n.code)}, {"why", n.why}, {"hint", n.hint}}.dump();
+    return {text.begin(), text.end()};
+}
+
+AbortNote readAbortValue(const std::vector<char>& v)
+{
+    const std::string text(v.begin(), v.end());
+    const auto j = nlohmann::json::parse(text, nullptr, false);
+    if (!j.is_object() || !j.contains("why") || !j["why"].is_string()) return {ErrorCode::IoError, text, {}};
+    AbortNote n;
+    n.why = j["why"].get<std::string>();
+    if (j.contains("hint") && j["hint"].is_string()) n.hint = j["hint"].get<std::string>();
+    if (j.contains("code") && j["code"].is_string())
+        if (auto c = errorCodeFromName(j["code"].get<std::string>())) n.code = *c;
+    return n;
+}
 
 class GrpcStore final : public gloo::rendezvous::Store {
 public:
@@ -253,10 +281,7 @@ public:
         // later, that this rank stopped responding. Not a refusal (the others find a difference
         // themselves, and a refused second copy must not end the first's group), not a reason
         // read from that key, and not a timeout (every rank has its own).
-        if (tell) {
-            const std::string why = joined.error().message;
-            (void)m_client->set(m_opt.group + "/abort", std::vector<char>(why.begin(), why.end()), std::chrono::seconds(1));
-        }
+        if (tell) (void)m_client->set(m_opt.group + "/abort", abortValue({joined.error().code, joined.error().message, {}}), std::chrono::seconds(1));
         return joined;
     }
 
@@ -441,24 +466,23 @@ public:
         });
     }
 
-    void abort(const std::string& reason) override
+    void abort(const Error& cause) override
     {
-        bool cause = true;
+        bool ours = true;
         {
             std::lock_guard lock(m_abortMutex);
             if (m_aborted) return;
-            m_reason = reason;
+            m_reason = cause.message;
             m_aborted = true;
             // A rank whose collective already failed wrote nothing: the peers find the cause as it
             // did (the abort key, or the heartbeats). Its reason here quotes that cause, and
             // writing it would replace a culprit's (a cancelled run then read as a failure).
-            cause = !m_failed;
+            ours = !m_failed;
         }
         // Tell the others why before the sockets close, so their errors can say it.
-        if (m_client && cause) {
-            const std::string why = rankName(m_opt.rank) + ": " + reason;
-            (void)m_client->set(m_opt.group + "/abort", std::vector<char>(why.begin(), why.end()), std::chrono::seconds(2));
-        }
+        if (m_client && ours)
+            (void)m_client->set(m_opt.group + "/abort", abortValue({cause.code, rankName(m_opt.rank) + ": " + cause.message, cause.hint}),
+                                std::chrono::seconds(2));
         // Shutting the sockets down wakes this rank's pending transfer and the peers'.
         if (m_connected) shutdownSockets(m_meshSockets);
     }
@@ -543,7 +567,7 @@ private:
             // not restartable as a network fault is. The peers learn it as from abort().
             Error e = makeError(ErrorCode::OutOfMemory, what + " on " + rankName(m_opt.rank) + " failed: out of host memory for its buffers",
                                 "free memory on that machine, or train a smaller model");
-            abort(e.message);
+            abort(e);
             return e;
         } catch (const std::exception& e) {
             return failed(what, e.what());
@@ -561,37 +585,43 @@ private:
         // Release the peers first: they need not wait while this rank looks for the culprit
         // (up to five heartbeat periods).
         if (m_connected) shutdownSockets(m_meshSockets);
-        const std::string culprit = findCulprit();
+        const AbortNote culprit = findCulprit();
         const std::string suspended = suspensionNote();
         // A peer's abort reason is "<its rank name>: <reason>".
-        const bool stoppedThere = culprit.ends_with(std::string(": ") + Communicator::kCancelledReason);
+        const bool stoppedThere = culprit.why.ends_with(std::string(": ") + Communicator::kCancelledReason);
         // Stopped on purpose elsewhere: Cancelled, so the run is recorded as cancelled and
-        // --restarts does not start it again (the cancelled task is not coming back).
-        Error err = makeError(stoppedThere ? ErrorCode::Cancelled : ErrorCode::IoError,
-                              what + " on " + rankName(m_opt.rank) + " failed: " + suspended + culprit + " (gloo: " + detail + ")",
-                              failureHint(!suspended.empty(), stoppedThere));
+        // --restarts does not start it again (the cancelled task is not coming back). A peer's
+        // own failure that says more than a broken connection (a data error, out of memory)
+        // keeps its code and hint: no task restarts for what would fail again.
+        ErrorCode code = stoppedThere ? ErrorCode::Cancelled : ErrorCode::IoError;
+        std::string hint = failureHint(!suspended.empty(), stoppedThere);
+        if (!stoppedThere && suspended.empty() && culprit.code != ErrorCode::IoError && culprit.code != ErrorCode::Cancelled) {
+            code = culprit.code;
+            if (!culprit.hint.empty()) hint = culprit.hint;
+        }
+        Error err = makeError(code, what + " on " + rankName(m_opt.rank) + " failed: " + suspended + culprit.why + " (gloo: " + detail + ")", hint);
         std::lock_guard lock(m_abortMutex);
         if (!m_failed) m_failed = err;  // the watchdog may have decided meanwhile
         return *m_failed;
     }
 
-    std::string findCulprit()
+    // Who made this rank's transfer fail and why; an I/O error unless a rank that aborted said more.
+    AbortNote findCulprit()
     {
         const auto deadline = std::chrono::steady_clock::now() + silence() + 2 * m_opt.heartbeat;
+        const auto io = [](std::string why) { return AbortNote{ErrorCode::IoError, std::move(why), {}}; };
         while (true) {
             // A rank that aborted left its reason under the group's abort key.
-            if (auto why = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); why.ok())
-                return std::string(why->begin(), why->end());
+            if (auto why = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); why.ok()) return readAbortValue(*why);
             auto silent = m_client->heartbeat(m_opt.group, m_opt.rank, m_opt.size, silence(), m_instance);
             if (!silent.ok() && silent.error().message.find(kRendezvousRestarted) != std::string::npos)
-                return rankName(0) + " restarted the run (its rendezvous at " + m_opt.rendezvousAddress + " is a new one)";
+                return io(rankName(0) + " restarted the run (its rendezvous at " + m_opt.rendezvousAddress + " is a new one)");
             if (!silent.ok())
-                return "the coordinator's rendezvous at " + m_opt.rendezvousAddress + " is unreachable (" + rankName(0) + " may have died)";
+                return io("the coordinator's rendezvous at " + m_opt.rendezvousAddress + " is unreachable (" + rankName(0) + " may have died)");
             if (!silent->silent.empty()) {
-                return rankList(silent->silent) + " stopped responding (no heartbeat for " +
-                       std::to_string(silence().count()) + " ms)";
+                return io(rankList(silent->silent) + " stopped responding (no heartbeat for " + std::to_string(silence().count()) + " ms)");
             }
-            if (std::chrono::steady_clock::now() >= deadline) return "every rank still answers heartbeats; a peer was too slow or its connection broke";
+            if (std::chrono::steady_clock::now() >= deadline) return io("every rank still answers heartbeats; a peer was too slow or its connection broke");
             std::this_thread::sleep_for(m_opt.heartbeat / 4);
         }
     }
@@ -781,7 +811,7 @@ private:
     std::optional<Error> troubleElsewhere(const std::vector<int>& lost, std::chrono::milliseconds rendezvousQuiet, bool& ours)
     {
         if (auto peer = m_client->get(m_opt.group + "/abort", std::chrono::milliseconds(0)); peer.ok()) {
-            const std::string text(peer->begin(), peer->end());
+            const std::string text = readAbortValue(*peer).why;
             const bool stopped = text.find(kCancelledWhileJoining) != std::string::npos;
             return makeError(stopped ? ErrorCode::Cancelled : ErrorCode::IoError, rankName(m_opt.rank) + ": the cluster did not form: " + text,
                              stopped ? "the join was stopped on that task (Ctrl-C or Stop), so every task ends; start them all again"

@@ -255,6 +255,7 @@ Result<FitResult> Trainer::fit(BatchSource& train, BatchSource* validation, Trai
         if (scheduler) return fitScheduled(train, *scheduler, listener);
         return fitLoop(train, validation, listener);
     }();
+    if (!result.ok()) m_strategy->abandon(result.error());
     if (result.ok() && !result->cancelled && m_config.backup.enabled() && m_strategy->processRank() == 0) {
         // Keras deletes the backup when training ends: a later run with the same folder starts anew.
         std::error_code ec;

@@ -198,12 +198,12 @@ public:
     Status registerBuffer(int rank, Tensor&) override { return checkRank(rank); }
     void releaseBuffer(int, const Tensor&) override {}
 
-    void abort(const std::string& reason) override
+    void abort(const Error& cause) override
     {
         std::lock_guard lock(m_mutex);
         if (m_aborted) return;
         m_aborted = true;
-        m_reason = reason;
+        m_reason = cause.message;
         // The ranks' threads see the flag in their wait loops and abort their own NCCL
         // communicators there (the communicator is only touched by its rank's thread).
     }

@@ -1184,21 +1184,21 @@ void TestTraining::joinStepMatchesOneProcess()
         rc.strategy.crossProcess = comm;
         rc.strategy.processRank = r;
         auto t = Trainer::create(spec, rc);
-        if (!t.ok()) { out.error = t.error().toString(); comm->abort(out.error); return; }
-        if (Status st = (*t)->initialise(); !st.ok()) { out.error = st.error().toString(); comm->abort(out.error); return; }
+        if (!t.ok()) { out.error = t.error().toString(); comm->abort(makeError(ErrorCode::Internal, out.error)); return; }
+        if (Status st = (*t)->initialise(); !st.ok()) { out.error = st.error().toString(); comm->abort(makeError(ErrorCode::Internal, out.error)); return; }
         Batch mine;
         if (r == 1) mine = rows;
         mine.localShard = true;
         mine.globalRows = 8;
         auto st = (*t)->strategy().trainStep(mine, 0.1f, 1, 99);
-        if (!st.ok()) { out.error = st.error().toString(); comm->abort(out.error); return; }
+        if (!st.ok()) { out.error = st.error().toString(); comm->abort(makeError(ErrorCode::Internal, out.error)); return; }
         out.count = st->count;
         out.after = exportAll(**t);
         Batch none;
         none.localShard = true;
         none.globalRows = 8;
         auto empty = (*t)->strategy().trainStep(none, 0.1f, 2, 100);
-        if (!empty.ok()) { out.error = empty.error().toString(); comm->abort(out.error); return; }
+        if (!empty.ok()) { out.error = empty.error().toString(); comm->abort(makeError(ErrorCode::Internal, out.error)); return; }
         out.emptyCount = empty->count;
         out.afterEmpty = exportAll(**t);
     };

@@ -437,11 +437,13 @@ void TestGloo::abortUnblocksPeers()
         return std::make_pair(std::move(st), std::chrono::steady_clock::now() - t0);
     });
     std::this_thread::sleep_for(200ms);
-    ranks[1]->abort("replica cpu:0 ran out of memory");  // rank 1 fails before its all-reduce
+    ranks[1]->abort(makeError(ErrorCode::OutOfMemory, "replica cpu:0 ran out of memory"));  // rank 1 fails before its all-reduce
     auto [st, took] = pending.get();
     QVERIFY(!st.ok());
     QVERIFY2(took < 5s, "the pending all-reduce returned promptly");
     QVERIFY2(st.error().message.find("rank 1 (worker:1): replica cpu:0 ran out of memory") != std::string::npos, st.error().message.c_str());
+    // The cause's kind reaches the peer: no restart for what would fail again.
+    QCOMPARE(st.error().code, ErrorCode::OutOfMemory);
     // Later calls on both ranks fail at once.
     Tensor t = Tensor::zeros({10});
     QVERIFY(!ranks[0]->allReduceSum(0, t).ok());
@@ -457,12 +459,12 @@ void TestGloo::victimsAbortKeepsTheCause()
 {
     auto server = startServer();
     auto ranks = makeRanks(server->port(), 3, "victim");
-    ranks[0]->abort(Communicator::kCancelledReason);
+    ranks[0]->abort(Communicator::cancelledCause());
     Tensor t = Tensor::zeros({1000});
     Status first = ranks[1]->allReduceSum(1, t);
     QVERIFY(!first.ok());
     QCOMPARE(first.error().code, ErrorCode::Cancelled);
-    ranks[1]->abort("cpu:0: " + first.error().message);
+    ranks[1]->abort(makeError(first.error().code, "cpu:0: " + first.error().message));
     Status last = ranks[2]->allReduceSum(2, t);
     QVERIFY(!last.ok());
     QVERIFY2(last.error().code == ErrorCode::Cancelled, last.error().toString().c_str());
@@ -485,7 +487,7 @@ void TestGloo::restartedRendezvousRefusesOldGroup()
     auto again = RendezvousServer::start(o);
     QVERIFY2(again.ok(), again.ok() ? "" : again.error().toString().c_str());
     std::this_thread::sleep_for(1s);  // five of the old ranks' heartbeat periods
-    ranks[0]->abort("an old attempt's reason");
+    ranks[0]->abort(makeError(ErrorCode::IoError, "an old attempt's reason"));
     auto fresh = RendezvousClient::connect(address, kToken);
     QVERIFY(fresh.ok());
     auto beat = (*fresh)->heartbeat("train", 1, 2, 10s, "a-new-process");
@@ -656,7 +658,7 @@ void TestGloo::abortReleasesOwnPendingCall()
         return std::make_pair(std::move(st), std::chrono::steady_clock::now() - t0);
     });
     std::this_thread::sleep_for(200ms);
-    ranks[0]->abort("the run was cancelled");
+    ranks[0]->abort(Communicator::cancelledCause());
     auto [st, took] = pending.get();
     QVERIFY(!st.ok());
     QCOMPARE(st.error().code, ErrorCode::Cancelled);

@@ -181,6 +181,7 @@ private slots:
     void suspendedChiefSaysSo();
     void interruptedChiefStopsTheCluster();
     void interruptedWorkerIsNotRestarted();
+    void dataErrorOnWorkerIsNotRestarted();
     void lostWhileFormingIsFormedAgain();
     void reformAtRejoinSharesTheBudget();
     void restartFromBackupEqualsContinuous();
@@ -416,6 +417,30 @@ void TestMultiWorker::interruptedWorkerIsNotRestarted()
     const QJsonArray runs = tstest::recordedRuns(db);
     QCOMPARE(runs.size(), 1);
     QCOMPARE(runs[0].toObject().value("status").toString(), QStringLiteral("cancelled"));
+}
+
+// A bad CSV line in the worker's file shard, met mid-epoch: the worker fails as a local run
+// would, and the chief learns the cause's kind with its reason (the group's abort key), so with
+// --restarts neither starts again nor waits for a task that is not coming back.
+void TestMultiWorker::dataErrorOnWorkerIsNotRestarted()
+{
+    const QDir dir(m_dir.path());
+    writeFile(dir.filePath("good.csv"), csvRows(0, 100));
+    QList<QByteArray> lines = csvRows(100, 100).split('\n');
+    lines[51].replace(",", ",oops");  // row 150 (the header is line 0): its features are not numbers
+    writeFile(dir.filePath("bad.csv"), lines.join('\n'));
+    const QString config = writePipelineRun(dir, "bad_run.json", {dir.filePath("good.csv"), dir.filePath("bad.csv")}, "file");
+    const QString cluster = clusterJson({freePort(), freePort()});
+    const QStringList common = {"train", "--config", config, "--threads", "1", "--strategy", "multi-worker-mirrored", "--no-record",
+                                "--restarts", "2", "--collective-timeout", "8"};
+    QElapsedTimer timer;
+    timer.start();
+    auto chief = startCli(common + QStringList{"--task", "chief:0", "--backup-dir", dir.filePath("bad-chief")}, cluster);
+    auto worker = startCli(common + QStringList{"--task", "worker:0", "--backup-dir", dir.filePath("bad-worker")}, cluster);
+    const Finished w = finish(*worker, 30000), c = finish(*chief, 30000);
+    QVERIFY2(w.code == 1 && w.out.contains("bad.csv' line") && w.out.contains("is not a number") && !w.out.contains("restarting"), qPrintable(w.out));
+    QVERIFY2(c.code == 1 && c.out.contains("worker:0") && c.out.contains("is not a number") && !c.out.contains("restarting"), qPrintable(c.out));
+    QVERIFY2(timer.elapsed() < 8000, "the chief waited for the failed task to come back");
 }
 
 namespace {

@@ -946,7 +946,7 @@ void TstGpu::ncclCollectives()
         QVERIFY2(err.empty(), err.c_str());
     }
     // After abort every call fails with the reason.
-    comm->abort("test abort");
+    comm->abort(makeError(ErrorCode::Internal, "test abort"));
     auto t = Tensor::create({4}, DType::F32, backends[0]->allocator());
     QVERIFY(t.ok());
     Status st = comm->allReduceSum(0, *t);
