@@ -630,6 +630,11 @@ int runTrain(const TrainOptions& options)
             std::fprintf(stderr, "warning: %s\n", e->message.c_str());
         }
     };
+    // This task gives up after the cluster formed (its own data or settings refused, its
+    // database unusable): the others learn why at once, not that it stopped responding.
+    auto abandonCluster = [&](const ts::Error& cause) {
+        if (cluster && cluster->communicator) cluster->communicator->abort(cause.code == ts::ErrorCode::Cancelled ? ts::Communicator::cancelledCause() : cause);
+    };
     auto useCluster = [&] {
         cfg.strategy.crossProcess = cluster->communicator;
         cfg.strategy.processRank = cluster->rank;
@@ -730,6 +735,7 @@ int runTrain(const TrainOptions& options)
         }
         auto made = ts::prepareRun(cfg);
         if (!made.ok()) {
+            abandonCluster(made.error());
             if (attempt == 0) {
                 // Refused before it starts (its model, data, weights or settings): bad input.
                 if (recording) recording->prepareFailed(cfg, made.error());
@@ -757,6 +763,7 @@ int runTrain(const TrainOptions& options)
                 if (ts::Status st = recording->begin(run, bus); !st.ok()) {
                     ts::Error e = st.takeError();
                     e.hint += " (--db FILE, or --no-record)";
+                    abandonCluster(e);
                     printError(e);
                     return 2;
                 }

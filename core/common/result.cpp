@@ -20,9 +20,8 @@ const char* errorCodeName(ErrorCode code)
 
 std::optional<ErrorCode> errorCodeFromName(std::string_view name)
 {
-    for (ErrorCode c : {ErrorCode::InvalidArgument, ErrorCode::ParseError, ErrorCode::NotFound, ErrorCode::ShapeMismatch, ErrorCode::Unsupported,
-                        ErrorCode::IoError, ErrorCode::OutOfMemory, ErrorCode::Cancelled, ErrorCode::Internal})
-        if (name == errorCodeName(c)) return c;
+    for (int i = 0; i <= static_cast<int>(ErrorCode::Internal); ++i)
+        if (name == errorCodeName(static_cast<ErrorCode>(i))) return static_cast<ErrorCode>(i);
     return std::nullopt;
 }
 

@@ -21,7 +21,7 @@ enum class ErrorCode {
     IoError,           // read/write failure, truncated file
     OutOfMemory,
     Cancelled,
-    Internal,          // a broken invariant caught at a boundary
+    Internal,          // a broken invariant caught at a boundary (last: errorCodeFromName counts up to it)
 };
 
 const char* errorCodeName(ErrorCode code);

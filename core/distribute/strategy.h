@@ -111,8 +111,9 @@ public:
     // This process's run failed outside a collective (its input, a backup): the other processes
     // of a multi-worker run are told `cause` (its message, code and hint) and stop with it,
     // instead of finding this process silent seconds later and restarting for a task that is
-    // not coming back. Idempotent; a no-op after a collective failed (the peers know) and in a
-    // single process. Any thread.
+    // not coming back. Idempotent; the peers hear nothing more after a collective failed (they
+    // know) and there are none in a single process (its replicas' collectives are released).
+    // Any thread.
     virtual void abandon(const Error& cause) { (void)cause; }
 
     // Training-state backups (train/backup.h): host copies of the optimizer's state, and loading

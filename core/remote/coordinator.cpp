@@ -53,12 +53,14 @@ bool pointsAtChief(const Error& e)
 // A task's "error" event as the run's error. A refusal of the run's model, data or settings is
 // bad input: not restarted (it would be refused again), and the CLI exits 2 for it. Otherwise
 // the task's own code decides whether a restart could get past it (restartableFailure): a data
-// error found mid-epoch is not restarted either, while a peer lost or an I/O error is.
+// error found mid-epoch is not restarted either, while a peer lost or an I/O error is. Not a
+// task's "cancelled": this coordinator knows its own cancels, and a peer of a task stopped on
+// its machine (its daemon shut down) reads that stop as a cancel, which must stay restartable.
 Error taskError(const std::string& label, const nlohmann::json& fields)
 {
     ErrorCode code = ErrorCode::Internal;
     if (fields.value("refused", false)) code = ErrorCode::InvalidArgument;
-    else if (auto named = errorCodeFromName(fields.value("code", ""))) code = *named;
+    else if (auto named = errorCodeFromName(fields.value("code", "")); named && *named != ErrorCode::Cancelled) code = *named;
     return makeError(code, label + ": " + fields.value("message", ""), fields.value("hint", ""));
 }
 
@@ -1122,8 +1124,7 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
             else if (e.kind == "final") m_summary[m_tasks[i]->id.toString()] = e.fields;
             else if (e.kind == "error") {
-                if (!failure)
-                    failure = makeError(ErrorCode::Internal, m_tasks[i]->label + ": " + e.fields.value("message", ""), e.fields.value("hint", ""));
+                if (!failure) failure = taskError(m_tasks[i]->label, e.fields);
             } else
                 (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
         }

@@ -53,7 +53,10 @@ struct AbortNote {
 
 std::vector<char> abortValue(const AbortNote& n)
 {
-    const std::string text = nlohmann::json{{"code", errorCodeName(n.code)}, {"why", n.why}, {"hint", n.hint}}.dump();
+    // Paths and exception texts may hold bytes that are not UTF-8: replaced, never thrown on (abort
+    // runs on replica threads and in the out-of-memory handler).
+    const std::string text = nlohmann::json{{"code", errorCodeName(n.code)}, {"why", n.why}, {"hint", n.hint}}.dump(
+        -1, ' ', false, nlohmann::json::error_handler_t::replace);
     return {text.begin(), text.end()};
 }
 
@@ -199,8 +202,8 @@ const gloo::ReductionFunction<float> kSum(gloo::SUM, &sumInto);
 // No notifications are needed: a rank sends its second message only after receiving the peer's
 // first, so the peer is inside the same call and has sent (synchronous pairs: the kernel holds
 // the bytes) the half that the second message overwrites; and the peer starts its next call only
-// after receiving that second message, by which time this rank has reduced the inbox. Both halves
-// must be non-empty (two elements or more): Gloo puts nothing on the wire for an empty message.
+// after receiving that second message, by which time this rank has reduced the inbox. A single
+// element has no two halves: it goes round Gloo's ring.
 // In flight per direction: half the segment, as in the ring's first step.
 class AllreduceHalves final : public gloo::Algorithm {
 public:
@@ -331,7 +334,7 @@ public:
             // Every rank must cut tensors into the same segments (each builds its algorithms in
             // the same order), and the tightest machine's socket buffers bound the chunk: agree
             // on the smallest.
-            m_maxChunkBytes = m_opt.maxChunkBytes > 0 ? m_opt.maxChunkBytes : localMaxChunkBytes();
+            m_maxChunkBytes = m_opt.maxChunkBytes > 0 ? std::min(m_opt.maxChunkBytes, localMaxChunkBytes()) : localMaxChunkBytes();
             const std::string mine = std::to_string(m_maxChunkBytes);
             store.set("chunk-bytes/" + std::to_string(m_opt.rank), std::vector<char>(mine.begin(), mine.end()));
             for (int r = 0; r < m_opt.size; ++r) {

@@ -63,9 +63,9 @@ struct GlooOptions {
     // joining thread and the heartbeat thread: must be thread-safe. May be null.
     std::function<void(const std::string&)> waiting;
     TlsFiles tls;
-    // The largest chunk a transfer puts on the wire; 0: from the kernel's socket buffer limit
-    // (net.core.wmem_max). Every rank uses the smallest any rank has. Tests set a small one to
-    // cut tensors into many segments.
+    // A smaller chunk than the kernel's socket buffers allow (see the segments above; never a
+    // larger one, which could block both ranks in write()); 0: as large as they allow. Every rank
+    // uses the smallest any rank has. Tests set a small one to cut tensors into many segments.
     int64_t maxChunkBytes = 0;
 };
 

@@ -82,7 +82,14 @@ public:
         // The task's "cancelled" says why (its state event's reason): the coordinator takes a
         // task stopped on its machine for a lost one, not for the run's cancellation.
         if (m_state == "running" && !m_cancelRequested) m_cancelReason = kCancelShutdown;
-        if (m_trainer) m_trainer->cancel();
+        if (m_trainer) {
+            // Stopped on its machine, not by the user: the peers hear a lost task (which
+            // --restarts takes back), not a cancelled run. First told, first kept.
+            if (m_cancelReason == kCancelShutdown)
+                m_trainer->strategy().abandon(makeError(ErrorCode::IoError, "its trainstudio-worker shut down",
+                                                        "start that trainstudio-worker again; with --restarts the run takes it back"));
+            m_trainer->cancel();
+        }
         if (m_store) m_store->cancel();
         m_cancelRequested = true;
         m_cv.notify_all();
@@ -895,6 +902,12 @@ private:
             running = {{"state", "running"}, {"rank", joined->rank}, {"size", joined->size}};
         }
         auto prepared = prepareRun(cfg);
+        // This task gives up after the cluster formed: the others learn why at once, not that it
+        // stopped responding (and their daemons are free again as soon as this one is).
+        auto abandonCluster = [&](const Error& cause) {
+            if (cfg.strategy.crossProcess)
+                cfg.strategy.crossProcess->abort(cause.code == ErrorCode::Cancelled ? Communicator::cancelledCause() : cause);
+        };
         // Drops this task's link to the ps tasks; says whether the task was asked to stop.
         auto dropStore = [&] {
             std::lock_guard lock(m_mutex);
@@ -902,6 +915,7 @@ private:
             return m_cancelRequested.load();
         };
         if (!prepared.ok()) {
+            abandonCluster(prepared.error());
             const bool cancelled = dropStore();
             if (cancelled && prepared.error().code == ErrorCode::Cancelled) return finish("cancelled", {});
             // A refusal of the run (its model, data or settings), not a collective broken while
@@ -912,6 +926,7 @@ private:
         PreparedRun run = std::move(prepared).value();
         if (initial) {
             if (Status st = run.trainer->strategy().importParameters(initial->inOrder(), initialName); !st.ok()) {
+                abandonCluster(st.error());
                 dropStore();
                 return fail(st.error(), /*refused=*/true);
             }

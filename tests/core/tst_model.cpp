@@ -21,6 +21,7 @@ using nlohmann::json;
 class TestModel : public QObject {
     Q_OBJECT
 private slots:
+    void errorCodesRoundTrip();
     void catalogueIsComplete();
     void catalogueDefaultsAnalyse();
     void shapeInference_data();
@@ -137,6 +138,21 @@ char* toString(const json& j)
     return qstrdup(j.dump().c_str());
 }
 } // namespace nlohmann
+
+// Error codes travel between processes by name (a daemon's task errors): every code's name reads
+// back as that code, and other text as none.
+void TestModel::errorCodesRoundTrip()
+{
+    std::set<std::string> names;
+    for (int i = 0; i <= static_cast<int>(ErrorCode::Internal); ++i) {
+        const auto code = static_cast<ErrorCode>(i);
+        names.insert(errorCodeName(code));
+        QCOMPARE(errorCodeFromName(errorCodeName(code)), std::optional<ErrorCode>(code));
+    }
+    QCOMPARE(names.size(), static_cast<std::size_t>(ErrorCode::Internal) + 1);  // no two alike
+    QCOMPARE(errorCodeFromName("error"), std::optional<ErrorCode>());
+    QCOMPARE(errorCodeFromName(""), std::optional<ErrorCode>());
+}
 
 void TestModel::catalogueIsComplete()
 {

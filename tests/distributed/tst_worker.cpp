@@ -1220,16 +1220,18 @@ void TestWorker::restartedRunResumesFromBackup()
 {
     QTemporaryDir dir;
     const QString root = dir.filePath("chief-backups");
-    auto run = [&](const QString& tag, const QStringList& extra, bool kill, nlohmann::json& final, QString& out) {
+    // signal: 0, or how the worker daemon is stopped mid-run (SIGKILL: it dies; SIGTERM: it shuts
+    // down in order, as on a reboot, and its peer must hear a lost task, not a cancelled run).
+    auto run = [&](const QString& tag, const QStringList& extra, int signal, nlohmann::json& final, QString& out) {
         auto chief = tstest::spawnWorker(dir.path(), tag + "-chief", kToken, {"--backup-root", root});
         auto worker = spawnWorker(dir.path(), tag + "-worker");
         QVERIFY(chief->port > 0 && worker->port > 0);
         const QString cluster = writeCluster(dir.path(), {chief->port, worker->port});
         auto coord = startCoordinator(coordinatorArgs(cluster, 400) + extra + QStringList{"--db", dir.filePath("runs.db"), "--json"});
-        if (kill) {
+        if (signal) {
             QVERIFY2(tstest::readUntil(*coord, out, "\"epoch\":3"), qPrintable(out));
             const int port = worker->port;
-            ::kill(static_cast<pid_t>(worker->process->processId()), SIGKILL);
+            ::kill(static_cast<pid_t>(worker->process->processId()), signal);
             worker->process->waitForFinished();
             worker = tstest::spawnWorker(dir.path(), tag + "-worker", kToken, {}, port);
             QCOMPARE(worker->port, port);
@@ -1240,12 +1242,19 @@ void TestWorker::restartedRunResumesFromBackup()
         final = nlohmann::json::parse(out.trimmed().split('\n').last().toStdString(), nullptr, false);
         QVERIFY2(!final.is_discarded() && final.value("final", false), qPrintable(out));
     };
-    nlohmann::json continuous, restarted;
-    QString outA, outB;
-    run("a", {}, false, continuous, outA);
+    nlohmann::json continuous, restarted, stopped;
+    QString outA, outB, outC;
+    run("a", {}, 0, continuous, outA);
     if (QTest::currentTestFailed()) return;
-    run("b", {"--backup-dir", "run-b", "--backup-every-steps", "5", "--restarts", "1"}, true, restarted, outB);
+    run("b", {"--backup-dir", "run-b", "--backup-every-steps", "5", "--restarts", "1"}, SIGKILL, restarted, outB);
     if (QTest::currentTestFailed()) return;
+    // A daemon stopped in order: restarted alike (the peer's broken all-reduce arriving first read
+    // as the user's cancel, and the run ended without restarting).
+    run("c", {"--backup-dir", "run-c", "--backup-every-steps", "5", "--restarts", "1"}, SIGTERM, stopped, outC);
+    if (QTest::currentTestFailed()) return;
+    QCOMPARE(stopped["restarts"].get<int>(), 1);
+    QCOMPARE(stopped["steps"].get<int>(), 400);
+    QCOMPARE(stopped["loss"].get<double>(), continuous["loss"].get<double>());
     qInfo("restarted run: %s", restarted.dump().c_str());
     QCOMPARE(restarted["restarts"].get<int>(), 1);
     QCOMPARE(restarted["steps"].get<int>(), 400);
@@ -1453,24 +1462,29 @@ void TestWorker::refusedRunExitsTwo()
     QVERIFY2(again->exitCode() == 2 && !err2.contains("restarting the run"), qPrintable(err2));
 }
 
-// A bad CSV line met mid-epoch fails the run as it fails a local one (exit 1, the file and line
-// named), and --restarts does not start it again: the same line would fail it again. The task
-// that meets it sends its error's code; its peer's broken collective (restartable alone) arriving
-// first does not decide.
+// A bad CSV line met mid-epoch in one task's file shard fails the run as it fails a local one
+// (exit 1, the file and line named), and --restarts does not start it again: the same line would
+// fail it again. The task that meets it sends its error's code and tells its peer, whose broken
+// collective would otherwise read as a lost task (restartable).
 void TestWorker::dataErrorMidRunIsNotRestarted()
 {
     QTemporaryDir dir;
     std::unique_ptr<WorkerProcess> chief, worker;
     const QString cluster = startDaemonPair(dir.path(), chief, worker);
     QVERIFY(!cluster.isEmpty());
-    QByteArray csv = "label,a,b,c\n";
-    for (int i = 0; i < 400; ++i)
-        csv += QByteArray::number(i % 4) + "," + QByteArray::number(std::sin(i * 0.7), 'g', 6) + "," +
-               (i == 250 ? QByteArray("oops") : QByteArray::number(std::cos(i * 1.3), 'g', 6)) + "," + QByteArray::number((i % 7) / 7.0, 'g', 6) + "\n";
-    QFile data(dir.filePath("bad.csv"));
-    QVERIFY(data.open(QIODevice::WriteOnly));
-    data.write(csv);
-    data.close();
+    auto rows = [](int from, int bad) {
+        QByteArray csv = "label,a,b,c\n";
+        for (int i = from; i < from + 200; ++i)
+            csv += QByteArray::number(i % 4) + "," + QByteArray::number(std::sin(i * 0.7), 'g', 6) + "," +
+                   (i == bad ? QByteArray("oops") : QByteArray::number(std::cos(i * 1.3), 'g', 6)) + "," + QByteArray::number((i % 7) / 7.0, 'g', 6) + "\n";
+        return csv;
+    };
+    // Files are dealt round-robin: the chief reads good.csv, the worker bad.csv.
+    for (const auto& [name, bytes] : {std::pair{QString("good.csv"), rows(0, -1)}, std::pair{QString("bad.csv"), rows(200, 250)}}) {
+        QFile data(dir.filePath(name));
+        QVERIFY(data.open(QIODevice::WriteOnly));
+        data.write(bytes);
+    }
     QFile model(dir.filePath("tiny.json"));
     QVERIFY(model.open(QIODevice::WriteOnly));
     model.write(R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
@@ -1481,8 +1495,9 @@ void TestWorker::dataErrorMidRunIsNotRestarted()
     QFile f(config);
     QVERIFY(f.open(QIODevice::WriteOnly));
     f.write(QString(R"({"model_file": "%1", "epochs": 2, "batch_size": 10, "data": {"validate": false},
-        "pipeline": {"source": {"kind": "csv", "paths": ["%2"], "label_column": "label"}, "transformations": [{"op": "batch", "size": 10}]}})")
-                .arg(model.fileName(), data.fileName())
+        "pipeline": {"source": {"kind": "csv", "paths": ["%2", "%3"], "label_column": "label"}, "auto_shard": "file",
+                     "transformations": [{"op": "batch", "size": 10}]}})")
+                .arg(model.fileName(), dir.filePath("good.csv"), dir.filePath("bad.csv"))
                 .toUtf8());
     f.close();
     auto coord = startCoordinator({"train", "--cluster", cluster, "--config", config, "--threads", "1", "--no-record", "--backup-dir", "bad",
@@ -1490,7 +1505,7 @@ void TestWorker::dataErrorMidRunIsNotRestarted()
     QVERIFY(coord->waitForFinished(60000));
     const QString err = QString::fromUtf8(coord->readAllStandardOutput()) + QString::fromUtf8(coord->readAllStandardError());
     QVERIFY2(coord->exitCode() == 1, qPrintable(err));
-    QVERIFY2(err.contains("bad.csv' line 252") && err.contains("'oops' is not a number"), qPrintable(err));
+    QVERIFY2(err.contains("bad.csv' line 52") && err.contains("'oops' is not a number"), qPrintable(err));
     QVERIFY2(!err.contains("restarting the run"), qPrintable(err));
 }
 
