@@ -251,6 +251,9 @@ std::vector<TaskProbe> Coordinator::probe(std::chrono::milliseconds timeout, std
             if (p.identity.version != TS_VERSION) {
                 p.problem = t.label + " runs TrainStudio " + p.identity.version + ", this coordinator " + TS_VERSION;
                 p.hint = "install the same version on every machine";
+            } else if (p.identity.state == "shutting down") {
+                p.problem = t.label + " is shutting down";
+                p.hint = "start that trainstudio-worker again once it has stopped, or give this run another worker";
             } else if (p.identity.state == "running" || p.identity.reserved) {
                 const std::string ago = elapsedText(p.identity.seconds);
                 p.problem = t.label + (p.identity.reserved ? " is reserved for run " : " is busy with run ") + p.identity.runId +

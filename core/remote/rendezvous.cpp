@@ -179,8 +179,8 @@ private:
         }
         // Keys live under their group ("<group>/..."); a heartbeat names the group itself.
         if (m_serves) {
-            const std::string group = key.substr(0, key.find('/'));
-            if (!m_serves(group)) {
+            if (!m_serves(key)) {
+                const std::string group = key.substr(0, key.find('/'));
                 std::lock_guard lock(m_mutex);
                 if (m_refusedGroups.size() < 64 && m_refusedGroups.insert(group).second)
                     logLine("refused rendezvous calls from " + ctx.peer() + " for group '" + group +

@@ -50,9 +50,11 @@ private:
 // the process id where there is no entropy source.
 std::string randomId();
 
-// Whether a rendezvous serves a group (the keys' prefix before the first '/'). Called on gRPC
-// threads without the service's lock held: must be thread-safe. Empty: every group.
-using GroupFilter = std::function<bool(const std::string& group)>;
+// Whether a rendezvous serves a key (or a heartbeat's group): a group's keys are "<group>/...",
+// and a group may itself hold '/' (a restarted run's "<run>/restart-1"), so the filter sees the
+// whole key. Called on gRPC threads without the service's lock held: must be thread-safe.
+// Empty: every group.
+using GroupFilter = std::function<bool(const std::string& key)>;
 
 // The service alone, to serve next to others on one port (trainstudio-worker does, serving only
 // the groups of the runs it was told of).

@@ -118,7 +118,9 @@ public:
             d->set_load(perCore);
         }
         std::lock_guard lock(m_mutex);
-        reply->set_state(m_state);
+        // Stopping (SIGTERM) after its task ended: not idle, it takes no run (a coordinator
+        // restarting one waits for its successor instead of failing its reservation).
+        reply->set_state(m_shutdown && m_state != "running" ? "shutting down" : m_state);
         if (m_state == "running") {
             reply->set_run_id(m_runId);
             reply->set_coordinator(m_coordinator);
@@ -1023,13 +1025,15 @@ private:
     }
 
 public:
-    // Whether this daemon's rendezvous serves `group`: a run a coordinator reserved or started
-    // here (its group is the run id), lately. Other groups come from tasks that took this
-    // daemon's address for a TF_CONFIG task's.
-    bool servesGroup(const std::string& group) const
+    // Whether this daemon's rendezvous serves `key`: one of a run a coordinator reserved or
+    // started here lately (its group is the run id, "<run>/restart-1" for a restart: a daemon
+    // started again in place knows only that), or that group's heartbeat. Other groups come from
+    // tasks that took this daemon's address for a TF_CONFIG task's.
+    bool servesKey(const std::string& key) const
     {
         std::lock_guard lock(m_knownRunsMutex);
-        return std::find(m_knownRuns.begin(), m_knownRuns.end(), group) != m_knownRuns.end();
+        return std::any_of(m_knownRuns.begin(), m_knownRuns.end(),
+                           [&](const std::string& run) { return key == run || (key.size() > run.size() && key.starts_with(run) && key[run.size()] == '/'); });
     }
 
 private:
@@ -1155,7 +1159,7 @@ Result<std::unique_ptr<WorkerDaemon>> WorkerDaemon::start(const WorkerOptions& o
     impl->worker = std::make_unique<WorkerService>(options, impl->ps.get());
     WorkerService* worker = impl->worker.get();
     impl->rendezvous = makeRendezvousService(options.token, 1 << 20, kRendezvousIdleExpiry,
-                                             [worker](const std::string& group) { return worker->servesGroup(group); });
+                                             [worker](const std::string& key) { return worker->servesKey(key); });
     grpc::ServerBuilder builder;
     // gRPC turns SO_REUSEPORT on by default: a second server on a taken port then "listens" too
     // and the kernel splits connections between the two at random.

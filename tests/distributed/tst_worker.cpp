@@ -1220,9 +1220,11 @@ void TestWorker::restartedRunResumesFromBackup()
 {
     QTemporaryDir dir;
     const QString root = dir.filePath("chief-backups");
-    // signal: 0, or how the worker daemon is stopped mid-run (SIGKILL: it dies; SIGTERM: it shuts
-    // down in order, as on a reboot, and its peer must hear a lost task, not a cancelled run).
-    auto run = [&](const QString& tag, const QStringList& extra, int signal, nlohmann::json& final, QString& out) {
+    // signal: 0, or how a daemon is stopped mid-run (SIGKILL: it dies; SIGTERM: it shuts down in
+    // order, as on a reboot, and its peer must hear a lost task, not a cancelled run); chief: the
+    // chief's daemon (rank 0, which serves the rendezvous and keeps the backup) instead of the
+    // worker's. Either is started again on its port.
+    auto run = [&](const QString& tag, const QStringList& extra, int signal, nlohmann::json& final, QString& out, bool chiefStops = false) {
         auto chief = tstest::spawnWorker(dir.path(), tag + "-chief", kToken, {"--backup-root", root});
         auto worker = spawnWorker(dir.path(), tag + "-worker");
         QVERIFY(chief->port > 0 && worker->port > 0);
@@ -1230,11 +1232,13 @@ void TestWorker::restartedRunResumesFromBackup()
         auto coord = startCoordinator(coordinatorArgs(cluster, 400) + extra + QStringList{"--db", dir.filePath("runs.db"), "--json"});
         if (signal) {
             QVERIFY2(tstest::readUntil(*coord, out, "\"epoch\":3"), qPrintable(out));
-            const int port = worker->port;
-            ::kill(static_cast<pid_t>(worker->process->processId()), signal);
-            worker->process->waitForFinished();
-            worker = tstest::spawnWorker(dir.path(), tag + "-worker", kToken, {}, port);
-            QCOMPARE(worker->port, port);
+            auto& stopped = chiefStops ? chief : worker;
+            const int port = stopped->port;
+            ::kill(static_cast<pid_t>(stopped->process->processId()), signal);
+            stopped->process->waitForFinished();
+            stopped = chiefStops ? tstest::spawnWorker(dir.path(), tag + "-chief", kToken, {"--backup-root", root}, port)
+                                 : tstest::spawnWorker(dir.path(), tag + "-worker", kToken, {}, port);
+            QCOMPARE(stopped->port, port);
         }
         QVERIFY(coord->waitForFinished(120000));
         out += QString::fromUtf8(coord->readAllStandardOutput());  // the summary is its last line; warnings go to stderr
@@ -1255,6 +1259,15 @@ void TestWorker::restartedRunResumesFromBackup()
     QCOMPARE(stopped["restarts"].get<int>(), 1);
     QCOMPARE(stopped["steps"].get<int>(), 400);
     QCOMPARE(stopped["loss"].get<double>(), continuous["loss"].get<double>());
+    // The chief's daemon stopped and started again: it knows only the restarted run, whose group
+    // ("<run>/restart-1") its rendezvous must serve (it refused it as a TF_CONFIG task's).
+    nlohmann::json chiefBack;
+    QString outD;
+    run("d", {"--backup-dir", "run-d", "--backup-every-steps", "5", "--restarts", "1"}, SIGTERM, chiefBack, outD, true);
+    if (QTest::currentTestFailed()) return;
+    QCOMPARE(chiefBack["restarts"].get<int>(), 1);
+    QCOMPARE(chiefBack["steps"].get<int>(), 400);
+    QCOMPARE(chiefBack["loss"].get<double>(), continuous["loss"].get<double>());
     qInfo("restarted run: %s", restarted.dump().c_str());
     QCOMPARE(restarted["restarts"].get<int>(), 1);
     QCOMPARE(restarted["steps"].get<int>(), 400);
