@@ -630,10 +630,13 @@ int runTrain(const TrainOptions& options)
             std::fprintf(stderr, "warning: %s\n", e->message.c_str());
         }
     };
-    // This task gives up after the cluster formed (its own data or settings refused, its
-    // database unusable): the others learn why at once, not that it stopped responding.
+    // This task gives up for good after the cluster formed (its own data or settings refused,
+    // its database unusable): the others learn why at once, not that it stopped responding, and
+    // as a failure no restart gets past (it is not coming back to re-form the cluster).
     auto abandonCluster = [&](const ts::Error& cause) {
-        if (cluster && cluster->communicator) cluster->communicator->abort(cause.code == ts::ErrorCode::Cancelled ? ts::Communicator::cancelledCause() : cause);
+        if (!cluster || !cluster->communicator) return;
+        if (cause.code == ts::ErrorCode::Cancelled) cluster->communicator->abort(ts::Communicator::cancelledCause());
+        else cluster->communicator->abort(ts::restartableFailure(cause) ? ts::makeError(ts::ErrorCode::InvalidArgument, cause.message, cause.hint) : cause);
     };
     auto useCluster = [&] {
         cfg.strategy.crossProcess = cluster->communicator;

@@ -191,10 +191,10 @@ public:
         if (!first.ok() && m_comm) m_comm->abort(replicaCause(0, first.error()));
         for (int r = 1; r < n; ++r) {
             Status st = m_replicas[static_cast<std::size_t>(r)].thread->wait();
-            if (first.ok() && !st.ok()) first = std::move(st);
-        }
-        if (!first.ok() && first.error().code != ErrorCode::Cancelled && numReplicas() > 1) {
-            // The communicator is poisoned after an abort; a failed step ends the run anyway.
+            // A replica's own failure, not another's collective aborted because of it: its code
+            // decides whether a restart could get past it.
+            if (!st.ok() && (first.ok() || (first.error().code == ErrorCode::Cancelled && st.error().code != ErrorCode::Cancelled)))
+                first = std::move(st);
         }
         return first;
     }

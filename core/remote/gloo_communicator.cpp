@@ -328,7 +328,7 @@ public:
             // synchronous). Abort and a silent peer still end a blocked read: abort shuts the
             // mesh's sockets down, and the heartbeat aborts. TS_GLOO_ASYNC=1 keeps Gloo's default
             // (for measuring the difference).
-            if (!std::getenv("TS_GLOO_ASYNC"))
+            if (!m_opt.asyncPairs && !std::getenv("TS_GLOO_ASYNC"))
                 for (int r = 0; r < m_opt.size; ++r)
                     if (r != m_opt.rank) m_context->getPair(r)->setSync(true, false);
             // Every rank must cut tensors into the same segments (each builds its algorithms in
@@ -598,9 +598,9 @@ private:
         // keeps its code and hint: no task restarts for what would fail again.
         ErrorCode code = stoppedThere ? ErrorCode::Cancelled : ErrorCode::IoError;
         std::string hint = failureHint(!suspended.empty(), stoppedThere);
-        if (!stoppedThere && suspended.empty() && culprit.code != ErrorCode::IoError && culprit.code != ErrorCode::Cancelled) {
-            code = culprit.code;
-            if (!culprit.hint.empty()) hint = culprit.hint;
+        if (!stoppedThere && suspended.empty()) {
+            if (culprit.code != ErrorCode::IoError && culprit.code != ErrorCode::Cancelled) code = culprit.code;
+            if (!culprit.hint.empty()) hint = culprit.hint;  // the cause's own advice
         }
         Error err = makeError(code, what + " on " + rankName(m_opt.rank) + " failed: " + suspended + culprit.why + " (gloo: " + detail + ")", hint);
         std::lock_guard lock(m_abortMutex);

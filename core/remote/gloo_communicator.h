@@ -67,6 +67,9 @@ struct GlooOptions {
     // larger one, which could block both ranks in write()); 0: as large as they allow. Every rank
     // uses the smallest any rank has. Tests set a small one to cut tensors into many segments.
     int64_t maxChunkBytes = 0;
+    // Gloo's default pairs (its event loop thread) instead of synchronous ones: for measuring the
+    // difference and testing both (TS_GLOO_ASYNC=1 in the environment does the same).
+    bool asyncPairs = false;
 };
 
 Result<std::unique_ptr<Communicator>> makeGlooCommunicator(const GlooOptions& options);

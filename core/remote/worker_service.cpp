@@ -82,14 +82,16 @@ public:
         // The task's "cancelled" says why (its state event's reason): the coordinator takes a
         // task stopped on its machine for a lost one, not for the run's cancellation.
         if (m_state == "running" && !m_cancelRequested) m_cancelReason = kCancelShutdown;
-        if (m_trainer) {
-            // Stopped on its machine, not by the user: the peers hear a lost task (which
-            // --restarts takes back), not a cancelled run. First told, first kept.
-            if (m_cancelReason == kCancelShutdown)
-                m_trainer->strategy().abandon(makeError(ErrorCode::IoError, "its trainstudio-worker shut down",
-                                                        "start that trainstudio-worker again; with --restarts the run takes it back"));
-            m_trainer->cancel();
+        if (m_cancelReason == kCancelShutdown && m_cross) {
+            // The peers hear a lost task (which --restarts takes back), not a cancelled run: told
+            // before the trainer's cancel (first told, first kept), outside the lock (the note
+            // goes to the rendezvous, up to 2 s when the chief is unreachable).
+            const std::shared_ptr<Communicator> cross = m_cross;
+            lock.unlock();
+            cross->abort(shutdownCause());
+            lock.lock();
         }
+        if (m_trainer) m_trainer->cancel();
         if (m_store) m_store->cancel();
         m_cancelRequested = true;
         m_cv.notify_all();
@@ -479,6 +481,12 @@ public:
     }
 
 private:
+    // What a task's peers hear when its daemon shuts down under it: a lost task, not a cancel.
+    static Error shutdownCause()
+    {
+        return makeError(ErrorCode::IoError, "its trainstudio-worker shut down", "start that trainstudio-worker again; with --restarts the run takes it back");
+    }
+
     static double secondsSince(std::chrono::steady_clock::time_point t)
     {
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -687,6 +695,7 @@ private:
             std::lock_guard lock(m_mutex);
             m_state = state;
             m_trainer = nullptr;
+            m_cross = nullptr;
             left = m_coordinatorLeft && state == "cancelled";
             m_cv.notify_all();
             logLine("run " + m_runId + " " + state + (message.empty() ? "" : ": " + message));
@@ -898,6 +907,10 @@ private:
             }
             cfg.strategy.kind = "multi-worker-mirrored";
             cfg.strategy.crossProcess = joined->communicator;
+            {
+                std::lock_guard lock(m_mutex);
+                m_cross = joined->communicator;
+            }
             cfg.strategy.processRank = joined->rank;
             cfg.strategy.processNames = joined->rankNames;
             cfg.strategy.collectiveTimeout = co.timeout;
@@ -907,8 +920,13 @@ private:
         // This task gives up after the cluster formed: the others learn why at once, not that it
         // stopped responding (and their daemons are free again as soon as this one is).
         auto abandonCluster = [&](const Error& cause) {
-            if (cfg.strategy.crossProcess)
-                cfg.strategy.crossProcess->abort(cause.code == ErrorCode::Cancelled ? Communicator::cancelledCause() : cause);
+            if (!cfg.strategy.crossProcess) return;
+            bool shutDown = false;
+            {
+                std::lock_guard lock(m_mutex);
+                shutDown = m_cancelReason == kCancelShutdown;
+            }
+            cfg.strategy.crossProcess->abort(shutDown ? shutdownCause() : cause.code == ErrorCode::Cancelled ? Communicator::cancelledCause() : cause);
         };
         // Drops this task's link to the ps tasks; says whether the task was asked to stop.
         auto dropStore = [&] {
@@ -944,7 +962,10 @@ private:
             running["devices"] = std::move(used);  // the coordinator records them with the run
             m_device = devices;
             m_trainer = run.trainer.get();
-            if (m_cancelRequested) m_trainer->cancel();
+            if (m_cancelRequested) {
+                if (m_cancelReason == kCancelShutdown && m_cross) m_cross->abort(shutdownCause());
+                m_trainer->cancel();
+            }
         }
         publish("state", 0, running);
         // The trainer's device samples, step breakdowns, input pipeline samples, trace spans and
@@ -1065,6 +1086,7 @@ private:
     std::shared_ptr<const SafetensorsFile> m_sentWeights;
     std::string m_sentWeightsRun, m_sentWeightsName;
     std::shared_ptr<RemoteParameterStore> m_store;   // a parameter-server worker's link to the ps tasks
+    std::shared_ptr<Communicator> m_cross;           // a multi-worker task's link to its peers, from the join to its end
     std::mutex m_startMutex;
     std::mutex m_mutex;
     std::condition_variable m_cv;

@@ -67,13 +67,14 @@ GlooOptions options(int port, int rank, int size, const std::string& group, std:
 
 // Makes `size` communicators concurrently (rendezvous needs every rank at once).
 std::vector<std::unique_ptr<Communicator>> makeRanks(int port, int size, const std::string& group,
-                                                     std::chrono::milliseconds timeout = 20s, int64_t maxChunkBytes = 0)
+                                                     std::chrono::milliseconds timeout = 20s, int64_t maxChunkBytes = 0, bool asyncPairs = false)
 {
     std::vector<std::future<Result<std::unique_ptr<Communicator>>>> fs;
     for (int r = 0; r < size; ++r)
         fs.push_back(std::async(std::launch::async, [=] {
             GlooOptions o = options(port, r, size, group, timeout);
             o.maxChunkBytes = maxChunkBytes;
+            o.asyncPairs = asyncPairs;
             return makeGlooCommunicator(o);
         }));
     std::vector<std::unique_ptr<Communicator>> out;
@@ -325,7 +326,7 @@ void TestGloo::twoRanksAnySizeAndSegments_data()
     QTest::addColumn<bool>("async");
     QTest::newRow("synchronous pairs") << false;
     // Gloo's event loop writes the second message straight into the tensor as it arrives.
-    QTest::newRow("asynchronous pairs (TS_GLOO_ASYNC)") << true;
+    QTest::newRow("asynchronous pairs") << true;
 }
 
 void TestGloo::twoRanksAnySizeAndSegments()
@@ -333,9 +334,7 @@ void TestGloo::twoRanksAnySizeAndSegments()
     QFETCH(bool, async);
     auto server = startServer();
     const int size = 2;
-    if (async) qputenv("TS_GLOO_ASYNC", "1");
-    auto ranks = makeRanks(server->port(), size, "halves", 20s, 4096);  // segments of 4096 floats
-    qunsetenv("TS_GLOO_ASYNC");
+    auto ranks = makeRanks(server->port(), size, "halves", 20s, 4096, async);  // segments of 4096 floats
     std::vector<std::vector<float>> results(size);
     auto st = onRanks(size, [&](int r) -> Status {
         Communicator& c = *ranks[static_cast<std::size_t>(r)];
