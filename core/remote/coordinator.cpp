@@ -1127,7 +1127,10 @@ Result<FitResult> Coordinator::runAttempt(const RunConfig& cfg, const std::strin
             if (e.kind == "state") m_tasks[i]->state = e.fields.value("state", "");
             else if (e.kind == "final") m_summary[m_tasks[i]->id.toString()] = e.fields;
             else if (e.kind == "error") {
-                if (!failure) failure = taskError(m_tasks[i]->label, e.fields);
+                if (!failure) {
+                    failure = taskError(m_tasks[i]->label, e.fields);
+                    m_refused = e.fields.value("refused", false);
+                }
             } else
                 (void)publishTaskTelemetry(runId, e, i == primary, bus, psLoad[i], inbox.clockOffsetUs[i]);
         }

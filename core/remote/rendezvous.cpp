@@ -180,6 +180,7 @@ private:
         // Keys live under their group ("<group>/..."); a heartbeat names the group itself.
         if (m_serves) {
             if (!m_serves(key)) {
+                // The group as a TF_CONFIG task names it ("train"): up to the first '/'.
                 const std::string group = key.substr(0, key.find('/'));
                 std::lock_guard lock(m_mutex);
                 if (m_refusedGroups.size() < 64 && m_refusedGroups.insert(group).second)
