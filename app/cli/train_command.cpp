@@ -635,8 +635,8 @@ int runTrain(const TrainOptions& options)
     // as a failure no restart gets past (it is not coming back to re-form the cluster).
     auto abandonCluster = [&](const ts::Error& cause) {
         if (!cluster || !cluster->communicator) return;
-        if (cause.code == ts::ErrorCode::Cancelled) cluster->communicator->abort(ts::Communicator::cancelledCause());
-        else cluster->communicator->abort(ts::restartableFailure(cause) ? ts::makeError(ts::ErrorCode::InvalidArgument, cause.message, cause.hint) : cause);
+        const bool restartable = cause.code != ts::ErrorCode::Cancelled && ts::restartableFailure(cause);
+        cluster->communicator->abort(restartable ? ts::makeError(ts::ErrorCode::InvalidArgument, cause.message, cause.hint) : cause);
     };
     auto useCluster = [&] {
         cfg.strategy.crossProcess = cluster->communicator;

@@ -41,7 +41,8 @@ public:
     virtual void releaseBuffer(int rank, const Tensor& t) = 0;
     // Unblocks everyone with an error (a replica failed or the run was cancelled). The peers'
     // errors quote cause.message and take its code when it says more than a broken connection
-    // (a data error: no task restarts for it), Cancelled with kCancelledReason for a stop.
+    // (a data error: no task restarts for it); a Cancelled cause is a stop, which the peers hear
+    // as kCancelledReason whatever its message.
     virtual void abort(const Error& cause) = 0;
     // The reason a cancelled run (Ctrl-C, the studio's Stop) aborts with: peers that see it
     // report a stop elsewhere, not a failure to restart from.

@@ -167,7 +167,7 @@ public:
     }
     void abandon(const Error& cause) override
     {
-        if (m_comm) m_comm->abort(cause.code == ErrorCode::Cancelled ? Communicator::cancelledCause() : cause);
+        if (m_comm) m_comm->abort(cause);
     }
 
     // A replica's failure as the cause the other replicas (and processes) are told.

@@ -483,9 +483,11 @@ public:
             ours = !m_failed;
         }
         // Tell the others why before the sockets close, so their errors can say it.
-        if (m_client && ours)
-            (void)m_client->set(m_opt.group + "/abort", abortValue({cause.code, rankName(m_opt.rank) + ": " + cause.message, cause.hint}),
+        if (m_client && ours) {
+            const Error& told = cause.code == ErrorCode::Cancelled ? cancelledCause() : cause;
+            (void)m_client->set(m_opt.group + "/abort", abortValue({told.code, rankName(m_opt.rank) + ": " + told.message, told.hint}),
                                 std::chrono::seconds(2));
+        }
         // Shutting the sockets down wakes this rank's pending transfer and the peers'.
         if (m_connected) shutdownSockets(m_meshSockets);
     }

@@ -926,7 +926,7 @@ private:
                 std::lock_guard lock(m_mutex);
                 shutDown = m_cancelReason == kCancelShutdown;
             }
-            cfg.strategy.crossProcess->abort(shutDown ? shutdownCause() : cause.code == ErrorCode::Cancelled ? Communicator::cancelledCause() : cause);
+            cfg.strategy.crossProcess->abort(shutDown ? shutdownCause() : cause);
         };
         // Drops this task's link to the ps tasks; says whether the task was asked to stop.
         auto dropStore = [&] {

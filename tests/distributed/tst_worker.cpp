@@ -121,6 +121,14 @@ std::unique_ptr<QProcess> startCoordinator(const QStringList& args)
     return p;
 }
 
+// Writes `bytes` to `path`; false if it cannot be opened.
+bool writeFile(const QString& path, const QByteArray& bytes)
+{
+    QFile f(path);
+    if (!f.open(QIODevice::WriteOnly)) return false;
+    return f.write(bytes) == bytes.size();
+}
+
 QStringList coordinatorArgs(const QString& cluster, int steps)
 {
     return {"train", "--cluster", cluster, "--model", "mlp", "--max-steps", QString::number(steps), "--batch-size", "64",
@@ -1460,14 +1468,12 @@ void TestWorker::refusedRunExitsTwo()
     std::unique_ptr<WorkerProcess> chief, worker;
     const QString cluster = startDaemonPair(dir.path(), chief, worker);
     QVERIFY(!cluster.isEmpty());
-    QFile model(dir.filePath("wide_input.json"));
-    QVERIFY(model.open(QIODevice::WriteOnly));
-    model.write(R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
+    const QString model = dir.filePath("wide_input.json");
+    QVERIFY(writeFile(model, R"({"format": "trainstudio-model", "version": 1, "name": "m", "layers": [
         {"id": "input", "type": "Input", "attrs": {"shape": [100]}},
-        {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 10, "activation": "softmax"}}]})");
-    model.close();
+        {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 10, "activation": "softmax"}}]})"));
     QStringList args = coordinatorArgs(cluster, 20);
-    args[args.indexOf("--model") + 1] = model.fileName();
+    args[args.indexOf("--model") + 1] = model;
     auto coord = startCoordinator(args + QStringList{"--no-record"});
     QVERIFY(coord->waitForFinished(60000));
     const QString err = QString::fromUtf8(coord->readAllStandardError());
@@ -1498,26 +1504,18 @@ void TestWorker::dataErrorMidRunIsNotRestarted()
         return csv;
     };
     // Files are dealt round-robin: the chief reads good.csv, the worker bad.csv.
-    for (const auto& [name, bytes] : {std::pair{QString("good.csv"), rows(0, -1)}, std::pair{QString("bad.csv"), rows(200, 250)}}) {
-        QFile data(dir.filePath(name));
-        QVERIFY(data.open(QIODevice::WriteOnly));
-        data.write(bytes);
-    }
-    QFile model(dir.filePath("tiny.json"));
-    QVERIFY(model.open(QIODevice::WriteOnly));
-    model.write(R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
+    QVERIFY(writeFile(dir.filePath("good.csv"), rows(0, -1)));
+    QVERIFY(writeFile(dir.filePath("bad.csv"), rows(200, 250)));
+    const QString model = dir.filePath("tiny.json");
+    QVERIFY(writeFile(model, R"({"format": "trainstudio-model", "version": 1, "name": "tiny", "layers": [
         {"id": "input", "type": "Input", "attrs": {"shape": [3]}},
-        {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 4, "activation": "softmax"}}]})");
-    model.close();
+        {"id": "head", "type": "Dense", "inputs": ["input"], "attrs": {"units": 4, "activation": "softmax"}}]})"));
     const QString config = dir.filePath("run.json");
-    QFile f(config);
-    QVERIFY(f.open(QIODevice::WriteOnly));
-    f.write(QString(R"({"model_file": "%1", "epochs": 2, "batch_size": 10, "data": {"validate": false},
+    QVERIFY(writeFile(config, QString(R"({"model_file": "%1", "epochs": 2, "batch_size": 10, "data": {"validate": false},
         "pipeline": {"source": {"kind": "csv", "paths": ["%2", "%3"], "label_column": "label"}, "auto_shard": "file",
                      "transformations": [{"op": "batch", "size": 10}]}})")
-                .arg(model.fileName(), dir.filePath("good.csv"), dir.filePath("bad.csv"))
-                .toUtf8());
-    f.close();
+                                  .arg(model, dir.filePath("good.csv"), dir.filePath("bad.csv"))
+                                  .toUtf8()));
     auto coord = startCoordinator({"train", "--cluster", cluster, "--config", config, "--threads", "1", "--no-record", "--backup-dir", "bad",
                                    "--backup-every-steps", "2", "--restarts", "2"});
     QVERIFY(coord->waitForFinished(60000));
